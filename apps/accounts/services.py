@@ -1,0 +1,94 @@
+"""Writes for accounts: teams, memberships, tokens."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts import tokens
+from apps.accounts.models import ApiToken, Membership, Role, Scope, Team
+from apps.audit.services import audit_record
+from apps.core.errors import Forbidden, NotFound, ValidationFailed
+
+VALID_SCOPES = {choice.value for choice in Scope}
+
+
+def token_create(*, user: Any, name: str, scopes: list[str], expires_days: int | None = 90) -> tuple[ApiToken, str]:
+    """Create a personal token; returns (row, plaintext). The plaintext is never stored or shown again."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise ValidationFailed("Give the token a name of 1-100 characters.", fields={"name": ["1-100 characters."]})
+    if not scopes:
+        raise ValidationFailed("Choose at least one scope.", fields={"scopes": ["At least one scope."]})
+    unknown = sorted(set(scopes) - VALID_SCOPES)
+    if unknown:
+        raise ValidationFailed(
+            f"Unknown scope(s): {', '.join(unknown)}.",
+            fields={"scopes": [f"Valid scopes: {', '.join(sorted(VALID_SCOPES))}."]},
+        )
+    if Scope.ADMIN in scopes and not user.is_staff:
+        raise Forbidden("Only administrators may create tokens with the 'admin' scope.")
+    expires_at = None
+    if expires_days is not None:
+        if not 1 <= expires_days <= settings.TOKEN_MAX_EXPIRY_DAYS:
+            raise ValidationFailed(
+                f"expires_days must be between 1 and {settings.TOKEN_MAX_EXPIRY_DAYS}.",
+                fields={"expires_days": [f"1-{settings.TOKEN_MAX_EXPIRY_DAYS}."]},
+            )
+        expires_at = timezone.now() + timedelta(days=expires_days)
+    plaintext, prefix, digest = tokens.generate()
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user, name=name, prefix=prefix, digest=digest, scopes=sorted(set(scopes)), expires_at=expires_at
+        )
+        audit_record(actor=user, action="token.create", target=token, data={"scopes": token.scopes})
+    return token, plaintext
+
+
+def token_revoke(*, user: Any, token_id: int) -> ApiToken:
+    """Revoke one of the user's own tokens (admins may revoke anyone's)."""
+    with transaction.atomic():
+        qs = ApiToken.objects.select_for_update()
+        if not user.is_staff:
+            qs = qs.filter(user=user)
+        token = qs.filter(pk=token_id).first()
+        if token is None:
+            raise NotFound("No such token.")
+        if token.revoked_at is None:
+            token.revoked_at = timezone.now()
+            token.save(update_fields=["revoked_at"])
+            audit_record(actor=user, action="token.revoke", target=token)
+    return token
+
+
+def team_create(*, actor: Any, slug: str, name: str, share: int = 1) -> Team:
+    with transaction.atomic():
+        team = Team.objects.create(slug=slug, name=name, share=share)
+        audit_record(actor=actor, action="team.create", target=team)
+    return team
+
+
+def membership_set(*, actor: Any, team: Team, user: Any, role: str = Role.MEMBER) -> Membership:
+    """Add a user to a team or change their role (idempotent)."""
+    if role not in Role.values:
+        raise ValidationFailed(f"Unknown role {role!r}.")
+    with transaction.atomic():
+        membership, created = Membership.objects.update_or_create(user=user, team=team, defaults={"role": role})
+        audit_record(actor=actor, action="membership.set", target=membership, data={"role": role, "created": created})
+    return membership
+
+
+def user_get_or_create(*, username: str, password: str, email: str = "", is_staff: bool = False) -> Any:
+    user_model = get_user_model()
+    user, created = user_model.objects.get_or_create(
+        username=username, defaults={"email": email, "is_staff": is_staff, "is_superuser": is_staff}
+    )
+    if created:
+        user.set_password(password)
+        user.save(update_fields=["password"])
+    return user

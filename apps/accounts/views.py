@@ -1,0 +1,58 @@
+"""Pages: sign in/out, and the settings page where people manage their API tokens."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.accounts import selectors, services
+from apps.accounts.forms import RateLimitedLoginForm, TokenForm
+from apps.core.errors import ApplicationError
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "accounts/login.html"
+    authentication_form = RateLimitedLoginForm
+    redirect_authenticated_user = True
+
+
+@login_required
+def settings_page(request: HttpRequest) -> HttpResponse:
+    new_token: str | None = None
+    form = TokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            _, new_token = services.token_create(
+                user=request.user,
+                name=form.cleaned_data["name"],
+                scopes=form.cleaned_data["scopes"],
+                expires_days=form.cleaned_data["expires_days"],
+            )
+            form = TokenForm()
+        except ApplicationError as exc:
+            form.add_error(None, exc.detail)
+    return render(
+        request,
+        "accounts/settings.html",
+        {
+            "form": form,
+            "new_token": new_token,
+            "tokens": selectors.tokens_of(user=request.user),
+            "memberships": selectors.memberships_of(user=request.user),
+        },
+    )
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    try:
+        services.token_revoke(user=request.user, token_id=token_id)
+        messages.success(request, "Token revoked.")
+    except ApplicationError as exc:
+        messages.error(request, exc.detail)
+    return redirect("accounts:settings")

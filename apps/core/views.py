@@ -1,0 +1,28 @@
+"""Home page and error pages (JSON in the error shape under /api/, HTML elsewhere)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from apps.core import selectors
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    return render(request, "core/home.html", {"summary": selectors.home_summary(user=request.user)})
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "not_found", "detail": "Not found.", "fields": {}}, status=404)
+    return render(request, "core/404.html", status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"code": "server_error", "detail": "Internal error; it has been logged.", "fields": {}}, status=500
+        )
+    return render(request, "core/500.html", status=500)

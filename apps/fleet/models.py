@@ -1,0 +1,93 @@
+"""GPU models, nodes and their GPUs."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import models
+
+from apps.accounts.scoping import ScopedQuerySet
+
+
+class NodeStatus(models.TextChoices):
+    ONLINE = "online", "Online"
+    DRAINING = "draining", "Draining"
+    OFFLINE = "offline", "Offline"
+
+
+class GpuStatus(models.TextChoices):
+    OK = "ok", "OK"
+    DEGRADED = "degraded", "Degraded"
+    LOST = "lost", "Lost"
+    OFFLINE = "offline", "Offline"
+
+
+class GpuModelQuerySet(ScopedQuerySet["GpuModel"]):
+    team_path = None
+
+
+class GpuModel(models.Model):
+    """A kind of GPU (e.g. A100-80GB) with its memory and hourly price; capacity is counted in slices."""
+
+    name = models.CharField(max_length=64, unique=True, help_text="portal key, e.g. A100-80GB")
+    display_name = models.CharField(max_length=120, blank=True)
+    memory_mib = models.PositiveIntegerField()
+    hourly_price = models.DecimalField(max_digits=10, decimal_places=4, default=Decimal("0"))
+
+    objects = GpuModelQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeQuerySet(ScopedQuerySet["Node"]):
+    # Nodes are shared infrastructure: every signed-in user sees the fleet (who holds a GPU is scoped
+    # separately, by the holder's team).
+    team_path = None
+
+
+class Node(models.Model):
+    """A GPU host running one node agent."""
+
+    name = models.CharField(max_length=100, unique=True)
+    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.OFFLINE)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    agent_version = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GpuQuerySet(ScopedQuerySet["Gpu"]):
+    team_path = None
+
+
+class Gpu(models.Model):
+    """One physical GPU (or, later, a MIG instance) on a node; a whole GPU is one slice of capacity 1.0."""
+
+    uuid = models.CharField(max_length=96, unique=True)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus")
+    memory_mib = models.PositiveIntegerField()
+    capacity = models.DecimalField(max_digits=4, decimal_places=3, default=Decimal("1.000"))
+    mig_mode = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=GpuStatus.choices, default=GpuStatus.OFFLINE)
+
+    objects = GpuQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.index} ({self.model.name})"

@@ -1,0 +1,18 @@
+// Shared behaviour for every page. Page-specific code lives in src/pages/<page>.js.
+import { api, ApiError, csrfToken } from "./lib/api.js";
+import { liveSocket } from "./lib/ws.js";
+import { money, pct, mib } from "./lib/format.js";
+
+window.Portal = { api, ApiError, csrfToken, liveSocket, money, pct, mib };
+
+document.addEventListener("DOMContentLoaded", () => {
+  // Copy buttons for values shown once (new tokens).
+  const token = document.getElementById("new-token");
+  if (token && navigator.clipboard) {
+    const btn = document.createElement("button");
+    btn.textContent = "Copy";
+    btn.className = "small";
+    btn.addEventListener("click", () => navigator.clipboard.writeText(token.textContent.trim()));
+    token.after(btn);
+  }
+});

@@ -1,0 +1,23 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels' router with portal authentication."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from apps.accounts.ws_auth import PortalWebsocketAuthMiddleware  # noqa: E402
+from portal.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))),
+    }
+)

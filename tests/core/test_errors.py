@@ -1,0 +1,59 @@
+"""Every API error in the documented shape; never a 500 or an HTML page."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+pytestmark = pytest.mark.django_db
+
+
+def test_unknown_api_path_is_json_404(alice, api_as):
+    resp = api_as(alice).get("/api/v1/nope/")
+    assert resp.status_code == 404
+    assert resp.json() == {"code": "not_found", "detail": "Not found.", "fields": {}}
+
+
+def test_wrong_method_is_405_in_shape(alice, api_as):
+    resp = api_as(alice).put("/api/v1/me", {}, format="json")
+    assert resp.status_code in {403, 405}
+    assert set(resp.json()) >= {"code", "detail", "fields"}
+
+
+def test_throttled_is_429_with_retry_after(alice, api_as, settings):
+    from rest_framework.settings import api_settings
+
+    rates = dict(settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], token="3/min")
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+    api_settings.reload()
+    from apps.core.api import throttling
+
+    throttling.TokenRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+    try:
+        client = api_as(alice, ["read"])
+        statuses = [client.get("/api/v1/me").status_code for _ in range(5)]
+        assert statuses[:3] == [200, 200, 200]
+        resp = client.get("/api/v1/me")
+        assert resp.status_code == 429
+        assert resp.json()["code"] == "throttled"
+        assert int(resp["Retry-After"]) >= 1
+    finally:
+        throttling.TokenRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+        api_settings.reload()
+
+
+def test_unsupported_media_type_is_415_in_shape(alice, api_as):
+    resp = api_as(alice).generic("POST", "/api/v1/tokens/", "name=x", content_type="application/x-www-form-urlencoded")
+    assert resp.status_code == 415
+    assert resp.json()["code"] == "unsupported_media_type"
+
+
+def test_oversized_body_is_refused_without_500(alice, api_as):
+    big = '{"name": "' + "x" * (2 * 1024 * 1024) + '", "scopes": ["read"]}'
+    resp = api_as(alice).generic("POST", "/api/v1/tokens/", big, content_type="application/json")
+    assert resp.status_code in {400, 413}
+    assert "code" in resp.json()
+
+
+def test_health_needs_no_auth():
+    assert APIClient().get("/api/v1/health").status_code == 200

@@ -1,0 +1,70 @@
+"""Idempotency-Key on POST: a retry replays the first answer; a different body with the same key is refused;
+concurrent requests with one key do the work once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from apps.accounts.models import ApiToken
+from tests.conftest import requires_postgres
+
+
+@pytest.mark.django_db
+def test_retry_with_same_key_replays_first_response(alice, api_as):
+    client = api_as(alice, ["read"])
+    payload = {"name": "ci", "scopes": ["read"]}
+    first = client.post("/api/v1/tokens/", payload, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    second = client.post("/api/v1/tokens/", payload, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == second.status_code == 201
+    assert first.json() == second.json()
+    assert second["Idempotent-Replayed"] == "true"
+    assert ApiToken.objects.filter(name="ci").count() == 1
+
+
+@pytest.mark.django_db
+def test_same_key_different_body_is_409(alice, api_as):
+    client = api_as(alice, ["read"])
+    client.post("/api/v1/tokens/", {"name": "a", "scopes": ["read"]}, format="json", HTTP_IDEMPOTENCY_KEY="k-2")
+    resp = client.post("/api/v1/tokens/", {"name": "b", "scopes": ["read"]}, format="json", HTTP_IDEMPOTENCY_KEY="k-2")
+    assert resp.status_code == 409
+    assert resp.json()["code"] == "idempotency_key_reused"
+    assert not ApiToken.objects.filter(name="b").exists()
+
+
+@pytest.mark.django_db
+def test_validation_error_is_replayed_too(alice, api_as):
+    client = api_as(alice, ["read"])
+    bad = {"name": "x", "scopes": ["nope"]}
+    assert client.post("/api/v1/tokens/", bad, format="json", HTTP_IDEMPOTENCY_KEY="k-3").status_code == 400
+    assert client.post("/api/v1/tokens/", bad, format="json", HTTP_IDEMPOTENCY_KEY="k-3").status_code == 400
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_with_one_key_create_once(alice, make_token, live_portal):
+    import requests
+
+    token = make_token(alice, ["read"])
+    results: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def post() -> None:
+        barrier.wait()
+        resp = requests.post(
+            f"{live_portal.url}/api/v1/tokens/",
+            json={"name": "race", "scopes": ["read"]},
+            headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "race-1"},
+            timeout=30,
+        )
+        results.append(resp.status_code)
+
+    threads = [threading.Thread(target=post) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ApiToken.objects.filter(name="race").count() == 1
+    assert set(results) <= {201, 409}
+    assert 201 in results

@@ -1,0 +1,106 @@
+"""The embedded default, started as a subprocess from a fresh checkout: healthy, login works, stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from http.cookiejar import CookieJar
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port, wait_http
+
+pytestmark = pytest.mark.slow
+
+
+def _fresh_checkout(dest: Path) -> None:
+    """Committed and working-tree files (what `git clone` would give after commit), no var/, no .venv."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for rel in files:
+        src = REPO / rel
+        if src.is_file():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+    # The front-end build is an output of `make`; reuse it rather than running npm inside the test.
+    if (REPO / "frontend" / "dist").exists():
+        shutil.copytree(REPO / "frontend" / "dist", dest / "frontend" / "dist")
+
+
+def _descendants(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        p, pp = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found
+
+
+def test_embedded_default_runs_and_stops_cleanly(tmp_path):
+    checkout = tmp_path / "checkout"
+    _fresh_checkout(checkout)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "PORTAL_VAR_DIR"}}
+    env["PORT"] = str(port)
+    log = (tmp_path / "launcher.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "portal.launcher"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/api/v1/health", timeout=120, proc=proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/health", timeout=5) as resp:
+            assert resp.status == 200
+            assert b'"database":"ok"' in resp.read().replace(b" ", b"")
+        # SQLite under var/ of the checkout, embedded Redis socket there too.
+        assert (checkout / "var" / "portal.sqlite3").exists()
+        assert (checkout / "var" / "run" / "redis.sock").exists()
+        # Sign in as the printed admin.
+        deadline = time.monotonic() + 30
+        while b"Sign in as admin / demo" not in (tmp_path / "launcher.log").read_bytes():
+            assert time.monotonic() < deadline, "login banner not printed"
+            time.sleep(0.2)
+        jar = CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        page = opener.open(f"http://127.0.0.1:{port}/accounts/login/", timeout=10).read().decode()
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        data = urllib.parse.urlencode({"username": "admin", "password": "demo", "csrfmiddlewaretoken": csrf}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/accounts/login/",
+            data=data,
+            headers={"Referer": f"http://127.0.0.1:{port}/accounts/login/"},
+        )
+        home = opener.open(req, timeout=10).read().decode()
+        assert "Welcome, admin" in home
+        children = _descendants(proc.pid)
+        assert len(children) >= 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        log.close()
+    assert code == 0, (tmp_path / "launcher.log").read_text()[-3000:]
+    time.sleep(0.5)
+    alive = [
+        pid
+        for pid in children
+        if Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    ]
+    assert alive == [], f"children left running: {alive}"
