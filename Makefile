@@ -36,7 +36,6 @@ system-deps:
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check portal apps/core apps/accounts apps/audit cli
 
 typecheck: setup
 	$(VENV)/bin/mypy portal apps workers cli

@@ -7,17 +7,14 @@ matrix test checks each endpoint against an outsider. Staff (admins) see everyth
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from django.db import models
-
-if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 _M = TypeVar("_M", bound=models.Model)
 
 
-def team_ids_of(user: AbstractBaseUser | AnonymousUser | Any) -> list[int]:
+def team_ids_of(user: Any) -> list[int]:
     """Ids of the teams the user belongs to, cached on the user object for the request."""
     if not getattr(user, "is_authenticated", False):
         return []
@@ -30,7 +27,7 @@ def team_ids_of(user: AbstractBaseUser | AnonymousUser | Any) -> list[int]:
     return list(cached)
 
 
-def managed_team_ids_of(user: AbstractBaseUser | AnonymousUser | Any) -> list[int]:
+def managed_team_ids_of(user: Any) -> list[int]:
     if not getattr(user, "is_authenticated", False):
         return []
     from apps.accounts.models import Membership, Role
@@ -51,14 +48,14 @@ class ScopedQuerySet(models.QuerySet[_M], Generic[_M]):
         assert self.team_path is not None
         return self.team_path if self.team_path == "pk" or self.team_path.endswith("_id") else f"{self.team_path}_id"
 
-    def visible_to(self, user: AbstractBaseUser | AnonymousUser | Any) -> ScopedQuerySet[_M]:
+    def visible_to(self, user: Any) -> ScopedQuerySet[_M]:
         if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
             return self.none()
         if user.is_staff or self.team_path is None:
             return self
         return self.filter(**{f"{self._team_lookup()}__in": team_ids_of(user)})
 
-    def managed_by(self, user: AbstractBaseUser | AnonymousUser | Any) -> ScopedQuerySet[_M]:
+    def managed_by(self, user: Any) -> ScopedQuerySet[_M]:
         """Rows of teams the user manages (managers change team settings; admins manage everything)."""
         if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
             return self.none()

@@ -20,7 +20,7 @@ class ScopedQuerysetMixin:
 
     def base_queryset(self) -> models.QuerySet[Any]:
         """Override to add select_related/annotations; scoping is applied on top."""
-        return self.model.objects.all()
+        return self.model._default_manager.all()
 
     def get_queryset(self) -> models.QuerySet[Any]:
         qs = self.base_queryset()
