@@ -1,0 +1,306 @@
+"""A test double for NVML that replaces the real `pynvml` module's functions, one by one, with faithful fakes.
+
+What stays real: the `pynvml` module itself, its constants, `NVMLError` (so `NVMLError(code)` becomes the same
+subclass, e.g. `NVMLError_GpuIsLost`, that the real bindings raise) and its ctypes types: handles are real
+`c_nvmlDevice_t` pointers, memory is a `c_nvmlMemory_t`, utilization a `c_nvmlUtilization_t`, events a
+`c_nvmlEventData_t`, GPM samples real `c_nvmlGpmSample_t` pointers filled into a real `c_nvmlGpmMetricsGet_t`.
+What is fake: the driver behind them. Every call is counted per (function, GPU index).
+
+Behaviours copied from the library: calls before `nvmlInit` (or after the last `nvmlShutdown`) raise
+UNINITIALIZED; bad enum arguments raise INVALID_ARGUMENT; `nvmlEventSetWait` raises TIMEOUT when no event is
+pending; processes are `nvmlFriendlyObject`s with `usedGpuMemory` in bytes; power is in milliwatts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+import pytest
+
+MIB = 1024 * 1024
+
+# The functions NvmlBackend uses; install() replaces exactly these.
+PATCHED = (
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait",
+    "nvmlEventSetFree",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
+    "nvmlGpmSampleFree",
+)
+
+
+@dataclass
+class FakeGpu:
+    """What the fake driver knows about one board. Tests change the fields between samples."""
+
+    uuid: str
+    name: str = "NVIDIA A100-SXM4-80GB"
+    memory_total_mib: int = 81_920
+    memory_used_mib: int = 0
+    utilization: int = 0
+    memory_utilization: int = 0
+    temperature: int = 30
+    power_mw: int = 60_000
+    sm_clock: int = 210
+    mig_enabled: bool = False
+    gpm_supported: bool = False
+    tensor_pct: float = 0.0  # what the GPM tensor metric reports, 0..100
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+    ecc_dbe: int = 0
+    lost: bool = False
+    # NVML function name -> error code it raises for this GPU (e.g. NOT_SUPPORTED for power on some boards)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class FakeNvml:
+    """The fake driver: a list of FakeGpu plus the library's global state (init refcount, event sets)."""
+
+    def __init__(self, gpus: list[FakeGpu], *, driver_version: str = "570.124.06", init_error: int | None = None):
+        self.gpus = gpus
+        self.driver_version = driver_version
+        self.init_error = init_error
+        self.refcount = 0
+        self.calls: Counter[tuple[str, int | None]] = Counter()
+        self._structs = [pynvml.struct_c_nvmlDevice_t() for _ in gpus]  # keep alive: handles point into them
+        self._handles = [pynvml.c_nvmlDevice_t(s) for s in self._structs]
+        self._event_sets: dict[int, tuple[Any, int, set[int]]] = {}  # address -> (struct, mask, gpu indices)
+        self._pending_events: deque[tuple[int, int]] = deque()  # (gpu index, xid)
+        self._gpm_buffers: dict[int, tuple[Any, int | None, float | None]] = {}  # address -> (struct, gpu, pct)
+
+    # -- test helpers ----------------------------------------------------------------------------------------
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+        for name in PATCHED:
+            monkeypatch.setattr(pynvml, name, getattr(self, name))
+        return self
+
+    def raise_xid(self, index: int, xid: int) -> None:
+        """Queue a critical Xid event for GPU `index`, as the driver would after a fault."""
+        self._pending_events.append((index, xid))
+
+    def count(self, function: str, index: int | None = None) -> int:
+        """Calls of `function` for GPU `index` (None: the calls not tied to one GPU)."""
+        return self.calls[(function, index)]
+
+    def total(self, function: str) -> int:
+        return sum(n for (fn, _), n in self.calls.items() if fn == function)
+
+    @property
+    def live_gpm_buffers(self) -> int:
+        return len(self._gpm_buffers)
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _enter(self, function: str, index: int | None = None) -> FakeGpu | None:
+        self.calls[(function, index)] += 1
+        if self.refcount <= 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        if index is None:
+            return None
+        gpu = self.gpus[index]
+        if gpu.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if function in gpu.errors:
+            raise pynvml.NVMLError(gpu.errors[function])
+        return gpu
+
+    def _index(self, handle: Any) -> int:
+        if not isinstance(handle, pynvml.c_nvmlDevice_t) or not handle:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        address = ctypes.addressof(handle.contents)
+        for i, s in enumerate(self._structs):
+            if ctypes.addressof(s) == address:
+                return i
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _gpu(self, function: str, handle: Any) -> FakeGpu:
+        gpu = self._enter(function, self._index(handle))
+        assert gpu is not None
+        return gpu
+
+    # -- library lifecycle -----------------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls[("nvmlInit", None)] += 1
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        self.refcount += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self.refcount -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    # -- enumeration -----------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._handles[index]
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._gpu("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._gpu("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetMigMode", handle)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    # -- metrics ---------------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
+        total, used = gpu.memory_total_mib * MIB, gpu.memory_used_mib * MIB
+        return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        gpu = self._gpu("nvmlDeviceGetUtilizationRates", handle)
+        return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization, memory=gpu.memory_utilization)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetTemperature", handle)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetClockInfo", handle)
+        if type not in (
+            pynvml.NVML_CLOCK_GRAPHICS,
+            pynvml.NVML_CLOCK_SM,
+            pynvml.NVML_CLOCK_MEM,
+            pynvml.NVML_CLOCK_VIDEO,
+        ):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.sm_clock if type == pynvml.NVML_CLOCK_SM else 1_593
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [
+            pynvml.nvmlFriendlyObject(
+                {"pid": pid, "usedGpuMemory": mib * MIB, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
+            )
+            for pid, mib in gpu.processes
+        ]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
+        if errorType != pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED or counterType != pynvml.NVML_VOLATILE_ECC:
+            return 0
+        return gpu.ecc_dbe
+
+    # -- events ----------------------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._enter("nvmlEventSetCreate")
+        struct = pynvml.struct_c_nvmlEventSet_t()
+        self._event_sets[ctypes.addressof(struct)] = (struct, 0, set())
+        return pynvml.c_nvmlEventSet_t(struct)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        index = self._index(handle)
+        self._enter("nvmlDeviceRegisterEvents", index)
+        struct, mask, indices = self._event_sets[ctypes.addressof(eventSet.contents)]
+        indices.add(index)
+        self._event_sets[ctypes.addressof(struct)] = (struct, mask | eventTypes, indices)
+
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
+        self._enter("nvmlEventSetWait")
+        _struct, mask, indices = self._event_sets[ctypes.addressof(eventSet.contents)]
+        while self._pending_events:
+            index, xid = self._pending_events.popleft()
+            if index in indices and mask & pynvml.nvmlEventTypeXidCriticalError:
+                data = pynvml.c_nvmlEventData_t()
+                data.device = self._handles[index]
+                data.eventType = pynvml.nvmlEventTypeXidCriticalError
+                data.eventData = xid
+                return data
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        self._enter("nvmlEventSetFree")
+        del self._event_sets[ctypes.addressof(eventSet.contents)]
+
+    # -- GPM -------------------------------------------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        gpu = self._gpu("nvmlGpmQueryDeviceSupport", device)
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = 1 if gpu.gpm_supported else 0
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._enter("nvmlGpmSampleAlloc")
+        struct = pynvml.struct_c_nvmlGpmSample_t()
+        self._gpm_buffers[ctypes.addressof(struct)] = (struct, None, None)
+        return pynvml.c_nvmlGpmSample_t(struct)
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        index = self._index(device)
+        gpu = self._enter("nvmlGpmSampleGet", index)
+        assert gpu is not None
+        if not gpu.gpm_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        address = ctypes.addressof(gpmSample.contents)
+        struct, _, _ = self._gpm_buffers[address]
+        self._gpm_buffers[address] = (struct, index, gpu.tensor_pct)
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet")
+        if metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        _, gpu1, _ = self._gpm_buffers[ctypes.addressof(metricsGet.sample1.contents)]
+        _, gpu2, pct = self._gpm_buffers[ctypes.addressof(metricsGet.sample2.contents)]
+        if gpu1 is None or gpu1 != gpu2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            if metric.metricId == pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+                metric.value = pct
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._enter("nvmlGpmSampleFree")
+        del self._gpm_buffers[ctypes.addressof(gpmSample.contents)]

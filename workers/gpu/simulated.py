@@ -1,0 +1,348 @@
+"""Simulated GPUs with real specs and real workload shapes, for development, demos, tests and benchmarks.
+
+A free GPU idles: utilization 0, a few MiB of memory, idle power, temperature wandering near ambient. A GPU with a
+job follows a profile: by default one of the per-container duty-cycle and memory series of Alibaba's GenAI trace
+(see profiles/README.md), interpolated between its 57 s points with seeded noise at 1 Hz; or a declared constant
+load (`"const:UTIL[:MEM_FRACTION]"`). Power follows utilization with a ~1.5 s lag, temperature follows power with a
+~45 s lag, the SM clock boosts under load and drops back when idle.
+
+Determinism: every GPU has its own random stream seeded from (node name, index, seed), drawn in a fixed order per
+sample. The same seed and the same sequence of `assign`/`release`/`sample(now)` calls give the same samples, and
+what happens on one GPU does not change another GPU's numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.gpu.base import HEALTH_OK, GpuInfo, GpuSample
+from workers.gpu.specs import GpuSpec, get_spec
+
+PROFILE_FILE = Path(__file__).resolve().parent / "profiles" / "alibaba_genai_2026.json"
+DEFAULT_IDLE_PROFILE = "idle-mostly"
+
+_POWER_TAU_S = 1.5  # board power sensors average over about a second; the load change itself is instant
+_TEMP_TAU_S = 45.0  # heat sink + airflow: tens of seconds to settle
+_TEMP_RISE_AT_TDP_C = 45.0  # above ambient, at full board power, in a well-cooled server
+_IDLE_CLOCK_AFTER_S = 5.0  # the driver drops boost clocks a few seconds after the last kernel
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A usage shape: utilization % and memory MiB at regular points (one point per `step_s`)."""
+
+    name: str
+    kind: str
+    step_s: float
+    util: tuple[float, ...]
+    mem_mib: tuple[float, ...]
+    tensor_ratio: float
+    mem_fraction_of_device: float | None = None  # const profiles: memory as a share of the GPU's memory
+
+    def at(self, position_s: float) -> tuple[float, float]:
+        """(utilization %, memory MiB) at `position_s` seconds into the profile, linearly interpolated, looping."""
+        n = len(self.util)
+        if n == 1:
+            return self.util[0], self.mem_mib[0]
+        x = position_s / self.step_s
+        i0 = math.floor(x)
+        frac = x - i0
+        i0 %= n
+        i1 = (i0 + 1) % n
+        util = self.util[i0] + (self.util[i1] - self.util[i0]) * frac
+        mem = self.mem_mib[i0] + (self.mem_mib[i1] - self.mem_mib[i0]) * frac
+        return util, mem
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.util) * self.step_s
+
+
+@functools.lru_cache(maxsize=4)
+def load_profiles(path: Path = PROFILE_FILE) -> dict[str, Profile]:
+    """The trace profiles from the JSON that profiles/build_profiles.py writes (cached: read once per process)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    step = float(doc["step_s"])
+    ref = float(doc["mem_ref_mib"])
+    return {
+        name: Profile(
+            name=name,
+            kind=p["kind"],
+            step_s=step,
+            util=tuple(float(u) for u in p["util"]),
+            mem_mib=tuple(m / 1000.0 * ref for m in p["mem"]),
+            tensor_ratio=float(p["tensor_ratio"]),
+        )
+        for name, p in doc["profiles"].items()
+    }
+
+
+def job_profiles() -> list[str]:
+    """Names of the trace profiles that look like work (the default pool for a job without a declared profile)."""
+    return sorted(name for name, p in load_profiles().items() if p.kind != "idle")
+
+
+def parse_profile(spec: str) -> Profile:
+    """A profile by trace name ("train-heavy-a") or a declared constant load ("const:80" or "const:80:0.5")."""
+    if spec.startswith("const:"):
+        parts = spec.split(":")
+        try:
+            util = float(parts[1])
+            mem_fraction = float(parts[2]) if len(parts) > 2 else 0.5
+        except (IndexError, ValueError):
+            raise ValueError(f"bad profile {spec!r}: expected const:UTIL[:MEM_FRACTION]") from None
+        if len(parts) > 3 or not 0 <= util <= 100 or not 0 <= mem_fraction <= 1:
+            raise ValueError(f"bad profile {spec!r}: UTIL in 0..100, MEM_FRACTION in 0..1")
+        return Profile(
+            name=spec,
+            kind="const",
+            step_s=60.0,
+            util=(util,),
+            mem_mib=(0.0,),
+            tensor_ratio=0.5,
+            mem_fraction_of_device=mem_fraction,
+        )
+    profiles = load_profiles()
+    if spec not in profiles:
+        raise ValueError(f"unknown profile {spec!r}; known: {', '.join(sorted(profiles))}, const:UTIL[:MEM]")
+    return profiles[spec]
+
+
+def _stable_int(*parts: object) -> int:
+    # Python's hash() is salted per process; a digest keeps offsets and pids the same across runs.
+    digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def simulated_uuid(node_name: str, index: int, seed: int) -> str:
+    """A stable NVML-style UUID ("GPU-8hex-4hex-4hex-4hex-12hex") for a simulated GPU."""
+    h = hashlib.sha256(f"{node_name}|{index}|{seed}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass
+class _Run:
+    """What occupies a GPU: a job (or the idle replay) following a profile."""
+
+    job_key: str
+    profile: Profile
+    offset_s: float
+    started_at: float | None  # set by the first sample after assignment
+    pid: int
+
+
+class _SimGpu:
+    def __init__(self, info: GpuInfo, spec: GpuSpec, rng: random.Random, ambient_c: float) -> None:
+        self.info = info
+        self.spec = spec
+        self.rng = rng
+        self.run: _Run | None = None
+        self.idle_run: _Run | None = None
+        self.last_now: float | None = None
+        self.power_w = float(spec.idle_w)
+        self.ambient_drift_c = 0.0
+        self.temp_c = ambient_c + spec.idle_w / spec.tdp_w * _TEMP_RISE_AT_TDP_C
+        self.idle_mem_mib = 1 + rng.randrange(4)  # driver context, persistence mode: a few MiB on a free GPU
+        self.last_busy: float = -math.inf
+        self.health: dict[str, Any] = dict(HEALTH_OK)
+
+
+class SimulatedBackend:
+    """GpuBackend over simulated GPUs of the given models (keys of workers.gpu.specs, e.g. "A100-80GB")."""
+
+    def __init__(
+        self,
+        node_name: str,
+        models: list[str],
+        seed: int = 0,
+        *,
+        replay_idle: bool | str = False,
+        ambient_c: float = 28.0,
+        slow_every_s: float = 10.0,
+    ) -> None:
+        self.node_name = node_name
+        self.seed = seed
+        self._ambient_c = ambient_c
+        self._slow_every_s = slow_every_s
+        self._last_slow = -math.inf
+        self._idle_profile = (
+            parse_profile(DEFAULT_IDLE_PROFILE if replay_idle is True else replay_idle) if replay_idle else None
+        )
+        self._gpus: list[_SimGpu] = []
+        for index, model in enumerate(models):
+            spec = get_spec(model)
+            info = GpuInfo(
+                uuid=simulated_uuid(node_name, index, seed),
+                index=index,
+                name=spec.nvml_names[0],
+                model=spec.key,
+                memory_mib=spec.memory_mib,
+                mig_mode=False,
+                extra={"simulated": True},
+            )
+            gpu = _SimGpu(info, spec, random.Random(f"{node_name}|{index}|{seed}"), ambient_c)
+            if self._idle_profile is not None:
+                gpu.idle_run = self._new_run("idle-replay", self._idle_profile, info.uuid)
+            self._gpus.append(gpu)
+        self._by_uuid = {g.info.uuid: g for g in self._gpus}
+
+    # -- GpuBackend ------------------------------------------------------------------------------------------
+
+    def discover(self) -> list[GpuInfo]:
+        return [g.info for g in self._gpus]
+
+    def sample(self, now: float) -> list[GpuSample]:
+        slow = now - self._last_slow >= self._slow_every_s
+        if slow:
+            self._last_slow = now
+        return [self._sample_gpu(g, now, slow) for g in self._gpus]
+
+    def close(self) -> None:
+        """Nothing to release; present for the protocol."""
+
+    # -- control ---------------------------------------------------------------------------------------------
+
+    def assign(self, uuid: str, job_key: str, profile: str | None = None) -> None:
+        """Start a job on a GPU. Without a profile one of the trace's work profiles is chosen from the job key,
+        so all GPUs of one job follow the same profile in step (as data-parallel training does)."""
+        gpu = self._gpu(uuid)
+        if profile is None:
+            names = job_profiles()
+            profile = names[_stable_int(self.seed, job_key, "profile") % len(names)]
+        gpu.run = self._new_run(job_key, parse_profile(profile), job_key)
+
+    def release(self, uuid: str) -> None:
+        """The job on this GPU ended; it goes back to idle (power and temperature decay with their lag)."""
+        self._gpu(uuid).run = None
+
+    def assignment(self, uuid: str) -> tuple[str, str] | None:
+        """(job key, profile name) of the job on this GPU, or None when it is free."""
+        run = self._gpu(uuid).run
+        return (run.job_key, run.profile.name) if run else None
+
+    def inject(
+        self, uuid: str, *, lost: bool | None = None, xid: int | None = None, ecc_dbe: int | None = None
+    ) -> None:
+        """Fault injection for tests and demos: mark a GPU lost, record a critical Xid, set the ECC DBE count."""
+        gpu = self._gpu(uuid)
+        if lost is not None:
+            gpu.health["lost"] = lost
+        if xid is not None:
+            gpu.health["xid"] = int(gpu.health["xid"]) + 1
+            gpu.health["last_xid"] = xid
+        if ecc_dbe is not None:
+            gpu.health["ecc_dbe"] = ecc_dbe
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _gpu(self, uuid: str) -> _SimGpu:
+        try:
+            return self._by_uuid[uuid]
+        except KeyError:
+            raise KeyError(f"no simulated GPU {uuid!r} on node {self.node_name!r}") from None
+
+    def _new_run(self, job_key: str, profile: Profile, offset_key: str) -> _Run:
+        # Start somewhere inside the profile (keyed, not random) so that jobs sharing a profile do not march in
+        # lockstep, while the GPUs of one job do.
+        steps = len(profile.util)
+        offset = (_stable_int(self.seed, offset_key, "offset") % steps) * profile.step_s
+        pid = 1000 + _stable_int(self.seed, job_key, "pid") % 4_000_000
+        return _Run(job_key=job_key, profile=profile, offset_s=offset, started_at=None, pid=pid)
+
+    def _sample_gpu(self, gpu: _SimGpu, now: float, slow: bool) -> GpuSample:
+        spec = gpu.spec
+        rng = gpu.rng
+        dt = 0.0 if gpu.last_now is None else max(0.0, now - gpu.last_now)
+        gpu.last_now = now
+        if gpu.health["lost"]:
+            return GpuSample(
+                uuid=gpu.info.uuid,
+                ts=now,
+                utilization_pct=None,
+                memory_used_mib=None,
+                memory_total_mib=None,
+                temperature_c=None,
+                power_w=None,
+                sm_clock_mhz=None,
+                tensor_active=None,
+                processes=None,
+                health=dict(gpu.health),
+                error="GPU lost (simulated)",
+            )
+
+        run = gpu.run or gpu.idle_run
+        util = 0.0
+        mem = float(gpu.idle_mem_mib)
+        tensor_ratio = 0.0
+        if run is not None:
+            if run.started_at is None:
+                run.started_at = now
+            base_util, base_mem = run.profile.at(now - run.started_at + run.offset_s)
+            if run.profile.mem_fraction_of_device is not None:
+                base_mem = run.profile.mem_fraction_of_device * spec.memory_mib
+            # A per-minute duty cycle of 30% is bursts and gaps at 1 Hz: spread grows with p(1-p).
+            noise = rng.gauss(0.0, 1.0)
+            if base_util >= 0.5:
+                util = base_util + noise * (0.25 * math.sqrt(base_util * (100.0 - base_util)) + 1.0)
+            mem_noise = rng.gauss(0.0, 1.0)
+            mem = max(mem, base_mem * (1.0 + 0.0005 * mem_noise))
+            tensor_ratio = run.profile.tensor_ratio
+        util = max(0.0, min(100.0, util))
+        util_pct = round(util)
+        mem_used = int(min(mem, spec.memory_mib * 0.97))
+
+        # Power: idle floor, plus a share of the headroom set by utilization and how tensor-heavy the work is,
+        # plus a little for held memory (HBM stays awake); then a first-order lag.
+        target_w = spec.idle_w + (spec.tdp_w * 0.95 - spec.idle_w) * (util / 100.0) * (0.6 + 0.4 * tensor_ratio)
+        if mem_used > 1024:
+            target_w += 0.02 * spec.tdp_w
+        gpu.power_w = _approach(gpu.power_w, target_w, dt, _POWER_TAU_S)
+        power = max(0.0, gpu.power_w + rng.gauss(0.0, 0.004 * spec.tdp_w))
+
+        # Temperature: ambient wanders slowly within ±1.5 °C; the die heads for ambient + a power-driven rise.
+        gpu.ambient_drift_c = max(-1.5, min(1.5, gpu.ambient_drift_c + rng.gauss(0.0, 0.05) * math.sqrt(dt)))
+        target_c = self._ambient_c + gpu.ambient_drift_c + gpu.power_w / spec.tdp_w * _TEMP_RISE_AT_TDP_C
+        gpu.temp_c = _approach(gpu.temp_c, target_c, dt, _TEMP_TAU_S)
+
+        if util_pct > 0:
+            gpu.last_busy = now
+        if now - gpu.last_busy < _IDLE_CLOCK_AFTER_S:
+            # Near the power limit the boost clock backs off a little, as real boards do.
+            over = max(0.0, gpu.power_w / spec.tdp_w - 0.85) / 0.15
+            sm = round(spec.sm_clock_max_mhz * (1.0 - 0.08 * min(1.0, over)))
+        else:
+            sm = spec.sm_clock_idle_mhz
+
+        tensor = 0.0
+        if util_pct > 0 and tensor_ratio > 0:
+            tensor = max(0.0, min(1.0, util / 100.0 * tensor_ratio * (1.0 + 0.1 * rng.gauss(0.0, 1.0))))
+
+        processes: list[tuple[int, int]] | None = None
+        if slow:
+            processes = [] if run is None else [(run.pid, max(0, mem_used - gpu.idle_mem_mib))]
+        return GpuSample(
+            uuid=gpu.info.uuid,
+            ts=now,
+            utilization_pct=util_pct,
+            memory_used_mib=mem_used,
+            memory_total_mib=spec.memory_mib,
+            temperature_c=round(gpu.temp_c),
+            power_w=round(power, 1),
+            sm_clock_mhz=sm,
+            tensor_active=round(tensor, 3),
+            processes=processes,
+            health=dict(gpu.health),
+            error=None,
+        )
+
+
+def _approach(value: float, target: float, dt: float, tau: float) -> float:
+    """First-order lag: where `value` is after `dt` seconds heading for `target` with time constant `tau`."""
+    return target + (value - target) * math.exp(-dt / tau)
