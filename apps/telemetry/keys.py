@@ -1,0 +1,141 @@
+"""The Redis contract of live telemetry: key names, value shapes and the snapshot channel.
+
+Writers: the portal's telemetry ingest (`apps.telemetry.ingest`, run by the Celery worker consuming `control`)
+and the fleet publisher (`manage.py fleet_publisher`). Readers: the REST API, `/metrics`, the publisher, and the
+websocket fan-out (`/ws/fleet/`). apps/telemetry/README.md describes the same contract in prose; change both
+together and never rename a key in place (readers in other processes rely on it).
+
+Everything here lives in the portal's Redis (settings.REDIS_URL, the broker's database). Redis may be flushed or
+restarted at any time: every key is rebuilt within seconds by the agents' next messages; only the rollup minute
+that was still accumulating is lost.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypedDict
+
+# --- Latest sample per GPU ---------------------------------------------------------------------------------
+# Hash. Field: GPU uuid. Value: compact JSON `LatestSample` (below). One HSET per agent message (all GPUs of the
+# node at once); one HMGET/HGETALL serves any number of GPUs. Entries are overwritten, never deleted by ingest:
+# compare `ts` with the clock to tell live from stale (see STALE_AFTER_S).
+LATEST = "fleet:latest"
+
+# --- Short raw history per GPU (sparklines) ------------------------------------------------------------------
+# List per GPU, newest first: `LPUSH` + `LTRIM 0 HISTORY_LEN-1`, `EXPIRE HISTORY_TTL_S` on every write (a GPU that
+# stops reporting disappears). Each element is a compact JSON array `[ts, util, mem_used, temp, power]`
+# (HIST_FIELDS); any element but ts may be null. Read with `LRANGE fleet:hist:<uuid> 0 N-1`.
+HIST_PREFIX = "fleet:hist:"
+HIST_FIELDS: tuple[str, ...] = ("ts", "util", "mem_used", "temp", "power")
+HISTORY_LEN = 120  # settings.TELEMETRY_HISTORY_SAMPLES may lower or raise it; readers must not assume a length
+HISTORY_TTL_S = 600
+
+# --- Snapshots published once a second -----------------------------------------------------------------------
+# Pub/sub channel. One JSON `Snapshot` message per second from `manage.py fleet_publisher`. Pub/sub has no replay:
+# a subscriber that reconnects reads SNAPSHOT_LAST to have something to show at once.
+SNAPSHOTS_CHANNEL = "fleet:snapshots"
+SNAPSHOT_LAST = "fleet:snapshot:last"  # string: the last published snapshot (same JSON), SET with EX 10
+SNAPSHOT_SEQ = "fleet:snapshot:seq"  # INCR counter behind `seq`: monotonic across publisher restarts
+
+# A sample older than this (seconds, by its `ts`) is stale: shown greyed out, left out of /metrics.
+STALE_AFTER_S = 10.0
+
+# --- Internal to the portal (not for other readers) -----------------------------------------------------------
+# Rollup accumulators: hash per minute (`fleet:roll:<minute epoch>`), fields `<uuid>|<metric>` (see
+# apps.telemetry.ingest); a sorted set of minutes that hold data, scored by the minute's epoch. A beat task
+# (`telemetry.flush_rollups`) upserts closed minutes into GpuRollup and deletes them.
+ROLLUP_PREFIX = "fleet:roll:"
+ROLLUP_PENDING = "fleet:roll:pending"
+# Hash of counters for /metrics: messages_accepted, samples_accepted, messages_stale, messages_rejected,
+# rows_rejected, and `rejected:<reason>` per reason.
+STATS = "fleet:stats"
+# Hash: node name -> epoch of the last accepted telemetry message from that node.
+NODE_SEEN = "fleet:seen"
+
+
+class LatestSample(TypedDict):
+    """Value of one `fleet:latest` field. Units: util %, mem MiB, temp °C, power W, sm_clock MHz, tensor 0..1,
+    ts epoch seconds (float, the node's clock at the sample). A metric the GPU cannot read this tick is null."""
+
+    uuid: str
+    node: str
+    index: int
+    model: str
+    util: int | None
+    mem_used: int | None
+    mem_total: int | None
+    temp: int | None
+    power: float | None
+    sm_clock: int | None
+    tensor: float | None  # tensor-pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE); null where unsupported
+    ts: float
+
+
+class Holder(TypedDict, total=False):
+    """Who holds a GPU right now (from apps.fleet.selectors.gpu_holders()); redact for viewers outside `team`."""
+
+    kind: str  # "reservation" | "job"
+    id: int
+    team: str  # team slug
+    team_id: int
+    user: str
+    until: str | None  # ISO 8601
+
+
+class SnapshotGpu(LatestSample, total=False):
+    """One GPU in a snapshot: the latest sample (metrics null when none was ever received) plus state."""
+
+    status: str  # GPU status: ok | degraded | lost | offline
+    node_status: str  # online | draining | offline
+    stale: bool  # no sample in the last STALE_AFTER_S seconds
+    holder: Holder | None
+
+
+class SnapshotNode(TypedDict):
+    name: str
+    status: str
+    last_heartbeat: str | None  # ISO 8601
+
+
+class Snapshot(TypedDict):
+    """Message on SNAPSHOTS_CHANNEL: `{"type": "fleet", "ts": ISO-8601, "seq": n, "gpus": [...], "nodes": [...]}`.
+    `gpus` lists every registered GPU (ordered by node name, index), `nodes` every node."""
+
+    type: str
+    ts: str
+    seq: int
+    gpus: list[SnapshotGpu]
+    nodes: list[SnapshotNode]
+
+
+def hist_key(uuid: str) -> str:
+    return f"{HIST_PREFIX}{uuid}"
+
+
+def rollup_key(minute: int) -> str:
+    """Accumulator of the minute starting at `minute` (epoch seconds, a multiple of 60)."""
+    return f"{ROLLUP_PREFIX}{minute}"
+
+
+def decode_latest(raw: bytes | str | None) -> LatestSample | None:
+    """One `fleet:latest` value, or None for a missing or unreadable one (never raises)."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) and "uuid" in value else None  # type: ignore[return-value]
+
+
+def decode_hist(items: list[bytes] | list[str]) -> list[dict[str, Any]]:
+    """`LRANGE` of a history list as dicts keyed by HIST_FIELDS, oldest first."""
+    out: list[dict[str, Any]] = []
+    for raw in reversed(items):
+        try:
+            row = json.loads(raw)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(row, list) and len(row) == len(HIST_FIELDS):
+            out.append(dict(zip(HIST_FIELDS, row, strict=True)))
+    return out
