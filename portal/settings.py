@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "apps.accounts",
     "apps.audit",
     "apps.fleet",
+    "apps.booking",
 ]
 
 MIDDLEWARE = [
