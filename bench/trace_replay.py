@@ -1,0 +1,283 @@
+"""Replay the Alibaba GPU trace through the scheduling core in simulated time (discrete events).
+
+Why: the scheduling policies are only as good as the waits they produce on a real workload, and the
+replay must run the very code the portal runs (``apps.jobs.scheduling.schedule``), not a model of it.
+
+    python -m bench.trace_replay --pods CSV --gpus N [--nodes CSV --model-mix] [--time-scale K] \
+        --policy fifo|backfill|fair --json
+
+Workload (from the trace's columns): arrival = creation_time / K (``--time-scale`` compresses arrivals,
+runtimes stay real); runtime = deletion_time - scheduled_time; tasks never scheduled and tasks with
+num_gpu 0 are skipped; the estimate a user would give (``max_duration_s``) is max(2 x runtime, 600 s);
+a fractional task (gpu_milli < 1000) takes a whole GPU. Team (for fair share): the task's ``qos`` column
+(LS, BE, Burstable, Guaranteed): the trace has no user or team column, task names are serial numbers, and
+qos is the one attribute that groups tasks by who runs them and why; all teams get equal shares.
+
+Cluster: N GPUs in 8-GPU nodes of one model (gpu_spec ignored), or with ``--model-mix`` the node list's
+models in proportion to their GPU counts (largest remainder), 8-GPU nodes per model, gpu_spec honoured
+(a task whose models are absent or cannot hold its gang is skipped and counted).
+
+The simulator runs one scheduling pass after each batch of simultaneous events (arrivals, completions),
+as the portal does on events. Output: jobs, mean/p50/p99/max wait, mean JCT, GPU allocation ratio
+(allocated GPU-seconds over N x makespan) and the core's decisions per second of scheduler time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from apps.jobs.scheduling import (
+    Gpu,
+    PendingJob,
+    Policy,
+    RunningJob,
+    Snapshot,
+    UsageLedger,
+    policy_by_name,
+    schedule,
+)
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "alibaba-gpu-v2023"
+DEFAULT_PODS = DATA / "openb_pod_list_default.csv"
+DEFAULT_NODES = DATA / "openb_node_list_gpu_node.csv"
+NODE_SIZE = 8
+SINGLE_MODEL = "GPU"
+MIN_ESTIMATE_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class TraceTask:
+    """One GPU task of the trace, as the replay submits it."""
+
+    name: str
+    team: str
+    arrival: float
+    runtime: float
+    gpu_count: int
+    models: frozenset[str] | None
+
+
+def load_tasks(pods: Path, *, time_scale: float = 1.0) -> tuple[list[TraceTask], dict[str, int]]:
+    """The trace's GPU tasks that ran, and counts of the rows skipped and why."""
+    tasks: list[TraceTask] = []
+    skipped = {"never_scheduled": 0, "no_gpu": 0}
+    with pods.open(newline="") as f:
+        for row in csv.DictReader(f):
+            if int(row["num_gpu"]) <= 0:
+                skipped["no_gpu"] += 1
+                continue
+            if not row.get("scheduled_time"):
+                skipped["never_scheduled"] += 1
+                continue
+            runtime = float(row["deletion_time"]) - float(row["scheduled_time"])
+            spec = row.get("gpu_spec") or ""
+            tasks.append(
+                TraceTask(
+                    name=row["name"],
+                    team=row.get("qos") or "none",
+                    arrival=float(row["creation_time"]) / time_scale,
+                    runtime=max(runtime, 0.0),
+                    gpu_count=int(row["num_gpu"]),
+                    models=frozenset(spec.split("|")) if spec else None,
+                )
+            )
+    tasks.sort(key=lambda t: (t.arrival, t.name))
+    return tasks, skipped
+
+
+def model_mix(nodes: Path, total_gpus: int) -> dict[str, int]:
+    """Split ``total_gpus`` over the node list's models in proportion to their GPU counts."""
+    per_model: dict[str, int] = {}
+    with nodes.open(newline="") as f:
+        for row in csv.DictReader(f):
+            per_model[row["model"]] = per_model.get(row["model"], 0) + int(row["gpu"])
+    fleet = sum(per_model.values())
+    quotas = {m: total_gpus * g / fleet for m, g in per_model.items()}
+    out = {m: math.floor(q) for m, q in quotas.items()}
+    by_remainder = sorted(per_model, key=lambda m: (-(quotas[m] - out[m]), m))
+    for m in by_remainder[: total_gpus - sum(out.values())]:
+        out[m] += 1
+    return {m: n for m, n in sorted(out.items()) if n > 0}
+
+
+def build_cluster(total_gpus: int, mix: dict[str, int] | None) -> list[Gpu]:
+    """N GPUs in 8-GPU nodes (the last node of a model may be smaller)."""
+    counts = mix if mix is not None else {SINGLE_MODEL: total_gpus}
+    gpus: list[Gpu] = []
+    for model, count in counts.items():
+        for i in range(count):
+            node = f"{model.lower()}-node-{i // NODE_SIZE:03d}"
+            gpus.append(Gpu(id=f"{node}-gpu{i % NODE_SIZE}", node=node, model=model))
+    return gpus
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of sorted ``values``."""
+    if not values:
+        return 0.0
+    pos = (len(values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def replay(
+    tasks: Sequence[TraceTask],
+    gpus: Sequence[Gpu],
+    policy: Policy,
+    *,
+    records: list[tuple[TraceTask, float]] | None = None,
+) -> dict[str, float | int]:
+    """Run the discrete-event simulation and return its metrics; ``records`` collects (task, start)."""
+    busy_gpu = {g.id: Gpu(g.id, g.node, g.model, g.capacity, 0.0) for g in gpus}
+    free_gpu = {g.id: g for g in gpus}
+    gpu_state: dict[str, Gpu] = dict(free_gpu)
+    by_id = {f"{i}": t for i, t in enumerate(tasks)}
+    arrivals = [(t.arrival, job_id) for job_id, t in by_id.items()]
+    arrivals.reverse()  # pop() from the end = earliest first
+    pending: dict[str, PendingJob] = {}
+    running: dict[str, RunningJob] = {}
+    completions: list[tuple[float, str]] = []
+    ledger = UsageLedger()
+    waits: list[float] = []
+    jcts: list[float] = []
+    gpu_seconds = 0.0
+    considered = 0
+    passes = 0
+    sched_s = 0.0
+    first = tasks[0].arrival if tasks else 0.0
+    last_end = first
+    while arrivals or completions:
+        now = min(arrivals[-1][0] if arrivals else math.inf, completions[0][0] if completions else math.inf)
+        while completions and completions[0][0] <= now:
+            _, job_id = heapq.heappop(completions)
+            run = running.pop(job_id)
+            for gid in run.gpu_ids:
+                gpu_state[gid] = free_gpu[gid]
+            ledger.add(run.team, len(run.gpu_ids), run.start, now)
+        while arrivals and arrivals[-1][0] <= now:
+            _, job_id = arrivals.pop()
+            t = by_id[job_id]
+            pending[job_id] = PendingJob(
+                id=job_id,
+                team=t.team,
+                user=t.name,
+                gpu_count=t.gpu_count,
+                max_duration_s=max(2.0 * t.runtime, MIN_ESTIMATE_S),
+                submitted_at=t.arrival,
+                models=t.models,
+            )
+        if not pending:
+            continue
+        usage = ledger.snapshot(now, ((r.team, len(r.gpu_ids), r.start) for r in running.values()))
+        snapshot = Snapshot(
+            gpus=tuple(gpu_state.values()),
+            pending=tuple(pending.values()),
+            running=tuple(running.values()),
+            team_usage=usage,
+        )
+        t0 = time.perf_counter()
+        decisions = schedule(snapshot, policy=policy, now=now, explain=False)
+        sched_s += time.perf_counter() - t0
+        passes += 1
+        considered += decisions.considered
+        for start in decisions.starts:
+            job = pending.pop(start.job_id)
+            t = by_id[start.job_id]
+            for gid in start.gpu_ids:
+                gpu_state[gid] = busy_gpu[gid]
+            running[job.id] = RunningJob(job.id, job.team, start.gpu_ids, now, job.max_duration_s)
+            end = now + t.runtime
+            heapq.heappush(completions, (end, job.id))
+            waits.append(now - t.arrival)
+            if records is not None:
+                records.append((t, now))
+            jcts.append(end - t.arrival)
+            gpu_seconds += t.gpu_count * t.runtime
+            last_end = max(last_end, end)
+    if pending:
+        raise RuntimeError(f"{len(pending)} jobs never started")
+    waits.sort()
+    makespan = max(last_end - first, 1e-9)
+    return {
+        "jobs": len(waits),
+        "mean_wait_s": round(sum(waits) / max(len(waits), 1), 1),
+        "p50_wait_s": round(percentile(waits, 50), 1),
+        "p99_wait_s": round(percentile(waits, 99), 1),
+        "max_wait_s": round(waits[-1] if waits else 0.0, 1),
+        "mean_jct_s": round(sum(jcts) / max(len(jcts), 1), 1),
+        "gpu_allocation_ratio": round(gpu_seconds / (len(gpus) * makespan), 4),
+        "decisions_per_s": round(considered / sched_s) if sched_s > 0 else 0,
+        "passes": passes,
+        "scheduler_s": round(sched_s, 2),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the CLI, replay, print the metrics."""
+    parser = argparse.ArgumentParser(prog="python -m bench.trace_replay", description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=Path, default=DEFAULT_PODS, help="pod list CSV (default: %(default)s)")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated cluster")
+    parser.add_argument("--nodes", type=Path, default=DEFAULT_NODES, help="node list CSV for --model-mix")
+    parser.add_argument("--model-mix", action="store_true", help="the node list's models, gpu_spec honoured")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="divide arrival times by K")
+    parser.add_argument("--policy", choices=("fifo", "backfill", "fair"), default="fair")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.gpus < 1 or args.time_scale <= 0:
+        parser.error("--gpus and --time-scale must be positive")
+
+    started = time.perf_counter()
+    tasks, skipped = load_tasks(args.pods, time_scale=args.time_scale)
+    if not tasks:
+        parser.error(f"{args.pods}: no GPU task with creation, scheduled and deletion times to replay")
+    mix = model_mix(args.nodes, args.gpus) if args.model_mix else None
+    gpus = build_cluster(args.gpus, mix)
+    if mix is None:
+        tasks = [TraceTask(t.name, t.team, t.arrival, t.runtime, t.gpu_count, None) for t in tasks]
+    largest: dict[frozenset[str] | None, int] = {}
+    per_node: dict[tuple[str, str], int] = {}
+    for g in gpus:
+        per_node[(g.node, g.model)] = per_node.get((g.node, g.model), 0) + 1
+    runnable: list[TraceTask] = []
+    skipped["no_fitting_node"] = 0
+    for t in tasks:
+        if t.models not in largest:
+            largest[t.models] = max(
+                (c for (_, m), c in per_node.items() if t.models is None or m in t.models), default=0
+            )
+        if t.gpu_count > largest[t.models]:
+            skipped["no_fitting_node"] += 1
+        else:
+            runnable.append(t)
+    metrics = replay(runnable, gpus, policy_by_name(args.policy))
+    result: dict[str, object] = {
+        "policy": args.policy,
+        "gpus": args.gpus,
+        "model_mix": mix if mix is not None else {SINGLE_MODEL: args.gpus},
+        "time_scale": args.time_scale,
+        "pods": str(args.pods),
+        "teams": "qos",
+        **metrics,
+        "skipped": skipped,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

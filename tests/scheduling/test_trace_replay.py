@@ -1,0 +1,51 @@
+"""The trace replay's CLI and simulator on a tiny hand-made trace, so a broken bench is caught by the tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.trace_replay import main
+
+HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+ROWS = [
+    "p0,1000,1024,8,1000,,LS,Running,0,1000,0",  # 8 GPUs for 1000 s
+    "p1,1000,1024,1,500,,BE,Succeeded,10,110,10",  # fractional: takes a whole GPU; waits for p0
+    "p2,1000,1024,0,0,,BE,Succeeded,20,30,20",  # no GPU: skipped
+    "p3,1000,1024,1,1000,,LS,Pending,30,40,",  # never scheduled: skipped
+    "p4,1000,1024,1,1000,V100M32,BE,Succeeded,40,140,40",
+]
+
+
+@pytest.mark.parametrize("policy", ["fifo", "backfill", "fair"])
+def test_replay_prints_the_metrics_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("\n".join([HEADER, *ROWS]) + "\n")
+    assert main(["--pods", str(pods), "--gpus", "8", "--policy", policy, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+
+    assert out["jobs"] == 3
+    assert out["skipped"] == {"never_scheduled": 1, "no_gpu": 1, "no_fitting_node": 0}
+    assert out["max_wait_s"] == pytest.approx(990.0)  # p1 (or p4) waits until p0 ends at 1000
+    for key in ("mean_wait_s", "p50_wait_s", "p99_wait_s", "mean_jct_s", "gpu_allocation_ratio", "decisions_per_s"):
+        assert key in out
+
+
+def test_model_mix_honours_gpu_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("\n".join([HEADER, *ROWS]) + "\n")
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,8,T4\nn1,1,1,8,T4\nn2,1,1,8,T4\nn3,1,1,8,V100M32\n")
+    assert (
+        main(["--pods", str(pods), "--nodes", str(nodes), "--model-mix", "--gpus", "8", "--policy", "fair", "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+
+    assert out["model_mix"] == {"T4": 6, "V100M32": 2}
+    # p0 needs 8 GPUs on one node: no node of this 8-GPU mix has them.
+    assert out["skipped"]["no_fitting_node"] == 1
+    assert out["jobs"] == 2
+    assert out["max_wait_s"] == 0.0
