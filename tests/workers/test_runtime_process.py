@@ -1,0 +1,246 @@
+"""ProcessRuntime with real subprocesses (sh, sleep and this interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.workers.conftest import EventRecorder
+from workers.runtimes.base import JobOutcome, LaunchSpec, RuntimeEvents
+from workers.runtimes.process import ProcessRuntime
+
+pytestmark = pytest.mark.timeout(60)
+
+MakeRuntime = Callable[..., ProcessRuntime]
+
+
+@pytest.fixture
+def process_runtime(process_state_dir: Path, recorder: EventRecorder) -> Iterator[MakeRuntime]:
+    made: list[ProcessRuntime] = []
+
+    def make(**kwargs: Any) -> ProcessRuntime:
+        options: dict[str, Any] = {"state_dir": process_state_dir, "events": recorder.events, "timeout_grace_s": 1.0}
+        options.update(kwargs)
+        runtime = ProcessRuntime(**options)
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime.close()
+    # Whatever a test left running dies with it.
+    for path in process_state_dir.glob("job-*.json"):
+        pid = json.loads(path.read_text()).get("pid")
+        if pid:
+            try:
+                os.killpg(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def spec(job_id: int, *command: str, **fields: Any) -> LaunchSpec:
+    return LaunchSpec(job_id=job_id, image="", command=list(command), **fields)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    # Another process changes the state here; there is nothing to subscribe to.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met in {timeout}s")
+
+
+def test_job_succeeds_with_ordered_logs_and_only_its_gpus(
+    process_runtime: MakeRuntime, recorder: EventRecorder, process_state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PORTAL_NODE_TOKEN", "secret")  # the agent's own credentials must not leak into jobs
+    runtime = process_runtime()
+    script = (
+        'for i in 1 2 3; do echo "line-$i"; done; echo "oops" >&2; '
+        'echo "cuda=$CUDA_VISIBLE_DEVICES token=${PORTAL_NODE_TOKEN:-none} mine=$MINE"'
+    )
+    assert runtime.launch(spec(201, "sh", "-c", script, env={"MINE": "yes"}, gpu_uuids=["GPU-a", "GPU-b"]))
+
+    outcome = recorder.wait_exit(201)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("succeeded", "exit_code", 0)
+    assert recorder.lines(201) == ["line-1", "line-2", "line-3", "cuda=GPU-a,GPU-b token=none mine=yes"]
+    assert recorder.lines(201, "stderr") == ["oops"]
+    assert recorder.started[201].startswith("pid:")
+    wait_until(lambda: not list(process_state_dir.iterdir()))  # state and log files go after the report
+
+
+def test_nonzero_exit_code_fails_the_job(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    process_runtime().launch(spec(202, "sh", "-c", "exit 3"))
+
+    outcome = recorder.wait_exit(202)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "exit_code", 3)
+
+
+def test_allocation_beyond_the_memory_limit_reads_as_oom(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    runtime = process_runtime()
+    runtime.launch(spec(203, sys.executable, "-c", "b = bytearray(1 << 30)", memory_mib=256))
+
+    outcome = recorder.wait_exit(203)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "oom", 1)
+    assert any("MemoryError" in line for line in recorder.lines(203, "stderr"))
+
+
+def test_gpu_jobs_get_no_address_space_limit(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    # CUDA reserves far more virtual memory than it uses; RLIMIT_AS would break every GPU job.
+    runtime = process_runtime()
+    runtime.launch(spec(204, "sh", "-c", "ulimit -v", memory_mib=256, gpu_uuids=["GPU-a"]))
+
+    assert recorder.wait_exit(204).state == "succeeded"
+    assert recorder.lines(204) == ["unlimited"]
+
+
+def test_job_past_max_duration_is_stopped_as_timeout(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    began = time.monotonic()
+    process_runtime().launch(spec(205, "sleep", "30", max_duration_s=1))
+
+    outcome = recorder.wait_exit(205)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "timeout", 143)
+    assert time.monotonic() - began < 5
+
+
+def test_cancelled_job_that_handles_sigterm_exits_within_grace(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    runtime = process_runtime()
+    runtime.launch(spec(206, "sh", "-c", 'trap "echo got-term; exit 0" TERM; echo ready; sleep 30 & wait'))
+    recorder.wait_line(206, "ready")
+
+    began = time.monotonic()
+    assert runtime.stop(206, grace_s=10)
+    outcome = recorder.wait_exit(206)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("cancelled", "cancelled", 0)
+    assert "got-term" in recorder.lines(206)
+    assert time.monotonic() - began < 5
+
+
+def test_cancelled_job_that_ignores_sigterm_is_killed_after_grace(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    runtime = process_runtime()
+    runtime.launch(spec(207, "sh", "-c", 'trap "" TERM; echo ready; sleep 30'))
+    recorder.wait_line(207, "ready")
+
+    began = time.monotonic()
+    assert runtime.stop(207, grace_s=1)
+    outcome = recorder.wait_exit(207)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("cancelled", "cancelled", 137)
+    assert 0.9 <= time.monotonic() - began < 5
+
+
+def test_missing_executable_is_a_launch_error(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    process_runtime().launch(spec(208, "/nonexistent/train", "--epochs", "1"))
+
+    outcome = recorder.wait_exit(208)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "launch_error", None)
+    assert "/nonexistent/train" in outcome.message
+    assert 208 not in recorder.started
+
+
+def test_long_lines_are_cut_into_bounded_pieces(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    runtime = process_runtime(max_line_bytes=1000)
+    runtime.launch(spec(209, sys.executable, "-c", "print('a' * 2500); print('end')"))
+
+    recorder.wait_exit(209)
+
+    assert [len(line) for line in recorder.lines(209)] == [1000, 1000, 500, 3]
+
+
+def test_duplicate_launch_and_unknown_stop(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    runtime = process_runtime()
+    assert runtime.launch(spec(210, "sleep", "30"))
+    assert runtime.launch(spec(210, "sleep", "30")) is False
+    assert runtime.stop(999_999) is False
+    recorder.wait_started(210)
+    runtime.stop(210, grace_s=0)
+    assert recorder.wait_exit(210).state == "cancelled"
+
+
+def test_restarted_agent_finds_and_adopts_a_running_process(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    before_restart = process_runtime()
+    before_restart.launch(spec(211, "sh", "-c", "echo before; sleep 1.5; echo after; exit 4"))
+    recorder.wait_line(211, "before")
+    before_restart.close()
+
+    after_restart = process_runtime()
+    (listed,) = after_restart.list_jobs()
+    assert (listed.job_id, listed.status, listed.watched) == (211, "running", False)
+    assert after_restart.launch(spec(211, "true")) is False  # found on the host: adopt, never start twice
+    assert after_restart.adopt(211)
+
+    outcome = recorder.wait_exit(211)
+
+    # Not our child: the exit status cannot be read, and the outcome says so instead of guessing.
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "exit_code", None)
+    assert "unknown" in outcome.message
+    assert recorder.lines(211) == ["before", "after"]
+    wait_until(lambda: after_restart.list_jobs() == [])
+
+
+def test_adopted_process_can_be_cancelled(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    before_restart = process_runtime()
+    before_restart.launch(spec(212, "sleep", "30"))
+    recorder.wait_started(212)
+    before_restart.close()
+
+    after_restart = process_runtime()
+    assert after_restart.stop(212, grace_s=1)  # adopts, then stops
+
+    outcome = recorder.wait_exit(212)
+    assert (outcome.state, outcome.reason) == ("cancelled", "cancelled"), outcome
+
+
+def test_process_that_ended_unwatched_is_listed_as_exited_with_unknown_code(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    before_restart = process_runtime()
+    before_restart.launch(spec(213, "sh", "-c", "sleep 0.3; exit 5"))
+    recorder.wait_started(213)
+    before_restart.close()
+
+    after_restart = process_runtime()
+    wait_until(lambda: after_restart.list_jobs()[0].status == "exited")
+    (listed,) = after_restart.list_jobs()
+    assert listed.exit_code is None
+
+    assert after_restart.adopt(213)
+    outcome = recorder.wait_exit(213)
+    assert (outcome.state, outcome.exit_code) == ("failed", None)
+
+
+def test_outcome_whose_report_failed_is_found_again(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    def broken_report(outcome: JobOutcome) -> None:
+        raise ConnectionError("broker down")
+
+    before_restart = process_runtime(events=RuntimeEvents(on_exit=broken_report))
+    before_restart.launch(spec(214, "sh", "-c", "exit 6"))
+    wait_until(lambda: [(j.status, j.exit_code) for j in before_restart.list_jobs()] == [("exited", 6)])
+    before_restart.close()
+
+    after_restart = process_runtime()
+    assert after_restart.adopt(214)
+    outcome = recorder.wait_exit(214)
+
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "exit_code", 6)

@@ -1,0 +1,290 @@
+"""Shared vocabulary of the node agent's job runtimes (Docker, local process).
+
+Plain Python 3.10+, no Django: GPU nodes run the agent without the portal's code base.
+
+The agent drives a runtime through four calls (``launch``, ``stop``, ``list_jobs``, ``adopt``); it reports
+back through callbacks injected at construction (``RuntimeEvents``). Callbacks run on the runtime's watcher
+threads, never on the caller's thread, so they must be thread-safe and quick (hand off to a queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+OutcomeState = Literal["succeeded", "failed", "cancelled"]
+OutcomeReason = Literal["exit_code", "oom", "timeout", "cancelled", "launch_error"]
+LogStream = Literal["stdout", "stderr"]
+ListedStatus = Literal["running", "exited"]
+
+# Labels put on every container (and mirrored in the process runtime's state files) so a restarted agent finds
+# its jobs on the engine instead of trusting its own (lost) memory.
+LABEL_JOB = "portal.job"
+LABEL_MANAGED = "portal.managed"
+LABEL_AGENT = "portal.agent"
+LABEL_MAX_DURATION = "portal.max_duration_s"
+
+# Docker's json-file driver splits lines at 16 KiB; the process runtime uses the same bound.
+DEFAULT_MAX_LINE_BYTES = 16 * 1024
+
+# Set by the agent, never taken from the job's env: they decide which GPUs the job sees. An image or a user
+# setting NVIDIA_VISIBLE_DEVICES=all would expose every GPU of the node under the NVIDIA runtime.
+RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
+
+# With these set NCCL aborts a hung collective instead of hanging until max_duration; multi-GPU jobs get
+# them unless the job chose otherwise.
+NCCL_DEFAULTS: Mapping[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+class Mount(NamedTuple):
+    """A bind mount; a plain ``(host_path, container_path, read_only)`` tuple works as well."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass
+class LaunchSpec:
+    """Everything a runtime needs to start one job; built by ``policy.validate_launch_request``.
+
+    ``cpus`` <= 0 and ``memory_mib`` <= 0 mean no limit, ``max_duration_s`` <= 0 means no deadline (the portal
+    always sends all three). ``use_nvidia_runtime`` is node configuration (a real GPU node with the NVIDIA
+    Container Toolkit), not something a job asks for. The process runtime ignores ``image``, ``mounts`` and
+    ``network``.
+    """
+
+    job_id: int
+    image: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    gpu_uuids: list[str] = field(default_factory=list)
+    cpus: float = 0.0
+    memory_mib: int = 0
+    max_duration_s: int = 0
+    mounts: list[Mount] = field(default_factory=list)
+    use_nvidia_runtime: bool = False
+    network: str = "none"
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a job ended, as reported through ``RuntimeEvents.on_exit``.
+
+    ``exit_code`` is None when there is none (launch_error) or it cannot be known (a process adopted after an
+    agent restart is not our child). Killed by a signal reads as 128 + signal number, as Docker reports it.
+    """
+
+    job_id: int
+    state: OutcomeState
+    reason: OutcomeReason
+    exit_code: int | None
+    message: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeJob:
+    """A job found on the host by ``Runtime.list_jobs`` (from engine labels or the process state dir).
+
+    ``status`` "running" jobs can be adopted (watching resumes); "exited" ones carry what the engine kept
+    (``exit_code`` None if unknown, ``oom_killed``); adopting an exited one reports its outcome and cleans up.
+    ``watched`` says whether this runtime instance already watches it (no need to adopt).
+    """
+
+    job_id: int
+    status: ListedStatus
+    handle: str
+    exit_code: int | None = None
+    oom_killed: bool = False
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    watched: bool = False
+
+
+def _ignore_started(job_id: int, handle: str) -> None:
+    return None
+
+
+def _ignore_log(job_id: int, stream: LogStream, line: str) -> None:
+    return None
+
+
+def _ignore_exit(outcome: JobOutcome) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class RuntimeEvents:
+    """Callbacks a runtime calls from its watcher threads.
+
+    - ``on_started(job_id, handle)``: the container/process runs; handle is the container id or ``pid:<n>``.
+    - ``on_log(job_id, stream, line)``: one line without its newline, at most ``max_line_bytes`` (longer lines
+      arrive in pieces), in order within a stream; all lines come before ``on_exit``.
+    - ``on_exit(outcome)``: exactly once per launched or adopted job, after which the runtime forgets it.
+      If it raises, the runtime keeps the exited container/state file so ``list_jobs`` finds it again.
+    """
+
+    on_started: Callable[[int, str], None] = _ignore_started
+    on_log: Callable[[int, LogStream, str], None] = _ignore_log
+    on_exit: Callable[[JobOutcome], None] = _ignore_exit
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the agent calls. Every method returns quickly; results come through ``RuntimeEvents``."""
+
+    def launch(self, spec: LaunchSpec) -> bool:
+        """Start the job and its watcher in the background; False if this job id is already known here."""
+        ...
+
+    def stop(self, job_id: int, grace_s: float = 10.0) -> bool:
+        """Cancel: SIGTERM, ``grace_s`` seconds, SIGKILL; on_exit then says cancelled. False if unknown."""
+        ...
+
+    def list_jobs(self) -> list[RuntimeJob]:
+        """The jobs of this agent present on the host, running or exited, for reconciliation."""
+        ...
+
+    def adopt(self, job_id: int) -> bool:
+        """Resume watching a job found by ``list_jobs`` (logs from now on, then on_exit). False if absent."""
+        ...
+
+    def close(self) -> None:
+        """Stop watching without touching the jobs (agent shutdown/restart): no further callbacks."""
+        ...
+
+
+def utcnow() -> datetime:
+    # timezone.utc, not datetime.UTC: the agent must run on Python 3.10, which lacks the alias.
+    return datetime.now(timezone.utc)  # noqa: UP017
+
+
+def gpu_env(spec: LaunchSpec) -> dict[str, str]:
+    """The job's environment as the runtime must set it: job env, NCCL defaults, then the GPU variables.
+
+    The GPU variables are set last and always (empty when no GPU) so neither the job's env nor the image's
+    ENV can widen the set of visible GPUs.
+    """
+    env = {k: v for k, v in spec.env.items() if k not in RESERVED_ENV}
+    if len(spec.gpu_uuids) > 1:
+        for name, value in NCCL_DEFAULTS.items():
+            env.setdefault(name, value)
+    visible = ",".join(spec.gpu_uuids)
+    env["CUDA_VISIBLE_DEVICES"] = visible
+    env["NVIDIA_VISIBLE_DEVICES"] = visible
+    return env
+
+
+def normalize_mounts(mounts: Iterable[Mount | tuple[str, str, bool]]) -> list[Mount]:
+    return [Mount(str(m[0]), str(m[1]), bool(m[2])) for m in mounts]
+
+
+class LineSplitter:
+    """Turns a byte stream into bounded lines: a line longer than ``max_bytes`` is cut into pieces.
+
+    Bytes are decoded as UTF-8 with replacement so a job printing binary never breaks the agent; a cut can
+    land inside a multi-byte character, which then shows as U+FFFD on both sides.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._max = max(1, max_bytes)
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[str]:
+        self._buf.extend(data)
+        while True:
+            nl = self._buf.find(b"\n", 0, self._max + 1)
+            if nl >= 0:
+                piece = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+            elif len(self._buf) >= self._max:
+                piece = bytes(self._buf[: self._max])
+                del self._buf[: self._max]
+            else:
+                return
+            yield _decode(piece)
+
+    def flush(self) -> Iterator[str]:
+        if self._buf:
+            piece = bytes(self._buf)
+            self._buf.clear()
+            yield _decode(piece)
+
+
+def _decode(piece: bytes) -> str:
+    return piece.rstrip(b"\r").decode("utf-8", errors="replace")
+
+
+def safe_call(what: str, fn: Callable[..., None], *args: object) -> bool:
+    """Call an agent callback; a failing callback must not kill the watcher thread. True if it returned."""
+    try:
+        fn(*args)
+    except Exception:
+        logger.exception("runtime callback %s failed", what)
+        return False
+    return True
+
+
+def signal_exit_code(returncode: int) -> int:
+    """subprocess reports death by signal N as -N; Docker and shells say 128 + N, used everywhere."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def outcome_from_exit(
+    job_id: int,
+    exit_code: int | None,
+    *,
+    stop_reason: OutcomeReason | None,
+    oom: bool,
+    message: str = "",
+    started_at: datetime | None = None,
+    finished_at: datetime | None = None,
+) -> JobOutcome:
+    """One precedence for both runtimes: our own cancel, then our timeout, then OOM, then the exit code.
+
+    OOM counts only with a non-zero exit: the kernel may kill a child of the job while the job itself recovers
+    and succeeds, and Docker's OOMKilled flag is set by any OOM event in the container's cgroup.
+    """
+    if stop_reason == "cancelled":
+        state: OutcomeState = "cancelled"
+        reason: OutcomeReason = "cancelled"
+    elif stop_reason == "timeout":
+        state, reason = "failed", "timeout"
+    elif oom and exit_code != 0:
+        state, reason = "failed", "oom"
+    elif exit_code == 0:
+        state, reason = "succeeded", "exit_code"
+    else:
+        state, reason = "failed", "exit_code"
+    return JobOutcome(
+        job_id=job_id,
+        state=state,
+        reason=reason,
+        exit_code=exit_code,
+        message=message,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def launch_error(job_id: int, message: str) -> JobOutcome:
+    return JobOutcome(
+        job_id=job_id,
+        state="failed",
+        reason="launch_error",
+        exit_code=None,
+        message=message,
+        finished_at=utcnow(),
+    )
+
+
+def default_path() -> str:
+    return os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")

@@ -1,0 +1,547 @@
+"""Local-process runtime: jobs as plain subprocesses, for machines without a container engine.
+
+No isolation beyond a new session (so the whole process group can be signalled) and an optional address-space
+limit; the node's admin opts into this runtime knowingly.
+
+The job's stdout and stderr go to files in ``state_dir``, not pipes: with pipes a restarted agent could not
+read them and the job would die of SIGPIPE on its next write once the old agent is gone. Watcher threads tail
+the files line by line. ``state_dir/job-<id>.json`` records pid and start time so a restarted agent finds
+still-running jobs (``list_jobs``) and adopts them by pid. An adopted process is not our child, so its exit
+status cannot be read: the outcome then says so (exit_code None) rather than guess.
+
+Memory: ``memory_mib`` becomes RLIMIT_AS (address space) in the child, so an allocation beyond it fails.
+OOM detection is best-effort: a non-zero exit with the limit set and a MemoryError-like message on stderr, or
+death by SIGKILL that the agent did not send, reads as reason "oom". RLIMIT_AS counts virtual memory and
+CUDA reserves far more address space than it uses, so the limit is not applied to GPU jobs unless
+``limit_memory_with_gpus`` is set. CPU limits are not enforced by this runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import re
+import resource
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .base import (
+    DEFAULT_MAX_LINE_BYTES,
+    JobOutcome,
+    LaunchSpec,
+    LineSplitter,
+    LogStream,
+    OutcomeReason,
+    RuntimeEvents,
+    RuntimeJob,
+    default_path,
+    gpu_env,
+    launch_error,
+    outcome_from_exit,
+    safe_call,
+    signal_exit_code,
+    utcnow,
+)
+
+logger = logging.getLogger(__name__)
+
+_STATE_FILE = re.compile(r"job-(\d+)\.json")
+# What allocation failures print in the runtimes jobs commonly use (Python, C++, libc/perror, shells).
+_OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "Out of memory")
+_WAIT_CHUNK_S = 1.0
+
+
+@dataclass
+class _Job:
+    job_id: int
+    pid: int = 0
+    start_ticks: int | None = None
+    proc: subprocess.Popen[bytes] | None = None  # None for an adopted process (not our child)
+    started: bool = False
+    started_at: datetime | None = None
+    max_duration_s: int = 0
+    deadline: float | None = None
+    memory_limited: bool = False
+    stop_reason: OutcomeReason | None = None
+    stop_grace_s: float = 10.0
+    stopping: bool = False
+    exited: threading.Event = field(default_factory=threading.Event)
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _set_address_space_limit(limit_bytes: int) -> None:
+    # Runs in the child between fork and exec: keep it to one system call.
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None if gone.
+
+    Stored with the pid so a recycled pid is never mistaken for the job (and never signalled).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses; fields are counted after the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        if fields[0] == b"Z":  # a zombie has finished; only its parent has not reaped it yet
+            return None
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+class ProcessRuntime:
+    """Runs jobs as local subprocesses; see ``Runtime`` in base.py for the contract.
+
+    ``base_env`` is the whole environment a job starts from (default: PATH, LANG, HOME only); the agent's own
+    environment is not inherited because it holds the node's broker credentials.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: str | os.PathLike[str],
+        events: RuntimeEvents | None = None,
+        base_env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout_grace_s: float = 10.0,
+        keep_exited: bool = False,
+        limit_memory_with_gpus: bool = False,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        poll_interval_s: float = 0.1,
+    ) -> None:
+        self._state_dir = Path(state_dir)
+        self._state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._events = events or RuntimeEvents()
+        self._base_env = dict(
+            base_env
+            if base_env is not None
+            else {"PATH": default_path(), "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/")}
+        )
+        self._cwd = cwd
+        self._timeout_grace_s = timeout_grace_s
+        self._keep_exited = keep_exited
+        self._limit_memory_with_gpus = limit_memory_with_gpus
+        self._max_line_bytes = max_line_bytes
+        self._poll_s = poll_interval_s
+        self._jobs: dict[int, _Job] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    # -- the Runtime contract -----------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec) -> bool:
+        job = _Job(job_id=spec.job_id, max_duration_s=spec.max_duration_s)
+        with self._lock:
+            if self._closed.is_set():
+                raise RuntimeError("runtime is closed")
+            # A state file without a watcher is a job from before a restart: adopt it, do not start it twice.
+            if spec.job_id in self._jobs or self._state_path(spec.job_id).exists():
+                return False
+            self._jobs[spec.job_id] = job
+        threading.Thread(target=self._run, args=(job, spec), name=f"process-job-{spec.job_id}", daemon=True).start()
+        return True
+
+    def stop(self, job_id: int, grace_s: float = 10.0) -> bool:
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None:
+            if not self.adopt(job_id):
+                return False
+            with self._lock:
+                job = self._jobs.get(job_id)
+            if job is None:
+                return True
+        self._request_stop(job, "cancelled", grace_s)
+        return True
+
+    def list_jobs(self) -> list[RuntimeJob]:
+        jobs = []
+        for path in sorted(self._state_dir.glob("job-*.json")):
+            match = _STATE_FILE.fullmatch(path.name)
+            record = self._read_state(path)
+            if match is None or record is None:
+                continue
+            job_id = int(match.group(1))
+            with self._lock:
+                watched = job_id in self._jobs
+            exit_record = record.get("exit")
+            alive = exit_record is None and self._alive(record)
+            exit_code = exit_record.get("exit_code") if exit_record else None
+            jobs.append(
+                RuntimeJob(
+                    job_id=job_id,
+                    status="running" if alive else "exited",
+                    handle=f"pid:{record.get('pid')}",
+                    exit_code=exit_code if isinstance(exit_code, int) else None,
+                    oom_killed=bool(exit_record and exit_record.get("reason") == "oom"),
+                    started_at=_parse_time(record.get("started_at")),
+                    finished_at=_parse_time(exit_record.get("finished_at")) if exit_record else None,
+                    watched=watched,
+                )
+            )
+        return sorted(jobs, key=lambda j: j.job_id)
+
+    def adopt(self, job_id: int) -> bool:
+        with self._lock:
+            if job_id in self._jobs:
+                return True
+        record = self._read_state(self._state_path(job_id))
+        if record is None:
+            return False
+        job = _Job(
+            job_id=job_id,
+            pid=int(record.get("pid", 0)),
+            start_ticks=record.get("start_ticks"),
+            started=True,
+            started_at=_parse_time(record.get("started_at")),
+            max_duration_s=int(record.get("max_duration_s", 0)),
+            memory_limited=bool(record.get("memory_limited")),
+        )
+        if job.max_duration_s > 0 and job.started_at is not None:
+            elapsed = (utcnow() - job.started_at).total_seconds()
+            job.deadline = time.monotonic() + job.max_duration_s - elapsed
+        # Decided here, not in the watcher thread: a stop() right after adopt() may kill the process before
+        # that thread looks, and the job must then read as cancelled, not as "ended unwatched".
+        alive = record.get("exit") is None and self._alive(record)
+        with self._lock:
+            if job_id in self._jobs:
+                return True
+            self._jobs[job_id] = job
+        threading.Thread(
+            target=self._watch_adopted, args=(job, record, alive), name=f"process-adopt-{job_id}", daemon=True
+        ).start()
+        return True
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # -- launching ----------------------------------------------------------------------------------------
+
+    def _run(self, job: _Job, spec: LaunchSpec) -> None:
+        if job.stop_reason is not None:
+            outcome = JobOutcome(job.job_id, "cancelled", "cancelled", None, "cancelled before it started")
+            self._finish(job, outcome)
+            return
+        env = {**self._base_env, **gpu_env(spec)}
+        job.memory_limited = spec.memory_mib > 0 and (not spec.gpu_uuids or self._limit_memory_with_gpus)
+        preexec = (
+            functools.partial(_set_address_space_limit, spec.memory_mib * 1024 * 1024) if job.memory_limited else None
+        )
+        stdout_path, stderr_path = self._log_paths(job.job_id)
+        try:
+            with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+                # A new session: signals go to the whole process group, and the job outlives an agent restart
+                # (it is not in the agent's group when a supervisor signals that).
+                proc = subprocess.Popen(
+                    spec.command,
+                    env=env,
+                    cwd=self._cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    close_fds=True,
+                    preexec_fn=preexec,
+                )
+        except OSError as exc:
+            self._remove_files(job.job_id)
+            message = f"cannot execute {spec.command[0]!r}: {exc.strerror or exc}"
+            self._finish(job, launch_error(job.job_id, message), keep_state=False)
+            return
+        with job.lock:
+            job.proc = proc
+            job.pid = proc.pid
+            job.start_ticks = process_start_ticks(proc.pid)
+            job.started_at = utcnow()
+            job.started = True
+            if spec.max_duration_s > 0:
+                job.deadline = time.monotonic() + spec.max_duration_s
+            pending = job.stop_reason is not None and not job.stopping
+            if pending:
+                job.stopping = True
+        self._write_state(job, None)
+        if pending:
+            self._spawn_stopper(job)
+        safe_call("on_started", self._events.on_started, job.job_id, f"pid:{proc.pid}")
+        self._watch(job, from_end=False)
+
+    # -- stopping -----------------------------------------------------------------------------------------
+
+    def _request_stop(self, job: _Job, reason: OutcomeReason, grace_s: float) -> None:
+        with job.lock:
+            if job.stop_reason is None:
+                job.stop_reason = reason
+                job.stop_grace_s = grace_s
+            if not job.started or job.stopping:
+                return
+            job.stopping = True
+        self._spawn_stopper(job)
+
+    def _spawn_stopper(self, job: _Job) -> None:
+        threading.Thread(target=self._terminate, args=(job,), name=f"process-stop-{job.job_id}", daemon=True).start()
+
+    def _terminate(self, job: _Job) -> None:
+        self._signal_group(job, signal.SIGTERM)
+        if not job.exited.wait(job.stop_grace_s):
+            self._signal_group(job, signal.SIGKILL)
+
+    def _signal_group(self, job: _Job, sig: signal.Signals) -> None:
+        if job.exited.is_set():
+            return
+        if job.proc is None and process_start_ticks(job.pid) != job.start_ticks:
+            return  # the adopted pid is gone or recycled: never signal a stranger
+        # The job is its own session and group leader (start_new_session), so its pid is the group id.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.pid, sig)
+
+    # -- watching -----------------------------------------------------------------------------------------
+
+    def _watch_adopted(self, job: _Job, record: dict[str, Any], alive: bool) -> None:
+        exit_record = record.get("exit")
+        if exit_record is not None:
+            # Exited before the last agent could report it (or its report failed): report it now.
+            self._finish(job, _outcome_from_record(job.job_id, exit_record))
+            return
+        if not alive:
+            outcome = outcome_from_exit(
+                job.job_id,
+                None,
+                stop_reason=None,
+                oom=False,
+                message="the process ended while no agent watched it; its exit status is unknown",
+                started_at=job.started_at,
+                finished_at=utcnow(),
+            )
+            self._finish(job, outcome)
+            return
+        self._watch(job, from_end=True)
+
+    def _watch(self, job: _Job, *, from_end: bool) -> None:
+        stdout_path, stderr_path = self._log_paths(job.job_id)
+        tails = [
+            threading.Thread(
+                target=self._tail,
+                args=(job, path, stream, from_end),
+                name=f"process-log-{job.job_id}-{stream}",
+                daemon=True,
+            )
+            for path, stream in ((stdout_path, "stdout"), (stderr_path, "stderr"))
+        ]
+        for tail in tails:
+            tail.start()
+        returncode = self._wait_exit(job)
+        if self._closed.is_set():
+            return
+        # The leader is gone; anything it left running in its group would hold GPUs and the log files.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.exited.set()
+        for tail in tails:
+            tail.join(timeout=10)
+        self._finish(job, self._outcome(job, returncode))
+
+    def _wait_exit(self, job: _Job) -> int | None:
+        """Wait for the process: its return code if it is our child, else None (also when closed)."""
+        pidfd = _open_pidfd(job.pid) if job.proc is None else None
+        try:
+            while not self._closed.is_set():
+                now = time.monotonic()
+                chunk = _WAIT_CHUNK_S
+                if job.deadline is not None and job.stop_reason is None:
+                    if now >= job.deadline:
+                        self._request_stop(job, "timeout", self._timeout_grace_s)
+                    else:
+                        chunk = min(chunk, max(0.05, job.deadline - now))
+                if job.proc is not None:
+                    try:
+                        return job.proc.wait(timeout=chunk)
+                    except subprocess.TimeoutExpired:
+                        continue
+                if pidfd is not None:
+                    readable, _, _ = select.select([pidfd], [], [], chunk)
+                    if readable:
+                        return None
+                elif process_start_ticks(job.pid) != job.start_ticks:
+                    return None
+                else:
+                    self._closed.wait(min(chunk, 0.5))
+            return None
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _tail(self, job: _Job, path: Path, stream: LogStream, from_end: bool) -> None:
+        splitter = LineSplitter(self._max_line_bytes)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - held across the loop below, closed in finally
+        except OSError:
+            return
+        try:
+            if from_end:
+                f.seek(0, os.SEEK_END)
+            while not self._closed.is_set():
+                # Sample "exited" before reading: a read that comes back empty after the exit is the true end.
+                finished = job.exited.is_set()
+                chunk = f.read(65536)
+                if chunk:
+                    for line in splitter.feed(chunk):
+                        self._emit_log(job, stream, line)
+                elif finished:
+                    break
+                else:
+                    self._closed.wait(self._poll_s)
+            else:
+                return
+            for line in splitter.flush():
+                self._emit_log(job, stream, line)
+        finally:
+            f.close()
+
+    def _emit_log(self, job: _Job, stream: LogStream, line: str) -> None:
+        if stream == "stderr":
+            job.stderr_tail.append(line)
+        safe_call("on_log", self._events.on_log, job.job_id, stream, line)
+
+    def _outcome(self, job: _Job, returncode: int | None) -> JobOutcome:
+        exit_code = signal_exit_code(returncode) if returncode is not None else None
+        oom = False
+        if job.memory_limited and returncode not in (None, 0) and job.stop_reason is None:
+            # SIGKILL we did not send is, on a node, most likely the kernel's OOM killer.
+            oom = returncode == -signal.SIGKILL or any(
+                marker in line for line in job.stderr_tail for marker in _OOM_MARKERS
+            )
+        if returncode is None and job.stop_reason is None:
+            message = "adopted after an agent restart: not our child, so its exit status is unknown"
+        elif job.stop_reason == "cancelled":
+            message = "stopped on request"
+        elif job.stop_reason == "timeout":
+            message = f"exceeded max_duration_s={job.max_duration_s}"
+        elif oom:
+            message = "ran out of memory under its address-space limit (best-effort detection)"
+        elif returncode is not None and returncode < 0:
+            message = f"killed by {signal.Signals(-returncode).name}"
+        else:
+            message = f"exited with code {exit_code}"
+        return outcome_from_exit(
+            job.job_id,
+            exit_code,
+            stop_reason=job.stop_reason,
+            oom=oom,
+            message=message,
+            started_at=job.started_at,
+            finished_at=utcnow(),
+        )
+
+    def _finish(self, job: _Job, outcome: JobOutcome, *, keep_state: bool = True) -> None:
+        if self._closed.is_set():
+            return
+        if keep_state and job.started:
+            # Written before reporting: if the agent dies in on_exit, the next one finds the result here.
+            self._write_state(job, outcome)
+        reported = safe_call("on_exit", self._events.on_exit, outcome)
+        if reported and not self._keep_exited:
+            self._remove_files(job.job_id)
+        with self._lock:
+            self._jobs.pop(job.job_id, None)
+
+    # -- state files --------------------------------------------------------------------------------------
+
+    def _state_path(self, job_id: int) -> Path:
+        return self._state_dir / f"job-{job_id}.json"
+
+    def _log_paths(self, job_id: int) -> tuple[Path, Path]:
+        return self._state_dir / f"job-{job_id}.stdout", self._state_dir / f"job-{job_id}.stderr"
+
+    def _write_state(self, job: _Job, outcome: JobOutcome | None) -> None:
+        record: dict[str, Any] = {
+            "job_id": job.job_id,
+            "pid": job.pid,
+            "start_ticks": job.start_ticks,
+            "started_at": job.started_at.isoformat() if job.started_at else None,
+            "max_duration_s": job.max_duration_s,
+            "memory_limited": job.memory_limited,
+            "exit": _outcome_record(outcome) if outcome is not None else None,
+        }
+        path = self._state_path(job.job_id)
+        tmp = path.with_suffix(".tmp")
+        # Write then rename: a crash mid-write must not leave a half file that hides a running job.
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+    def _read_state(self, path: Path) -> dict[str, Any] | None:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _remove_files(self, job_id: int) -> None:
+        for path in (self._state_path(job_id), *self._log_paths(job_id)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    @staticmethod
+    def _alive(record: Mapping[str, Any]) -> bool:
+        pid = record.get("pid")
+        return isinstance(pid, int) and pid > 0 and process_start_ticks(pid) == record.get("start_ticks")
+
+
+def _open_pidfd(pid: int) -> int | None:
+    # A pidfd becomes readable when the process exits, even when it is not our child (Linux 5.3+).
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _outcome_record(outcome: JobOutcome) -> dict[str, Any]:
+    return {
+        "state": outcome.state,
+        "reason": outcome.reason,
+        "exit_code": outcome.exit_code,
+        "message": outcome.message,
+        "started_at": outcome.started_at.isoformat() if outcome.started_at else None,
+        "finished_at": outcome.finished_at.isoformat() if outcome.finished_at else None,
+    }
+
+
+def _outcome_from_record(job_id: int, record: Mapping[str, Any]) -> JobOutcome:
+    return JobOutcome(
+        job_id=job_id,
+        state=record.get("state", "failed"),
+        reason=record.get("reason", "exit_code"),
+        exit_code=record.get("exit_code"),
+        message=record.get("message", ""),
+        started_at=_parse_time(record.get("started_at")),
+        finished_at=_parse_time(record.get("finished_at")),
+    )
+
+
+__all__ = ["ProcessRuntime", "process_start_ticks"]
