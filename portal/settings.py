@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "apps.accounts",
     "apps.audit",
     "apps.fleet",
+    "apps.telemetry",
     "apps.booking",
 ]
 
@@ -148,6 +149,34 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_timeout": 10, "socket_connect_timeout": 5}
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 CELERY_BEAT_SCHEDULE_FILENAME = str(RUN_DIR / "celerybeat-schedule")
+
+# --- Fleet and telemetry (apps/fleet, apps/telemetry; the Redis contract is apps/telemetry/README.md) ----------
+FLEET_HEARTBEAT_TIMEOUT_S = env_int("FLEET_HEARTBEAT_TIMEOUT_S", 30)  # no heartbeat for this long: node offline
+FLEET_OFFLINE_CHECK_S = env_int("FLEET_OFFLINE_CHECK_S", 5)
+FLEET_NODE_CACHE_S = env_int("FLEET_NODE_CACHE_S", 10)  # how long a worker trusts its cached node token/GPU map
+TELEMETRY_MAX_AGE_S = env_int("TELEMETRY_MAX_AGE_S", 20)  # older samples are dropped, not replayed
+TELEMETRY_MAX_SKEW_S = env_int("TELEMETRY_MAX_SKEW_S", 30)  # samples this far in the future are rejected
+TELEMETRY_HISTORY_SAMPLES = env_int("TELEMETRY_HISTORY_SAMPLES", 120)
+TELEMETRY_MINUTE_RETENTION_DAYS = env_int("TELEMETRY_MINUTE_RETENTION_DAYS", 14)
+TELEMETRY_HOURLY_RETENTION_DAYS = env_int("TELEMETRY_HOURLY_RETENTION_DAYS", 3650)
+TELEMETRY_FLUSH_EVERY_S = env_int("TELEMETRY_FLUSH_EVERY_S", 20)
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+CELERY_BEAT_SCHEDULE.update(
+    {
+        # Expiring beat messages: a worker that was down does not find a backlog of identical checks.
+        "fleet-mark-offline": {
+            "task": "fleet.mark_offline",
+            "schedule": float(FLEET_OFFLINE_CHECK_S),
+            "options": {"expires": float(FLEET_OFFLINE_CHECK_S)},
+        },
+        "telemetry-flush-rollups": {
+            "task": "telemetry.flush_rollups",
+            "schedule": float(TELEMETRY_FLUSH_EVERY_S),
+            "options": {"expires": float(TELEMETRY_FLUSH_EVERY_S)},
+        },
+        "telemetry-rollup-hours": {"task": "telemetry.rollup_hours", "schedule": 300.0, "options": {"expires": 300.0}},
+    }
+)
 
 # --- Auth ----------------------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

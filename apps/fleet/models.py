@@ -54,8 +54,21 @@ class Node(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.OFFLINE)
-    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # What an admin asked for; `status` says what is true now. A draining node that goes offline and comes back
+    # is draining again, not online.
+    draining = models.BooleanField(default=False)
+    last_heartbeat = models.DateTimeField(null=True, blank=True, help_text="portal time of the last heartbeat")
+    last_seen = models.DateTimeField(null=True, blank=True, help_text="portal time of the last accepted message")
+    registered_at = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
+    driver_version = models.CharField(max_length=64, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    backend = models.CharField(max_length=16, blank=True, help_text="nvml or simulated")
+    # The node's token: `gpn_<prefix>_<secret>`, stored as the SHA-256 of the whole token (apps.accounts.tokens).
+    # The digest also keys the HMAC of portal -> agent commands, so only this node's agent accepts them.
+    token_prefix = models.CharField(max_length=16, blank=True, db_index=True)
+    token_digest = models.CharField(max_length=64, blank=True)
+    token_created_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = NodeQuerySet.as_manager()
@@ -82,12 +95,24 @@ class Gpu(models.Model):
     capacity = models.DecimalField(max_digits=4, decimal_places=3, default=Decimal("1.000"))
     mig_mode = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=GpuStatus.choices, default=GpuStatus.OFFLINE)
+    name = models.CharField(max_length=120, blank=True, help_text="device name as the driver reports it")
+    # Last health probe (workers.probes.torch_probe result, or {"error": ...}); a degraded verdict makes the GPU
+    # `degraded` until a later probe says it is fine again.
+    probe = models.JSONField(null=True, blank=True)
+    probed_at = models.DateTimeField(null=True, blank=True)
+    # Set when the node's agent stopped reporting this GPU (removed, or moved to another host). Retired rows stay
+    # for history and the ledger; they leave the (node, index) uniqueness so a new GPU can take the slot.
+    retired_at = models.DateTimeField(null=True, blank=True)
 
     objects = GpuQuerySet.as_manager()
 
     class Meta:
         ordering = ["node__name", "index"]
-        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "index"], condition=models.Q(retired_at__isnull=True), name="gpu_unique_node_index"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.index} ({self.model.name})"

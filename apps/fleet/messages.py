@@ -1,0 +1,288 @@
+"""Agent -> portal messages: their shapes and strict validation (plain Python, no database).
+
+Every message is one JSON object passed as the single argument of a Celery task on queue `control`
+(`fleet.register`, `fleet.heartbeat`, `fleet.probe_result`, `telemetry.ingest`) and carries `node` and `token`.
+A GPU node runs users' code, so nothing in a message is trusted: every field is type- and range-checked here before
+any service sees it, and a bad message is refused as a whole with a reason code (counted for /metrics and logged),
+never half-applied. The node's identity and token are checked afterwards, against the database (apps.fleet.auth).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+GPU_UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,95}$")
+MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+TOKEN_MAX_LEN = 200
+MAX_GPUS_PER_NODE = 64
+MAX_PROBE_BYTES = 16_384
+
+# Physical bounds, generous on purpose: a reading outside them is a broken sensor or a forged message.
+UTIL_RANGE = (0, 100)
+MEM_MIB_RANGE = (0, 4 * 1024 * 1024)  # 4 TiB
+TEMP_RANGE = (-40, 150)
+POWER_RANGE = (0.0, 5000.0)
+SM_CLOCK_RANGE = (0, 10_000)
+TENSOR_RANGE = (0.0, 1.0)
+
+
+class MessageRejected(Exception):
+    """A message the portal refuses; `reason` is a short code for counters and logs."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def _require(cond: bool, reason: str, detail: str) -> None:
+    if not cond:
+        raise MessageRejected(reason, detail)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def check_int(value: Any, name: str, lo: int, hi: int, *, nullable: bool = False) -> int | None:
+    if value is None and nullable:
+        return None
+    _require(_is_int(value), "malformed", f"{name} must be an integer")
+    _require(lo <= value <= hi, "out_of_range", f"{name}={value} outside {lo}..{hi}")
+    return int(value)
+
+
+def check_float(value: Any, name: str, lo: float, hi: float, *, nullable: bool = False) -> float | None:
+    if value is None and nullable:
+        return None
+    _require(_is_num(value), "malformed", f"{name} must be a finite number")
+    _require(lo <= value <= hi, "out_of_range", f"{name}={value} outside {lo}..{hi}")
+    return float(value)
+
+
+def check_str(
+    value: Any, name: str, *, max_len: int, pattern: re.Pattern[str] | None = None, blank: bool = False
+) -> str:
+    if value is None and blank:
+        return ""
+    _require(isinstance(value, str), "malformed", f"{name} must be a string")
+    _require(blank or bool(value), "malformed", f"{name} is empty")
+    _require(len(value) <= max_len, "malformed", f"{name} longer than {max_len}")
+    if pattern is not None and value:
+        _require(bool(pattern.match(value)), "malformed", f"{name} has unexpected characters")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What every agent message carries."""
+
+    node: str
+    token: str
+    ts: float | None
+
+
+def check_envelope(payload: Any) -> Envelope:
+    _require(isinstance(payload, dict), "malformed", "message is not a JSON object")
+    node = check_str(payload.get("node"), "node", max_len=100, pattern=NODE_NAME_RE)
+    token = check_str(payload.get("token"), "token", max_len=TOKEN_MAX_LEN)
+    ts = payload.get("ts")
+    ts_value = check_float(ts, "ts", 0.0, 1e11, nullable=True)
+    return Envelope(node=node, token=token, ts=ts_value)
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    """One GPU as the agent registers it."""
+
+    uuid: str
+    index: int
+    model: str
+    name: str
+    memory_mib: int
+    mig_mode: bool
+
+
+@dataclass(frozen=True)
+class Registration:
+    envelope: Envelope
+    gpus: list[GpuReport]
+    agent_version: str
+    driver_version: str
+    hostname: str
+    backend: str
+
+
+def check_registration(payload: Any) -> Registration:
+    env = check_envelope(payload)
+    gpus_raw = payload.get("gpus")
+    _require(isinstance(gpus_raw, list), "malformed", "gpus must be a list")
+    _require(len(gpus_raw) <= MAX_GPUS_PER_NODE, "out_of_range", f"more than {MAX_GPUS_PER_NODE} GPUs")
+    gpus: list[GpuReport] = []
+    for i, g in enumerate(gpus_raw):
+        _require(isinstance(g, dict), "malformed", f"gpus[{i}] is not an object")
+        gpus.append(
+            GpuReport(
+                uuid=check_str(g.get("uuid"), f"gpus[{i}].uuid", max_len=96, pattern=GPU_UUID_RE),
+                index=check_int(g.get("index"), f"gpus[{i}].index", 0, 255),  # type: ignore[arg-type]
+                model=check_str(g.get("model"), f"gpus[{i}].model", max_len=64, pattern=MODEL_RE),
+                name=check_str(g.get("name"), f"gpus[{i}].name", max_len=120, blank=True),
+                memory_mib=check_int(g.get("memory_mib"), f"gpus[{i}].memory_mib", 1, MEM_MIB_RANGE[1]),  # type: ignore[arg-type]
+                mig_mode=_check_bool(g.get("mig_mode", False), f"gpus[{i}].mig_mode"),
+            )
+        )
+    _require(len({g.uuid for g in gpus}) == len(gpus), "malformed", "duplicate GPU uuid")
+    _require(len({g.index for g in gpus}) == len(gpus), "malformed", "duplicate GPU index")
+    backend = check_str(payload.get("backend"), "backend", max_len=16, blank=True)
+    _require(backend in {"", "nvml", "simulated"}, "malformed", "backend must be nvml or simulated")
+    return Registration(
+        envelope=env,
+        gpus=gpus,
+        agent_version=check_str(payload.get("agent_version"), "agent_version", max_len=32, blank=True),
+        driver_version=check_str(payload.get("driver_version"), "driver_version", max_len=64, blank=True),
+        hostname=check_str(payload.get("hostname"), "hostname", max_len=255, blank=True),
+        backend=backend,
+    )
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    _require(isinstance(value, bool), "malformed", f"{name} must be true or false")
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    envelope: Envelope
+    agent_version: str
+    holds: int
+
+
+def check_heartbeat(payload: Any) -> Heartbeat:
+    env = check_envelope(payload)
+    return Heartbeat(
+        envelope=env,
+        agent_version=check_str(payload.get("agent_version"), "agent_version", max_len=32, blank=True),
+        holds=check_int(payload.get("holds", 0), "holds", 0, 100_000) or 0,
+    )
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    envelope: Envelope
+    gpu_uuid: str
+    result: dict[str, Any] | None
+    error: str
+    degraded: bool
+
+
+def check_probe_result(payload: Any) -> ProbeReport:
+    import json
+
+    env = check_envelope(payload)
+    uuid = check_str(payload.get("gpu_uuid"), "gpu_uuid", max_len=96, pattern=GPU_UUID_RE)
+    result = payload.get("result")
+    error = check_str(payload.get("error"), "error", max_len=2000, blank=True)
+    _require(result is None or isinstance(result, dict), "malformed", "result must be an object or null")
+    _require(result is not None or bool(error), "malformed", "a probe report needs a result or an error")
+    degraded = False
+    if result is not None:
+        _require(len(json.dumps(result)) <= MAX_PROBE_BYTES, "out_of_range", "probe result too large")
+        degraded = _check_bool(result.get("degraded", False), "result.degraded")
+    return ProbeReport(envelope=env, gpu_uuid=uuid, result=result, error=error, degraded=degraded)
+
+
+# --- Telemetry -----------------------------------------------------------------------------------------------
+
+# workers.gpu.base.ROW_FIELDS, v1; repeated (not imported) so the portal does not depend on the agent's code base.
+TELEMETRY_FIELDS: tuple[str, ...] = ("uuid", "util", "mem", "mem_total", "temp", "power", "sm", "tensor")
+
+
+@dataclass(frozen=True)
+class TelemetryRow:
+    uuid: str
+    util: int | None
+    mem: int | None
+    mem_total: int | None
+    temp: int | None
+    power: float | None
+    sm: int | None
+    tensor: float | None
+    lost: bool = False
+
+
+@dataclass
+class Telemetry:
+    envelope: Envelope
+    ts: float
+    seq: int
+    rows: list[TelemetryRow]
+    bad_rows: list[tuple[str, str]] = field(default_factory=list)  # (uuid or "?", reason)
+
+
+def check_row(row: Any) -> TelemetryRow:
+    """One GPU row of a telemetry message; MessageRejected names what is wrong."""
+    n = len(TELEMETRY_FIELDS)
+    _require(isinstance(row, list) and len(row) in (n, n + 1), "malformed", "row is not a list of 8 or 9 columns")
+    uuid = check_str(row[0], "uuid", max_len=96, pattern=GPU_UUID_RE)
+    mem_total = check_int(row[3], "mem_total", 1, MEM_MIB_RANGE[1], nullable=True)
+    mem = check_int(row[2], "mem", 0, MEM_MIB_RANGE[1], nullable=True)
+    if mem is not None and mem_total is not None:
+        _require(mem <= mem_total, "out_of_range", f"mem {mem} above mem_total {mem_total}")
+    lost = False
+    if len(row) == n + 1:
+        extra = row[n]
+        _require(isinstance(extra, dict), "malformed", "9th column must be an object")
+        health = extra.get("h", {})
+        _require(isinstance(health, dict), "malformed", "health must be an object")
+        lost = health.get("lost") is True
+    return TelemetryRow(
+        uuid=uuid,
+        util=check_int(row[1], "util", *UTIL_RANGE, nullable=True),
+        mem=mem,
+        mem_total=mem_total,
+        temp=check_int(row[4], "temp", *TEMP_RANGE, nullable=True),
+        power=check_float(row[5], "power", *POWER_RANGE, nullable=True),
+        sm=check_int(row[6], "sm", *SM_CLOCK_RANGE, nullable=True),
+        tensor=check_float(row[7], "tensor", *TENSOR_RANGE, nullable=True),
+        lost=lost,
+    )
+
+
+def check_telemetry(payload: Any) -> Telemetry:
+    """A telemetry message (workers.gpu.base.build_message plus `token`). The envelope must be sound or the whole
+    message is refused; a bad GPU row is dropped alone (one broken sensor must not blind the portal to the node's
+    other GPUs) and listed in `bad_rows`."""
+    env = check_envelope(payload)
+    _require(payload.get("type") == "telemetry", "malformed", "type must be 'telemetry'")
+    _require(payload.get("v") == 1, "malformed", "unsupported telemetry version")
+    fields = payload.get("f", list(TELEMETRY_FIELDS))
+    _require(isinstance(fields, list) and tuple(fields) == TELEMETRY_FIELDS, "malformed", "unexpected columns")
+    _require(env.ts is not None, "malformed", "ts missing")
+    seq = check_int(payload.get("seq"), "seq", 0, 2**53)
+    rows_raw = payload.get("g")
+    _require(isinstance(rows_raw, list), "malformed", "g must be a list")
+    _require(len(rows_raw) <= MAX_GPUS_PER_NODE, "out_of_range", f"more than {MAX_GPUS_PER_NODE} rows")
+    rows: list[TelemetryRow] = []
+    bad: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for raw in rows_raw:
+        try:
+            row = check_row(raw)
+        except MessageRejected as exc:
+            uuid = raw[0] if isinstance(raw, list) and raw and isinstance(raw[0], str) else "?"
+            bad.append((uuid[:96], f"{exc.reason}: {exc.detail}"))
+            continue
+        if row.uuid in seen:
+            bad.append((row.uuid, "malformed: duplicate uuid"))
+            continue
+        seen.add(row.uuid)
+        rows.append(row)
+    return Telemetry(envelope=env, ts=float(env.ts), seq=int(seq), rows=rows, bad_rows=bad)  # type: ignore[arg-type]

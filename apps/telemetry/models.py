@@ -1,0 +1,62 @@
+"""Telemetry history: per-GPU rollups per minute and per hour (raw 1 Hz samples live only in Redis)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.accounts.scoping import ScopedQuerySet
+
+
+class RollupQuerySet(ScopedQuerySet[models.Model]):
+    # Telemetry is fleet-wide, like the GPUs it describes.
+    team_path = None
+
+
+class RollupFields(models.Model):
+    """The figures every rollup carries (abstract)."""
+
+    samples = models.PositiveIntegerField(help_text="1 Hz samples that went into this row")
+    util_min = models.PositiveSmallIntegerField(null=True, blank=True)
+    util_mean = models.FloatField(null=True, blank=True)
+    util_max = models.PositiveSmallIntegerField(null=True, blank=True)
+    mem_used_mean = models.FloatField(null=True, blank=True, help_text="MiB")
+    mem_used_max = models.PositiveIntegerField(null=True, blank=True, help_text="MiB")
+    temp_max = models.SmallIntegerField(null=True, blank=True, help_text="°C")
+    power_mean = models.FloatField(null=True, blank=True, help_text="W")
+
+    class Meta:
+        abstract = True
+
+
+class GpuRollup(RollupFields):
+    """One GPU's telemetry over one minute (kept TELEMETRY_MINUTE_RETENTION_DAYS)."""
+
+    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="rollups")
+    minute = models.DateTimeField(help_text="start of the minute, UTC")
+
+    objects = RollupQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["gpu", "minute"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="gpurollup_unique_gpu_minute")]
+        indexes = [models.Index(fields=["minute"], name="gpurollup_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.minute:%Y-%m-%d %H:%M}"
+
+
+class GpuHourlyRollup(RollupFields):
+    """One GPU's telemetry over one hour, recomputed from the minute rollups (kept TELEMETRY_HOURLY_RETENTION_DAYS)."""
+
+    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="hourly_rollups")
+    hour = models.DateTimeField(help_text="start of the hour, UTC")
+
+    objects = RollupQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["gpu", "hour"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "hour"], name="gpuhourlyrollup_unique_gpu_hour")]
+        indexes = [models.Index(fields=["hour"], name="gpuhourlyrollup_hour_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.hour:%Y-%m-%d %H:00}"

@@ -1,0 +1,174 @@
+"""Rollups: closed minutes from Redis into GpuRollup, minutes into hours, and retention.
+
+Idempotent by construction: a flush upserts the *values* computed from a minute's accumulator (never adds to a
+row), and deletes the accumulator only after the transaction committed. A flush that dies half-way, runs twice or
+overlaps with another writes the same rows again. No sample can land in a minute after it is flushed, because
+ingest drops samples older than TELEMETRY_MAX_AGE_S and a minute is flushed only after that horizon.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, FloatField, Max, Min, Q, Sum
+from django.utils import timezone
+
+from apps.core.redis import get_redis
+from apps.fleet.models import Gpu
+from apps.telemetry import keys
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+
+logger = logging.getLogger(__name__)
+
+_FIELDS = ["samples", "util_min", "util_mean", "util_max", "mem_used_mean", "mem_used_max", "temp_max", "power_mean"]
+
+
+def _closed_before(now: float) -> float:
+    """Minutes starting before this epoch are closed: no accepted sample can still fall into them."""
+    return now - 60 - settings.TELEMETRY_MAX_AGE_S - 5
+
+
+def accumulator_to_rows(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`HGETALL fleet:roll:<minute>` as {uuid: rollup figures} (pure; see keys.py for the field names)."""
+    acc: dict[str, dict[str, float]] = defaultdict(dict)
+    for key, value in raw.items():
+        k = key.decode() if isinstance(key, bytes) else key
+        uuid, _, metric = k.rpartition("|")
+        if not uuid:
+            continue
+        try:
+            acc[uuid][metric] = float(value)
+        except (TypeError, ValueError):
+            continue
+    out: dict[str, dict[str, Any]] = {}
+    for uuid, a in acc.items():
+        n = int(a.get("n", 0))
+        if n <= 0:
+            continue
+
+        def mean(count: str, total: str, a: dict[str, float] = a) -> float | None:
+            c = a.get(count, 0)
+            return round(a.get(total, 0) / c, 3) if c else None
+
+        def whole(name: str, a: dict[str, float] = a) -> int | None:
+            return int(a[name]) if name in a else None
+
+        out[uuid] = {
+            "samples": n,
+            "util_min": whole("u_lo"),
+            "util_mean": mean("u_n", "u_s"),
+            "util_max": whole("u_hi"),
+            "mem_used_mean": mean("m_n", "m_s"),
+            "mem_used_max": whole("m_hi"),
+            "temp_max": whole("t_hi"),
+            "power_mean": mean("p_n", "p_s"),
+        }
+    return out
+
+
+def flush_rollups(*, now: float | None = None) -> int:
+    """Upsert every closed minute's accumulator into GpuRollup; returns the number of rows written."""
+    now = time.time() if now is None else now
+    redis = get_redis()
+    minutes = [int(float(m)) for m in redis.zrangebyscore(keys.ROLLUP_PENDING, "-inf", _closed_before(now))]
+    written = 0
+    for minute in minutes:
+        key = keys.rollup_key(minute)
+        per_gpu = accumulator_to_rows(redis.hgetall(key))
+        ids = dict(Gpu.objects.filter(uuid__in=per_gpu).values_list("uuid", "id"))
+        start = datetime.fromtimestamp(minute, tz=UTC)
+        objs = [GpuRollup(gpu_id=ids[uuid], minute=start, **fig) for uuid, fig in per_gpu.items() if uuid in ids]
+        with transaction.atomic():
+            GpuRollup.objects.bulk_create(
+                objs, update_conflicts=True, unique_fields=["gpu", "minute"], update_fields=_FIELDS, batch_size=500
+            )
+        # After commit: if we die here the next flush upserts the same values again.
+        pipe = redis.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.zrem(keys.ROLLUP_PENDING, minute)
+        pipe.execute()
+        written += len(objs)
+    if written:
+        logger.info("flushed %d minute rollup row(s) from %d minute(s)", written, len(minutes))
+    return written
+
+
+def _hour_floor(dt: datetime) -> datetime:
+    return dt.replace(minute=0, second=0, microsecond=0)
+
+
+def rollup_hour(*, hour: datetime) -> int:
+    """Recompute GpuHourlyRollup for the hour starting at `hour` from its minute rows (upsert; idempotent)."""
+    start = _hour_floor(hour)
+    end = start + timedelta(hours=1)
+    weighted = {
+        # Means over the hour weight each minute by its sample count (minutes with a null mean do not count).
+        "util_w": Sum(F("util_mean") * F("samples"), output_field=FloatField()),
+        "util_wn": Sum("samples", filter=Q(util_mean__isnull=False)),
+        "mem_w": Sum(F("mem_used_mean") * F("samples"), output_field=FloatField()),
+        "mem_wn": Sum("samples", filter=Q(mem_used_mean__isnull=False)),
+        "power_w": Sum(F("power_mean") * F("samples"), output_field=FloatField()),
+        "power_wn": Sum("samples", filter=Q(power_mean__isnull=False)),
+    }
+    rows = (
+        GpuRollup.objects.filter(minute__gte=start, minute__lt=end)
+        .values("gpu_id")
+        .annotate(
+            n=Sum("samples"),
+            umin=Min("util_min"),
+            umax=Max("util_max"),
+            mmax=Max("mem_used_max"),
+            tmax=Max("temp_max"),
+            **weighted,
+        )
+    )
+
+    def ratio(num: Any, den: Any) -> float | None:
+        return round(float(num) / float(den), 3) if num is not None and den else None
+
+    objs = [
+        GpuHourlyRollup(
+            gpu_id=r["gpu_id"],
+            hour=start,
+            samples=int(r["n"] or 0),
+            util_min=r["umin"],
+            util_mean=ratio(r["util_w"], r["util_wn"]),
+            util_max=r["umax"],
+            mem_used_mean=ratio(r["mem_w"], r["mem_wn"]),
+            mem_used_max=r["mmax"],
+            temp_max=r["tmax"],
+            power_mean=ratio(r["power_w"], r["power_wn"]),
+        )
+        for r in rows
+    ]
+    with transaction.atomic():
+        GpuHourlyRollup.objects.bulk_create(
+            objs, update_conflicts=True, unique_fields=["gpu", "hour"], update_fields=_FIELDS, batch_size=500
+        )
+    return len(objs)
+
+
+def rollup_hours(*, now: datetime | None = None) -> int:
+    """Recompute the current and the previous hour (a late flush may still add minutes to the previous one), then
+    prune rows past their retention."""
+    now = now or timezone.now()
+    written = rollup_hour(hour=now - timedelta(hours=1)) + rollup_hour(hour=now)
+    prune(now=now)
+    return written
+
+
+def prune(*, now: datetime | None = None) -> tuple[int, int]:
+    now = now or timezone.now()
+    minutes, _ = GpuRollup.objects.filter(
+        minute__lt=now - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
+    ).delete()
+    hours, _ = GpuHourlyRollup.objects.filter(
+        hour__lt=now - timedelta(days=settings.TELEMETRY_HOURLY_RETENTION_DAYS)
+    ).delete()
+    return minutes, hours
