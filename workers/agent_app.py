@@ -1,0 +1,79 @@
+"""The agent's Celery tasks, served from its own queue `node.<name>`.
+
+Every command is a signed envelope from the portal (apps/fleet/commands.py); `verify_command` refuses anything
+not signed for this node and task, or older than 10 minutes. A refused or malformed command is logged and dropped:
+it never raises into Celery (no retries of something that will never be valid).
+
+| task | body | effect |
+|---|---|---|
+| `agent.hold_gpus` | {"holds": [{"gpu_uuid", "team", "reservation_id", "until"}], "replace": false} | remember the holds (memory + state file) for the job runtime |
+| `agent.run_probe` | {"gpu_uuid"} | run the torch probe on that GPU, report `fleet.probe_result` |
+| `agent.launch_job`, `agent.cancel_job` | (workers/agent_jobs.py) | the jobs engineer's |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+
+from workers.agent_state import parse_hold
+from workers.transport import CommandRejected, verify_command
+
+if TYPE_CHECKING:
+    from workers.agent import Agent
+
+logger = logging.getLogger(__name__)
+
+
+def command_body(agent: Agent, task: str, envelope: Any) -> dict[str, Any] | None:
+    """The verified body of a command for this agent, or None (logged) when refused."""
+    try:
+        return verify_command(envelope, node=agent.cfg.name, token=agent.cfg.token, task=task)
+    except CommandRejected as exc:
+        logger.warning("%s refused: %s", task, exc)
+        return None
+
+
+def install_tasks(app: Celery, agent: Agent) -> None:
+    """Register the agent's tasks on its Celery app (called once, before the worker starts)."""
+
+    @app.task(name="agent.hold_gpus", ignore_result=True)
+    def hold_gpus(envelope: Any) -> int | None:
+        body = command_body(agent, "agent.hold_gpus", envelope)
+        if body is None:
+            return None
+        raw = body.get("holds")
+        if not isinstance(raw, list):
+            logger.warning("agent.hold_gpus refused: holds must be a list")
+            return None
+        holds = []
+        for item in raw:
+            try:
+                hold = parse_hold(item)
+            except ValueError as exc:
+                logger.warning("agent.hold_gpus: hold %r skipped: %s", item, exc)
+                continue
+            if hold.gpu_uuid not in agent.gpu_by_uuid:
+                logger.warning("agent.hold_gpus: GPU %s is not on this node; skipped", hold.gpu_uuid)
+                continue
+            holds.append(hold)
+        active = agent.holds.apply(holds, replace=body.get("replace") is True)
+        logger.info("holds updated: %d received, %d active", len(holds), active)
+        return active
+
+    @app.task(name="agent.run_probe", ignore_result=True, time_limit=900)
+    def run_probe(envelope: Any) -> None:
+        body = command_body(agent, "agent.run_probe", envelope)
+        if body is None:
+            return
+        uuid = body.get("gpu_uuid")
+        if not isinstance(uuid, str) or uuid not in agent.gpu_by_uuid:
+            logger.warning("agent.run_probe refused: no GPU %r on this node", uuid)
+            return
+        agent.run_probe(uuid)
+
+    from workers import agent_jobs
+
+    agent_jobs.install(app, agent)
