@@ -12,12 +12,16 @@ api_v1 = [
     path("", include("apps.core.api.urls")),
     path("", include("apps.accounts.api.urls")),
     path("", include("apps.fleet.api.urls")),
+    path("", include("apps.booking.api.urls")),
+    path("", include("apps.jobs.api.urls")),
 ]
 
 urlpatterns = [
     path("", core_views.home, name="home"),
     path("accounts/", include("apps.accounts.urls")),
     path("fleet/", include("apps.fleet.urls")),
+    path("book/", include("apps.booking.urls")),
+    path("jobs/", include("apps.jobs.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

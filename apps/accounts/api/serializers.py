@@ -57,9 +57,15 @@ class MemberOutput(serializers.Serializer):
 class TeamDetailOutput(TeamOutput):
     members = serializers.SerializerMethodField()
     my_role = serializers.SerializerMethodField()
+    quota = serializers.SerializerMethodField(help_text="this month's quota, booked and month-to-date GPU-hours")
 
     class Meta(TeamOutput.Meta):
-        fields = [*TeamOutput.Meta.fields, "members", "my_role"]
+        fields = [*TeamOutput.Meta.fields, "members", "my_role", "quota"]
+
+    def get_quota(self, obj: Team) -> dict[str, Any]:
+        from apps.booking.selectors import quota_summary
+
+        return quota_summary(team=obj)
 
     def get_members(self, obj: Team) -> list[dict[str, str]]:
         from apps.accounts.selectors import team_members

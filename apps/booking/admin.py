@@ -1,0 +1,87 @@
+"""Admin: quotas, the booking policy and maintenance windows are edited here; reservations and allocations
+are read-only (they change only through services, which keep the quota and the occupancy table consistent)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from apps.booking import selectors
+from apps.booking.models import Allocation, BookingPolicy, MaintenanceWindow, Quota, QuotaUsage, Reservation
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AllocationInline(admin.TabularInline):
+    model = Allocation
+    extra = 0
+    fields = ("gpu", "start", "end", "active", "ended_at")
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Reservation)
+class ReservationAdmin(ReadOnlyAdmin):
+    list_display = ("id", "team", "user", "gpu_model", "gpu_count", "start", "end", "status")
+    list_filter = ("status", "team", "gpu_model")
+    search_fields = ("team__slug", "user__username", "note")
+    date_hierarchy = "start"
+    inlines = [AllocationInline]
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyAdmin):
+    list_display = ("id", "gpu", "team", "kind", "reservation", "job_id", "start", "end", "active")
+    list_filter = ("kind", "active", "team")
+    search_fields = ("gpu__uuid", "team__slug")
+    date_hierarchy = "start"
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ("team", "month", "gpu_hours", "max_concurrent_gpus", "budget_soft", "budget_hard")
+    list_filter = ("team",)
+    filter_horizontal = ("allowed_models",)
+
+
+@admin.register(QuotaUsage)
+class QuotaUsageAdmin(ReadOnlyAdmin):
+    list_display = ("team", "month", "gpu_hours", "cost", "updated_at")
+    list_filter = ("team",)
+
+
+@admin.register(BookingPolicy)
+class BookingPolicyAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "granularity_minutes", "min_duration_minutes", "max_duration_hours", "max_advance_days")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not BookingPolicy.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: BookingPolicy, form: Any, change: bool) -> None:
+        obj.pk = 1
+        super().save_model(request, obj, form, change)
+        selectors.policy_cache_clear()
+
+
+@admin.register(MaintenanceWindow)
+class MaintenanceWindowAdmin(admin.ModelAdmin):
+    list_display = ("start", "end", "node", "gpu", "reason")
+    list_filter = ("node",)
+    date_hierarchy = "start"

@@ -1,0 +1,118 @@
+"""Input and output shapes of the booking API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.booking.models import Reservation, ReservationStatus
+
+
+class ReservationInput(serializers.Serializer):
+    team = serializers.SlugField(help_text="team slug")
+    gpu_count = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True)
+    gpu_model = serializers.CharField(max_length=64, required=False, allow_null=True, allow_blank=True)
+    gpus = serializers.ListField(
+        child=serializers.CharField(max_length=96),
+        required=False,
+        allow_empty=True,
+        max_length=256,
+        help_text="GPU uuids, instead of gpu_count + gpu_model",
+    )
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("gpus") and not attrs.get("gpu_model"):
+            raise serializers.ValidationError({"gpu_model": ["Give gpu_model (with gpu_count) or gpus."]})
+        if not attrs.get("gpus") and attrs.get("gpu_count") is None:
+            raise serializers.ValidationError({"gpu_count": ["Required with gpu_model."]})
+        return attrs
+
+
+class ReservationOutput(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug")
+    user = serializers.SerializerMethodField()
+    gpu_model = serializers.SerializerMethodField()
+    gpus = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Reservation
+        fields = [
+            "id",
+            "team",
+            "user",
+            "gpu_model",
+            "gpu_count",
+            "gpus",
+            "start",
+            "end",
+            "booked_end",
+            "status",
+            "note",
+            "created_at",
+            "activated_at",
+            "ended_at",
+        ]
+
+    def get_user(self, obj: Reservation) -> str | None:
+        return obj.user.username if obj.user else None
+
+    def get_gpu_model(self, obj: Reservation) -> str | None:
+        return obj.gpu_model.name if obj.gpu_model else None
+
+    def get_gpus(self, obj: Reservation) -> list[dict[str, Any]]:
+        rows = sorted(obj.allocations.all(), key=lambda a: (a.gpu.node.name, a.gpu.index))
+        return [
+            {"uuid": a.gpu.uuid, "node": a.gpu.node.name, "index": a.gpu.index, "model": a.gpu.model.name} for a in rows
+        ]
+
+
+class ReservationCreatedOutput(ReservationOutput):
+    warnings = serializers.SerializerMethodField(help_text="soft limits this booking went over")
+
+    class Meta(ReservationOutput.Meta):
+        fields = [*ReservationOutput.Meta.fields, "warnings"]
+
+    def get_warnings(self, obj: Reservation) -> list[dict[str, Any]]:
+        return list(self.context.get("warnings", []))
+
+
+class ReservationFilterInput(serializers.Serializer):
+    team = serializers.SlugField(required=False)
+    gpu = serializers.CharField(required=False, max_length=96)
+    model = serializers.CharField(required=False, max_length=64)
+    status = serializers.CharField(required=False, help_text="comma-separated: booked,active,released,cancelled")
+    # "from"/"to" are Python keywords: read from the query dict by name in the view.
+    window_from = serializers.DateTimeField(required=False)
+    window_to = serializers.DateTimeField(required=False)
+
+    def validate_status(self, value: str) -> list[str]:
+        statuses = [s.strip() for s in value.split(",") if s.strip()]
+        unknown = sorted(set(statuses) - set(ReservationStatus.values))
+        if unknown:
+            raise serializers.ValidationError(f"Unknown status: {', '.join(unknown)}.")
+        return statuses
+
+
+class WindowInput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    model = serializers.CharField(required=False, max_length=64)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["end"] <= attrs["start"]:
+            raise serializers.ValidationError({"end": ["Must be after start."]})
+        if (attrs["end"] - attrs["start"]).days > 92:
+            raise serializers.ValidationError({"end": ["At most 92 days after start."]})
+        return attrs
+
+
+class QuotaPreviewInput(serializers.Serializer):
+    team = serializers.SlugField()
+    start = serializers.DateTimeField(required=False)
+    end = serializers.DateTimeField(required=False)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    gpu_model = serializers.CharField(required=False, max_length=64)

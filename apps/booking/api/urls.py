@@ -1,0 +1,11 @@
+from django.urls import path
+
+from apps.booking.api import views
+
+urlpatterns = [
+    path("reservations/", views.ReservationListCreateView.as_view(), name="api-reservations"),
+    path("reservations/<int:pk>/", views.ReservationDetailView.as_view(), name="api-reservation-detail"),
+    path("availability/", views.AvailabilityView.as_view(), name="api-availability"),
+    path("booking/timeline/", views.TimelineView.as_view(), name="api-booking-timeline"),
+    path("booking/quota/", views.QuotaPreviewView.as_view(), name="api-booking-quota"),
+]

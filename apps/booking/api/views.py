@@ -1,0 +1,168 @@
+"""Booking API: thin views over apps.booking.services and selectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.models import Scope, Team
+from apps.booking import selectors, services
+from apps.booking.api.serializers import (
+    QuotaPreviewInput,
+    ReservationCreatedOutput,
+    ReservationFilterInput,
+    ReservationInput,
+    ReservationOutput,
+    WindowInput,
+)
+from apps.booking.models import Reservation
+from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveAPIView
+from apps.core.errors import NotFound, ValidationFailed
+from apps.core.idempotency import idempotent
+from apps.fleet.models import GpuModel
+
+
+def _team_by_slug(slug: str) -> Team:
+    team = Team.objects.filter(slug=slug).first()
+    if team is None:
+        raise NotFound(f"No team {slug!r}.", fields={"team": ["Unknown team."]})
+    return team
+
+
+def _model_by_name(name: str | None) -> GpuModel | None:
+    if not name:
+        return None
+    model = GpuModel.objects.filter(name=name).first()
+    if model is None:
+        raise ValidationFailed(f"Unknown GPU model {name!r}.", fields={"model": ["Unknown GPU model."]})
+    return model
+
+
+_FILTERS = [
+    OpenApiParameter("team", str, description="team slug"),
+    OpenApiParameter("gpu", str, description="GPU uuid"),
+    OpenApiParameter("model", str, description="GPU model name"),
+    OpenApiParameter("status", str, description="comma-separated statuses"),
+    OpenApiParameter("from", str, description="only reservations ending after this time (ISO 8601)"),
+    OpenApiParameter("to", str, description="only reservations starting before this time (ISO 8601)"),
+]
+
+
+class ReservationListCreateView(ScopedListAPIView):
+    """Reservations of your teams (admins: all), filterable; POST books GPUs (honours Idempotency-Key)."""
+
+    model = Reservation
+    serializer_class = ReservationOutput
+    write_scope = Scope.RESERVATIONS_WRITE
+
+    def base_queryset(self) -> QuerySet[Any]:
+        params = self.request.query_params
+        data = {k: params[k] for k in ("team", "gpu", "model", "status") if params.get(k)}
+        if params.get("from"):
+            data["window_from"] = params["from"]
+        if params.get("to"):
+            data["window_to"] = params["to"]
+        filters = ReservationFilterInput(data=data)
+        filters.is_valid(raise_exception=True)
+        f = filters.validated_data
+        return selectors.reservations_filter(
+            Reservation.objects.all(),
+            team=f.get("team"),
+            gpu=f.get("gpu"),
+            model=f.get("model"),
+            status=f.get("status"),
+            window_from=f.get("window_from"),
+            window_to=f.get("window_to"),
+        )
+
+    @extend_schema(parameters=_FILTERS, responses=ReservationOutput(many=True))
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(request=ReservationInput, responses={201: ReservationCreatedOutput})
+    @idempotent
+    def post(self, request: Request) -> Response:
+        payload = ReservationInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        result = services.reservation_create(
+            user=request.user,
+            team=_team_by_slug(data["team"]),
+            start=data["start"],
+            end=data["end"],
+            gpu_count=data.get("gpu_count"),
+            gpu_model=data.get("gpu_model") or None,
+            gpus=data.get("gpus") or None,
+            note=data.get("note", ""),
+        )
+        reservation = selectors.reservations_visible_to(user=request.user).get(pk=result.reservation.pk)
+        body = ReservationCreatedOutput(reservation, context={"warnings": result.warnings}).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class ReservationDetailView(ScopedRetrieveAPIView):
+    """One reservation. DELETE cancels it before its start, or releases it early after (GPUs free at once)."""
+
+    model = Reservation
+    serializer_class = ReservationOutput
+    required_scopes = {"DELETE": Scope.RESERVATIONS_WRITE}
+
+    def base_queryset(self) -> QuerySet[Any]:
+        return selectors.reservations_filter(Reservation.objects.all())
+
+    @extend_schema(responses=ReservationOutput)
+    def delete(self, request: Request, pk: int) -> Response:
+        services.reservation_end(user=request.user, reservation_id=pk)
+        reservation = selectors.reservations_visible_to(user=request.user).get(pk=pk)
+        return Response(ReservationOutput(reservation).data)
+
+
+class AvailabilityView(PortalAPIView):
+    """Free and total bookable GPUs in [start, end), per model and per node."""
+
+    @extend_schema(parameters=[WindowInput])
+    def get(self, request: Request) -> Response:
+        payload = WindowInput(data=request.query_params)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        body = selectors.gpu_availability(start=data["start"], end=data["end"], model=_model_by_name(data.get("model")))
+        return Response(body)
+
+
+class TimelineView(PortalAPIView):
+    """GPUs and who holds them in [start, end): your teams' slots in detail, other teams' by team name only."""
+
+    @extend_schema(parameters=[WindowInput])
+    def get(self, request: Request) -> Response:
+        payload = WindowInput(data=request.query_params)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        return Response(selectors.timeline(user=request.user, start=data["start"], end=data["end"]))
+
+
+class QuotaPreviewView(PortalAPIView):
+    """A team's quota per month with what is booked and left; with start, end, gpu_count (and gpu_model), what
+    such a booking would count and whether it fits."""
+
+    @extend_schema(parameters=[QuotaPreviewInput])
+    def get(self, request: Request) -> Response:
+        payload = QuotaPreviewInput(data=request.query_params)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        team = Team.objects.visible_to(request.user).filter(slug=data["team"]).first()
+        if team is None:
+            raise NotFound(f"No team {data['team']!r}.")
+        return Response(
+            selectors.quota_preview(
+                team=team,
+                start=data.get("start"),
+                end=data.get("end"),
+                gpu_count=data.get("gpu_count"),
+                gpu_model=_model_by_name(data.get("gpu_model")),
+            )
+        )

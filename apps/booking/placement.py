@@ -1,0 +1,76 @@
+"""Which concrete GPUs a booking of N GPUs gets: a plain function of the free GPUs (no ORM).
+
+Rules, in order: all N on one node where any node has N free; among those, best fit (the node left with the
+fewest free GPUs), so whole 8-GPU nodes stay whole for the bookings that need them; ties go to the node that is
+already partly in use, then by name. Within a node, a run of consecutive indices when there is one (GPUs next to
+each other usually share a switch). Only when no node has N free, and the policy allows it, the booking spans
+nodes: the fewest nodes, largest first, the last one again by best fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FreeGpu:
+    """A GPU free for the whole window."""
+
+    id: int
+    node: str
+    index: int
+
+
+def _pick_in_node(gpus: Sequence[FreeGpu], count: int) -> list[int]:
+    ordered = sorted(gpus, key=lambda g: g.index)
+    runs: list[list[FreeGpu]] = []
+    for gpu in ordered:
+        if runs and gpu.index == runs[-1][-1].index + 1:
+            runs[-1].append(gpu)
+        else:
+            runs.append([gpu])
+    fitting = [run for run in runs if len(run) >= count]
+    if fitting:
+        best = min(fitting, key=lambda run: (len(run), run[0].index))
+        return [g.id for g in best[:count]]
+    return [g.id for g in ordered[:count]]
+
+
+def place(
+    free: Sequence[FreeGpu], count: int, node_sizes: Mapping[str, int] | None = None, *, allow_multi_node: bool = True
+) -> list[int] | None:
+    """Ids of `count` GPUs from `free`, or None when they cannot be found. `node_sizes` = GPUs per node in
+    total (free or not), used to prefer partly used nodes over untouched ones on a tie."""
+    if count <= 0:
+        return None
+    by_node: dict[str, list[FreeGpu]] = {}
+    for gpu in free:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    sizes = node_sizes or {}
+
+    def fit_key(node: str, need: int) -> tuple[int, int, str]:
+        n_free = len(by_node[node])
+        untouched = 1 if n_free >= sizes.get(node, n_free) else 0
+        return (n_free - need, untouched, node)
+
+    single = [node for node, gpus in by_node.items() if len(gpus) >= count]
+    if single:
+        node = min(single, key=lambda n: fit_key(n, count))
+        return _pick_in_node(by_node[node], count)
+    if not allow_multi_node or sum(len(g) for g in by_node.values()) < count:
+        return None
+    chosen: list[int] = []
+    left = count
+    unused = set(by_node)
+    while left > 0:
+        fits = [node for node in unused if len(by_node[node]) >= left]
+        if fits:
+            node = min(fits, key=lambda n: fit_key(n, left))
+            chosen.extend(_pick_in_node(by_node[node], left))
+            break
+        node = min(unused, key=lambda n: (-len(by_node[n]), n))
+        unused.remove(node)
+        chosen.extend(_pick_in_node(by_node[node], len(by_node[node])))
+        left -= len(by_node[node])
+    return chosen

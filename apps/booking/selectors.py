@@ -1,0 +1,399 @@
+"""Reads for booking: policy, free GPUs and availability, reservations a user may see, timelines, quotas."""
+
+from __future__ import annotations
+
+import time as monotime
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from apps.accounts.models import Team
+from apps.accounts.scoping import team_ids_of
+from apps.booking import quota as quota_math
+from apps.booking.models import (
+    Allocation,
+    BookingPolicy,
+    CalendarFeed,
+    MaintenanceWindow,
+    Quota,
+    QuotaUsage,
+    Reservation,
+    ReservationStatus,
+)
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
+
+_POLICY_TTL_S = 5.0
+_policy_cache: tuple[float, BookingPolicy] | None = None
+
+
+def booking_policy(*, fresh: bool = False) -> BookingPolicy:
+    """The booking policy (row pk=1, created with defaults on first use), cached in-process for a few seconds."""
+    global _policy_cache
+    now = monotime.monotonic()
+    if not fresh and _policy_cache is not None and now - _policy_cache[0] < _POLICY_TTL_S:
+        return _policy_cache[1]
+    policy, _ = BookingPolicy.objects.get_or_create(pk=1)
+    _policy_cache = (now, policy)
+    return policy
+
+
+def policy_cache_clear() -> None:
+    global _policy_cache
+    _policy_cache = None
+
+
+def local_tz() -> ZoneInfo:
+    return ZoneInfo(settings.TIME_ZONE)
+
+
+# --- GPUs: eligible, busy, free --------------------------------------------------------------------------
+
+
+def bookable_gpus(*, model: GpuModel | None = None) -> QuerySet[Gpu]:
+    """GPUs that can be booked at all: healthy, on an online node (optionally of one model)."""
+    qs = Gpu.objects.filter(status=GpuStatus.OK, node__status=NodeStatus.ONLINE)
+    if model is not None:
+        qs = qs.filter(model=model)
+    return qs
+
+
+def maintenance_blocked_gpu_ids(*, start: datetime, end: datetime, gpu_ids: Iterable[int] | None = None) -> set[int]:
+    """Ids of GPUs (among `gpu_ids`, or all) that a maintenance window overlapping [start, end) blocks."""
+    windows = list(MaintenanceWindow.objects.filter(start__lt=end, end__gt=start).values_list("gpu_id", "node_id"))
+    if not windows:
+        return set()
+    qs = Gpu.objects.all()
+    if gpu_ids is not None:
+        qs = qs.filter(pk__in=list(gpu_ids))
+    if any(gpu is None and node is None for gpu, node in windows):
+        return set(qs.values_list("pk", flat=True))
+    node_ids = {node for gpu, node in windows if node is not None}
+    blocked = {gpu for gpu, _ in windows if gpu is not None}
+    return blocked | set(qs.filter(Q(pk__in=blocked) | Q(node_id__in=node_ids)).values_list("pk", flat=True))
+
+
+def busy_gpu_ids(*, start: datetime, end: datetime, gpu_ids: Iterable[int] | None = None) -> set[int]:
+    """Ids of GPUs held (an active allocation) at some instant of [start, end)."""
+    qs = Allocation.objects.active().overlapping(start, end)
+    if gpu_ids is not None:
+        qs = qs.filter(gpu_id__in=list(gpu_ids))
+    return set(qs.values_list("gpu_id", flat=True))
+
+
+def free_gpus(*, start: datetime, end: datetime, model: GpuModel | None = None) -> list[Gpu]:
+    """Bookable GPUs free for the whole of [start, end): no active allocation, no maintenance window."""
+    gpus = list(bookable_gpus(model=model).select_related("node", "model").order_by("node__name", "index"))
+    taken = busy_gpu_ids(start=start, end=end) | maintenance_blocked_gpu_ids(start=start, end=end)
+    return [g for g in gpus if g.pk not in taken]
+
+
+def gpu_availability(*, start: datetime, end: datetime, model: GpuModel | None = None) -> dict[str, Any]:
+    """Free and total bookable GPUs for [start, end), per model and per node (and model on each node)."""
+    gpus = list(bookable_gpus(model=model).select_related("node", "model").order_by("node__name", "index"))
+    taken = busy_gpu_ids(start=start, end=end) | maintenance_blocked_gpu_ids(start=start, end=end)
+    models: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, dict[str, Any]] = {}
+    for gpu in gpus:
+        free = gpu.pk not in taken
+        m = models.setdefault(
+            gpu.model.name, {"model": gpu.model.name, "total": 0, "free": 0, "max_free_on_one_node": 0}
+        )
+        m["total"] += 1
+        m["free"] += free
+        n = nodes.setdefault(gpu.node.name, {"node": gpu.node.name, "total": 0, "free": 0, "models": {}})
+        n["total"] += 1
+        n["free"] += free
+        nm = n["models"].setdefault(gpu.model.name, {"total": 0, "free": 0})
+        nm["total"] += 1
+        nm["free"] += free
+    for node in nodes.values():
+        for name, counts in node["models"].items():
+            models[name]["max_free_on_one_node"] = max(models[name]["max_free_on_one_node"], counts["free"])
+    return {"start": start, "end": end, "models": list(models.values()), "nodes": list(nodes.values())}
+
+
+# --- Reservations ------------------------------------------------------------------------------------------
+
+
+def _with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation]:
+    return qs.select_related("team", "user", "gpu_model").prefetch_related(
+        "allocations__gpu__node", "allocations__gpu__model"
+    )
+
+
+def reservations_visible_to(*, user: Any) -> QuerySet[Reservation]:
+    """Reservations of the user's teams (admins: all), with what their rows need preloaded."""
+    return _with_details(Reservation.objects.visible_to(user))
+
+
+def reservations_filter(
+    qs: QuerySet[Reservation],
+    *,
+    team: str | None = None,
+    gpu: str | None = None,
+    model: str | None = None,
+    status: Sequence[str] | None = None,
+    window_from: datetime | None = None,
+    window_to: datetime | None = None,
+) -> QuerySet[Reservation]:
+    """`qs` narrowed by team slug, GPU uuid, model name, statuses and a time window (reservations overlapping
+    [from, to)), with details preloaded. Scoping is the caller's (views apply `visible_to`)."""
+    if team:
+        qs = qs.filter(team__slug=team)
+    if gpu:
+        qs = qs.filter(pk__in=Allocation.objects.filter(gpu__uuid=gpu).values("reservation_id"))
+    if model:
+        qs = qs.filter(
+            Q(gpu_model__name=model)
+            | Q(pk__in=Allocation.objects.filter(gpu__model__name=model).values("reservation_id"))
+        )
+    if status:
+        qs = qs.filter(status__in=list(status))
+    if window_from is not None:
+        qs = qs.filter(end__gt=window_from)
+    if window_to is not None:
+        qs = qs.filter(start__lt=window_to)
+    return _with_details(qs).order_by("start", "id")
+
+
+def reservations_filtered(*, user: Any, **filters: Any) -> QuerySet[Reservation]:
+    """The reservations `user` may see, narrowed by `reservations_filter`'s filters."""
+    return reservations_filter(Reservation.objects.visible_to(user), **filters)
+
+
+def timeline(*, user: Any, start: datetime, end: datetime) -> dict[str, Any]:
+    """GPUs (rows, by node and model) and what holds them in [start, end). Slots of the user's teams carry
+    details; other teams' slots only the team (admins see details everywhere)."""
+    gpus = list(Gpu.objects.select_related("node", "model").order_by("node__name", "index"))
+    mine = set(team_ids_of(user))
+    is_admin = bool(getattr(user, "is_staff", False))
+    slots = []
+    allocations = (
+        Allocation.objects.active()
+        .overlapping(start, end)
+        .select_related("team", "user", "reservation")
+        .order_by("gpu_id", "start")
+    )
+    for a in allocations:
+        slot: dict[str, Any] = {
+            "gpu_id": a.gpu_id,
+            "start": a.start,
+            "end": a.end,
+            "team": a.team.slug,
+            "mine": a.team_id in mine,
+        }
+        if a.team_id in mine or is_admin:
+            slot.update(
+                {
+                    "kind": a.kind,
+                    "reservation_id": a.reservation_id,
+                    "job_id": a.job_id,
+                    "user": a.user.username if a.user else None,
+                    "note": a.reservation.note if a.reservation else "",
+                    "status": a.reservation.status if a.reservation else None,
+                }
+            )
+        slots.append(slot)
+    maintenance = [
+        {
+            "start": w.start,
+            "end": w.end,
+            "gpu_id": w.gpu_id,
+            "node": w.node.name if w.node else None,
+            "reason": w.reason,
+        }
+        for w in MaintenanceWindow.objects.filter(start__lt=end, end__gt=start).select_related("node")
+    ]
+    return {
+        "start": start,
+        "end": end,
+        "gpus": [
+            {
+                "id": g.pk,
+                "uuid": g.uuid,
+                "node": g.node.name,
+                "node_status": g.node.status,
+                "index": g.index,
+                "model": g.model.name,
+                "status": g.status,
+                "bookable": g.status == GpuStatus.OK and g.node.status == NodeStatus.ONLINE,
+            }
+            for g in gpus
+        ],
+        "slots": slots,
+        "maintenance": maintenance,
+    }
+
+
+def reservations_for_calendar(*, user: Any, since: datetime) -> QuerySet[Reservation]:
+    """Booked, active and released reservations of the user's teams ending after `since` (for the iCal feed)."""
+    return (
+        Reservation.objects.filter(team_id__in=team_ids_of(user), end__gt=since)
+        .exclude(status=ReservationStatus.CANCELLED)
+        .select_related("team", "user", "gpu_model")
+        .prefetch_related("allocations__gpu__node")
+        .order_by("start")
+    )
+
+
+# --- Quotas ------------------------------------------------------------------------------------------------
+
+
+def quotas_for(*, team_id: int, months: Sequence[date]) -> dict[date, Quota | None]:
+    """The quota that applies to each month: the month's own row, else the team's default (or None)."""
+    rows = list(
+        Quota.objects.filter(team_id=team_id)
+        .filter(Q(month__in=list(months)) | Q(month__isnull=True))
+        .prefetch_related("allowed_models")
+    )
+    default = next((r for r in rows if r.month is None), None)
+    by_month = {r.month: r for r in rows if r.month is not None}
+    return {m: by_month.get(m, default) for m in months}
+
+
+def limits_of(quota: Quota | None) -> quota_math.Limits:
+    if quota is None:
+        return quota_math.Limits()
+    return quota_math.Limits(
+        gpu_hours=quota.gpu_hours,
+        max_concurrent_gpus=quota.max_concurrent_gpus,
+        budget_soft=quota.budget_soft,
+        budget_hard=quota.budget_hard,
+        allowed_model_ids=frozenset(m.pk for m in quota.allowed_models.all()),
+    )
+
+
+def team_peak_gpus(*, team_id: int, start: datetime, end: datetime) -> int:
+    """The most GPUs the team holds at once during [start, end) (active allocations)."""
+    rows = Allocation.objects.active().filter(team_id=team_id).overlapping(start, end).values_list("start", "end")
+    return quota_math.peak_concurrency(((lo, hi, 1) for lo, hi in rows), start, end)
+
+
+def _money(value: Decimal | None) -> str | None:
+    return None if value is None else str(quota_math.q4(value))
+
+
+def quota_summary(*, team: Team, month: date | None = None) -> dict[str, Any]:
+    """A team's quota for a month (default: the current one) with what is booked and what is left."""
+    tz = local_tz()
+    now = timezone.now()
+    month = month or quota_math.month_of(now, tz)
+    quota = quotas_for(team_id=team.pk, months=[month])[month]
+    limits = limits_of(quota)
+    usage = QuotaUsage.objects.filter(team=team, month=month).first()
+    used = quota_math.Amount(usage.gpu_hours, usage.cost) if usage else quota_math.Amount()
+    first, after = quota_math.month_bounds(month, tz)
+    to_date_end = min(max(now, first), after)
+    held_now = Allocation.objects.active().filter(team=team, start__lte=now, end__gt=now).count()
+    left = quota_math.remaining(limits, used)
+    return {
+        "month": month.strftime("%Y-%m"),
+        "currency": settings.PORTAL_CURRENCY,
+        "limits": {
+            "gpu_hours": _money(limits.gpu_hours),
+            "max_concurrent_gpus": limits.max_concurrent_gpus,
+            "allowed_models": sorted(m.name for m in quota.allowed_models.all()) if quota else [],
+            "budget_soft": _money(limits.budget_soft),
+            "budget_hard": _money(limits.budget_hard),
+        },
+        "booked": {"gpu_hours": str(used.gpu_hours), "cost": str(used.cost)},
+        "month_to_date_gpu_hours": str(_booked_hours_between(team.pk, first, to_date_end)),
+        "remaining": {
+            "gpu_hours": _money(left["gpu_hours"]),  # type: ignore[arg-type]
+            "budget": _money(left["budget"]),  # type: ignore[arg-type]
+            "budget_soft": _money(left["budget_soft"]),  # type: ignore[arg-type]
+        },
+        "gpus_held_now": held_now,
+    }
+
+
+def _booked_hours_between(team_id: int, start: datetime, end: datetime) -> Decimal:
+    """GPU-hours the team's active allocations cover within [start, end)."""
+    if end <= start:
+        return Decimal("0.0000")
+    seconds = Decimal(0)
+    for lo, hi in (
+        Allocation.objects.active().filter(team_id=team_id).overlapping(start, end).values_list("start", "end")
+    ):
+        seconds += Decimal(str((min(hi, end) - max(lo, start)).total_seconds()))
+    return quota_math.q4(seconds / Decimal(3600))
+
+
+def quota_preview(
+    *,
+    team: Team,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    gpu_count: int | None = None,
+    gpu_model: GpuModel | None = None,
+) -> dict[str, Any]:
+    """The team's quota for each month [start, end) touches (default: this month), and, given gpu_count, what
+    booking that many GPUs of `gpu_model` would count and whether it fits (the page shows it while choosing).
+    A preview only: the booking itself checks again under the quota lock."""
+    tz = local_tz()
+    if start is None or end is None or end <= start:
+        months = [quota_math.month_of(timezone.now(), tz)]
+    else:
+        months = [m for m, _ in quota_math.split_by_month(start, end, tz)]
+    quotas = quotas_for(team_id=team.pk, months=months)
+    usage = {u.month: u for u in QuotaUsage.objects.filter(team=team, month__in=months)}
+    adds: dict[date, quota_math.Amount] = {}
+    if start is not None and end is not None and end > start and gpu_count:
+        rate = (gpu_model.hourly_price if gpu_model else Decimal(0)) * gpu_count
+        adds = quota_math.hold_amounts(start=start, end=end, gpu_count=gpu_count, hourly_rate=rate, tz=tz)
+    out = []
+    fits = True
+    for month in months:
+        limits = limits_of(quotas[month])
+        row = usage.get(month)
+        used = quota_math.Amount(row.gpu_hours, row.cost) if row else quota_math.Amount()
+        peak = None
+        if limits.max_concurrent_gpus is not None and start is not None and end is not None and end > start:
+            first, after = quota_math.month_bounds(month, tz)
+            peak = team_peak_gpus(team_id=team.pk, start=max(start, first), end=min(end, after))
+        add = adds.get(month, quota_math.Amount())
+        verdict = quota_math.evaluate(limits=limits, used=used, add=add, peak=peak, add_gpus=gpu_count or 0)
+        fits = fits and verdict.ok
+        model_ok = gpu_model is None or limits.allows_model(gpu_model.pk)
+        fits = fits and model_ok
+        quota = quotas[month]
+        out.append(
+            {
+                "month": month.strftime("%Y-%m"),
+                "limits": {
+                    "gpu_hours": _money(limits.gpu_hours),
+                    "max_concurrent_gpus": limits.max_concurrent_gpus,
+                    "allowed_models": sorted(m.name for m in quota.allowed_models.all()) if quota else [],
+                    "budget_soft": _money(limits.budget_soft),
+                    "budget_hard": _money(limits.budget_hard),
+                },
+                "booked": {"gpu_hours": _money(used.gpu_hours), "cost": _money(used.cost)},
+                "remaining": {
+                    k: (v if isinstance(v, int) or v is None else _money(v)) for k, v in verdict.remaining.items()
+                },
+                "requested": {"gpu_hours": _money(add.gpu_hours), "cost": _money(add.cost)},
+                "exceeded": list(verdict.exceeded) + ([] if model_ok else ["model"]),
+                "warnings": list(verdict.warnings),
+            }
+        )
+    return {"team": team.slug, "currency": settings.PORTAL_CURRENCY, "fits": fits, "months": out}
+
+
+def calendar_feed_user(*, key: str) -> Any | None:
+    """The active user whose iCal feed key is `key` (looked up by its SHA-256), or None."""
+    import hashlib
+
+    if not key or len(key) > 128:
+        return None
+    feed = (
+        CalendarFeed.objects.select_related("user")
+        .filter(digest=hashlib.sha256(key.encode()).hexdigest(), user__is_active=True)
+        .first()
+    )
+    return feed.user if feed else None

@@ -1,0 +1,866 @@
+"""Writes for booking: GPU allocations, quota holds, reservations and their lifecycle, calendar feeds.
+
+Locks, always taken in this order so two writers cannot deadlock:
+1. the team's `QuotaUsage` rows of the months involved (`SELECT ... FOR UPDATE`, by month);
+2. the GPUs, by `pg_advisory_xact_lock(GPU_LOCK_NAMESPACE, gpu_id)` in ascending id order (PostgreSQL).
+On SQLite every `transaction.atomic()` begins IMMEDIATE (settings), so the whole transaction holds the database's
+write lock and checks followed by writes are serialized. The exclusion constraint on `booking_allocation`
+(PostgreSQL) is the last guard either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.accounts.models import Role, Team
+from apps.accounts.scoping import team_ids_of
+from apps.audit.services import audit_record
+from apps.booking import hooks, selectors
+from apps.booking import quota as quota_math
+from apps.booking.models import (
+    Allocation,
+    AllocationKind,
+    BookingPolicy,
+    CalendarFeed,
+    QuotaHold,
+    QuotaUsage,
+    Reservation,
+    ReservationStatus,
+)
+from apps.booking.placement import FreeGpu, place
+from apps.core.errors import Conflict, Forbidden, NotFound, QuotaExceeded, ValidationFailed
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
+
+logger = logging.getLogger(__name__)
+
+GPU_LOCK_NAMESPACE = 0x4750  # "GP": the first key of pg_advisory_xact_lock(int, int) for GPU locks
+MAX_CONFLICTS_SHOWN = 50
+PLACEMENT_ATTEMPTS = 3
+
+# --- Allocations: the occupancy table ----------------------------------------------------------------------
+
+
+def _lock_gpus(gpu_ids: Iterable[int]) -> None:
+    """Per-GPU transaction locks in ascending id order (PostgreSQL; SQLite's IMMEDIATE transaction serializes).
+
+    Taking them before the overlap check makes concurrent bookings of one GPU queue up instead of deadlocking
+    inside the exclusion check (SQLSTATE 40P01, which PostgreSQL only detects after deadlock_timeout)."""
+    if connection.vendor != "postgresql":
+        return
+    ids = sorted(set(gpu_ids))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, g) FROM unnest(%s::int[]) AS g", [GPU_LOCK_NAMESPACE, ids])
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def describe_slots(
+    allocations: Iterable[Allocation], *, team_id: int | None, viewer: Any = None
+) -> list[dict[str, Any]]:
+    """Clashing slots as shown to a client: the requesting team's own with details, other teams' with the team
+    only (admins see details). Needs `gpu__node` and `team` (and `user`) loaded."""
+    is_admin = bool(getattr(viewer, "is_staff", False))
+    out: list[dict[str, Any]] = []
+    for a in allocations:
+        slot: dict[str, Any] = {
+            "gpu": a.gpu.uuid,
+            "node": a.gpu.node.name,
+            "gpu_index": a.gpu.index,
+            "start": _iso(a.start),
+            "end": _iso(a.end),
+            "team": a.team.slug,
+        }
+        if a.team_id == team_id or is_admin:
+            slot.update(
+                {
+                    "kind": a.kind,
+                    "reservation_id": a.reservation_id,
+                    "job_id": a.job_id,
+                    "user": a.user.username if a.user else None,
+                }
+            )
+        out.append(slot)
+        if len(out) >= MAX_CONFLICTS_SHOWN:
+            break
+    return out
+
+
+def _clashes(gpu_ids: Collection[int], start: datetime, end: datetime) -> list[Allocation]:
+    return list(
+        Allocation.objects.active()
+        .filter(gpu_id__in=list(gpu_ids))
+        .overlapping(start, end)
+        .select_related("gpu__node", "team", "user")
+        .order_by("gpu_id", "start")[:MAX_CONFLICTS_SHOWN]
+    )
+
+
+def _is_exclusion_violation(exc: IntegrityError) -> bool:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "23P01" or "booking_allocation_no_overlap" in str(exc)
+
+
+def _insert_allocations(
+    *,
+    gpu_ids: Sequence[int],
+    team: Team,
+    user: Any,
+    start: datetime,
+    end: datetime,
+    kind: str,
+    reservation: Reservation | None,
+    job_id: int | None,
+    viewer: Any,
+) -> list[Allocation]:
+    """Lock, check and insert, inside the caller's transaction (no savepoint: a Conflict ends the transaction)."""
+    _lock_gpus(gpu_ids)
+    clashes = _clashes(gpu_ids, start, end)
+    if clashes:
+        raise Conflict(
+            "Some of these GPUs are already held in that time.",
+            extra={"conflicts": describe_slots(clashes, team_id=team.pk, viewer=viewer)},
+        )
+    user_obj = user if getattr(user, "is_authenticated", False) else None
+    rows = [
+        Allocation(
+            gpu_id=gpu_id,
+            team=team,
+            user=user_obj,
+            kind=kind,
+            reservation=reservation,
+            job_id=job_id,
+            start=start,
+            end=end,
+        )
+        for gpu_id in gpu_ids
+    ]
+    try:
+        return Allocation.objects.bulk_create(rows)
+    except IntegrityError as exc:
+        if _is_exclusion_violation(exc):
+            # Someone inserted without the GPU lock; the constraint held. The transaction is aborted, so the
+            # clashing rows cannot be looked up here.
+            raise Conflict("Some of these GPUs are already held in that time.", extra={"conflicts": []}) from exc
+        raise
+
+
+def allocations_create(
+    *,
+    gpus: Sequence[Gpu | int],
+    team: Team,
+    user: Any,
+    start: datetime,
+    end: datetime,
+    kind: str,
+    reservation: Reservation | None = None,
+    job_id: int | None = None,
+) -> list[Allocation]:
+    """Hold each of `gpus` for `team` over [start, end): one active Allocation row per GPU.
+
+    Runs in the caller's transaction (a savepoint inside it, so a caller may catch Conflict and go on) or its own.
+    Locks: per-GPU `pg_advisory_xact_lock` in ascending id order, held until the outer transaction ends; callers
+    that also hold quota rows must have taken those first (see the module docstring). Raises `Conflict` (409)
+    with `conflicts` naming the clashing slots, `ValidationFailed` for a bad window or kind.
+    """
+    gpu_ids = [g if isinstance(g, int) else g.pk for g in gpus]
+    if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
+        raise ValidationFailed("Give each GPU once, at least one.")
+    if timezone.is_naive(start) or timezone.is_naive(end) or end <= start:
+        raise ValidationFailed("An allocation needs aware start < end.")
+    if kind not in AllocationKind.values or (kind == AllocationKind.RESERVATION) != (reservation is not None):
+        raise ValidationFailed("kind 'reservation' needs a reservation; kind 'job' must not have one.")
+    with transaction.atomic():
+        return _insert_allocations(
+            gpu_ids=gpu_ids,
+            team=team,
+            user=user,
+            start=start,
+            end=end,
+            kind=kind,
+            reservation=reservation,
+            job_id=job_id,
+            viewer=user,
+        )
+
+
+def allocation_end(*, allocation_ids: Iterable[int], at: datetime) -> int:
+    """End allocations at `at`: rows that have not started by then are deactivated (they leave the exclusion
+    constraint), running rows get `end = at`; rows already over are left alone. Conditional UPDATEs, so it is
+    idempotent and safe against a concurrent end. Returns how many rows changed. The GPUs are free from `at` on.
+    """
+    ids = list(allocation_ids)
+    if not ids:
+        return 0
+    with transaction.atomic():
+        base = Allocation.objects.filter(pk__in=ids, active=True)
+        cancelled = base.filter(start__gte=at).update(active=False, ended_at=at)
+        cut = base.filter(start__lt=at, end__gt=at).update(end=at, ended_at=at)
+    return cancelled + cut
+
+
+# --- Quotas -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    """The hold a booking or job placed on its team's quota, and soft-limit warnings to show."""
+
+    hold: QuotaHold
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _lock_usage(team_id: int, months: Sequence[date]) -> dict[date, QuotaUsage]:
+    """Lock (creating when missing) the team's QuotaUsage rows for `months`, in month order."""
+    months = sorted(set(months))
+
+    def select() -> dict[date, QuotaUsage]:
+        qs = QuotaUsage.objects.select_for_update().filter(team_id=team_id, month__in=months).order_by("month")
+        return {u.month: u for u in qs}
+
+    rows = select()
+    if len(rows) < len(months):
+        QuotaUsage.objects.bulk_create(
+            [QuotaUsage(team_id=team_id, month=m) for m in months if m not in rows], ignore_conflicts=True
+        )
+        rows = select()
+    return rows
+
+
+def _apply_usage(team_id: int, deltas: dict[date, quota_math.Amount], usage: dict[date, QuotaUsage]) -> None:
+    for month, delta in deltas.items():
+        QuotaUsage.objects.filter(pk=usage[month].pk).update(
+            gpu_hours=F("gpu_hours") + delta.gpu_hours, cost=F("cost") + delta.cost, updated_at=timezone.now()
+        )
+
+
+def _month_label(month: date) -> str:
+    return month.strftime("%Y-%m")
+
+
+def _fmt(value: Decimal | int | None) -> str | int | None:
+    if value is None or isinstance(value, int):
+        return value
+    return str(quota_math.q4(value))
+
+
+def quota_models_check(
+    *, team: Team, months: Sequence[date], gpu_model_ids: Collection[int], quotas: Any = None
+) -> None:
+    """Refuse (403 `model_not_allowed`) a model the team's quota for any of `months` does not allow."""
+    quotas = quotas if quotas is not None else selectors.quotas_for(team_id=team.pk, months=months)
+    for month in months:
+        limits = selectors.limits_of(quotas[month])
+        refused = [mid for mid in gpu_model_ids if not limits.allows_model(mid)]
+        if refused:
+            names = sorted(GpuModel.objects.filter(pk__in=refused).values_list("name", flat=True))
+            allowed = sorted(
+                GpuModel.objects.filter(pk__in=limits.allowed_model_ids or []).values_list("name", flat=True)
+            )
+            raise Forbidden(
+                f"Team {team.slug} may not use {', '.join(names)} in {_month_label(month)}.",
+                code="model_not_allowed",
+                extra={"allowed_models": allowed},
+            )
+
+
+def quota_check_and_hold(
+    *,
+    team: Team,
+    gpu_count: int,
+    start: datetime,
+    end: datetime,
+    hourly_rate: Decimal,
+    kind: str,
+    gpu_model_ids: Collection[int] = (),
+    reservation: Reservation | None = None,
+    job_id: int | None = None,
+    check_concurrency: bool = True,
+    quotas: Any = None,
+) -> QuotaCheck:
+    """Count `gpu_count` GPUs over [start, end) at `hourly_rate` (the price of all of them per hour) against
+    `team`'s quota of every month they touch, or refuse.
+
+    Locks the team's QuotaUsage rows of those months (`SELECT ... FOR UPDATE`) until the caller's transaction
+    ends, so concurrent checks of one team queue up and together cannot exceed the quota; run it inside the
+    transaction that writes the booking or job (it opens a savepoint-free block of its own otherwise).
+    `check_concurrency`: also refuse when the team would hold more than `max_concurrent_gpus` at some instant
+    (counting active allocations; a queued job has none yet, so jobs pass False at submit and call
+    `quota_concurrency_check` when they are placed). Raises `QuotaExceeded` (403, with `remaining`, `month`,
+    `exceeded`) or `Forbidden` (`model_not_allowed`). Returns the hold and soft-limit warnings.
+    """
+    tz = selectors.local_tz()
+    amounts = quota_math.hold_amounts(start=start, end=end, gpu_count=gpu_count, hourly_rate=hourly_rate, tz=tz)
+    months = sorted(amounts)
+    with transaction.atomic(savepoint=False):
+        usage = _lock_usage(team.pk, months)
+        quotas = quotas if quotas is not None else selectors.quotas_for(team_id=team.pk, months=months)
+        if gpu_model_ids:
+            quota_models_check(team=team, months=months, gpu_model_ids=gpu_model_ids, quotas=quotas)
+        warnings: list[dict[str, Any]] = []
+        team_intervals: list[tuple[datetime, datetime, int]] | None = None
+        for month in months:
+            limits = selectors.limits_of(quotas[month])
+            peak: int | None = None
+            if check_concurrency and limits.max_concurrent_gpus is not None:
+                if team_intervals is None:
+                    team_intervals = [
+                        (lo, hi, 1)
+                        for lo, hi in Allocation.objects.active()
+                        .filter(team_id=team.pk)
+                        .overlapping(start, end)
+                        .values_list("start", "end")
+                    ]
+                first, after = quota_math.month_bounds(month, tz)
+                peak = quota_math.peak_concurrency(team_intervals, max(start, first), min(end, after))
+            used = quota_math.Amount(usage[month].gpu_hours, usage[month].cost)
+            verdict = quota_math.evaluate(
+                limits=limits, used=used, add=amounts[month], peak=peak, add_gpus=gpu_count if peak is not None else 0
+            )
+            body = {
+                "month": _month_label(month),
+                "currency": settings.PORTAL_CURRENCY,
+                "remaining": {k: _fmt(v) for k, v in verdict.remaining.items()},
+                "requested": {
+                    "gpu_hours": _fmt(amounts[month].gpu_hours),
+                    "cost": _fmt(amounts[month].cost),
+                    "gpus": gpu_count,
+                },
+            }
+            if not verdict.ok:
+                raise QuotaExceeded(
+                    f"This would exceed team {team.slug}'s quota for {_month_label(month)}: "
+                    f"{', '.join(verdict.exceeded)}.",
+                    extra={**body, "exceeded": list(verdict.exceeded)},
+                )
+            for warning in verdict.warnings:
+                warnings.append({"code": f"{warning}_exceeded", **body})
+        _apply_usage(team.pk, amounts, usage)
+        hold = QuotaHold.objects.create(
+            team=team,
+            kind=kind,
+            reservation=reservation,
+            job_id=job_id,
+            gpu_count=gpu_count,
+            hourly_rate=hourly_rate,
+            start=start,
+            end=end,
+        )
+    return QuotaCheck(hold=hold, warnings=warnings)
+
+
+def quota_concurrency_check(*, team: Team, start: datetime, end: datetime, gpu_count: int) -> None:
+    """Refuse (QuotaExceeded) when `team` holding `gpu_count` more GPUs over [start, end) would exceed its
+    `max_concurrent_gpus` in some month. Takes the same QuotaUsage row locks as `quota_check_and_hold`; call it in
+    the transaction that then calls `allocations_create`."""
+    tz = selectors.local_tz()
+    months = [m for m, _ in quota_math.split_by_month(start, end, tz)]
+    with transaction.atomic(savepoint=False):
+        _lock_usage(team.pk, months)
+        quotas = selectors.quotas_for(team_id=team.pk, months=months)
+        for month in months:
+            limits = selectors.limits_of(quotas[month])
+            if limits.max_concurrent_gpus is None:
+                continue
+            first, after = quota_math.month_bounds(month, tz)
+            lo, hi = max(start, first), min(end, after)
+            peak = selectors.team_peak_gpus(team_id=team.pk, start=lo, end=hi)
+            if peak + gpu_count > limits.max_concurrent_gpus:
+                raise QuotaExceeded(
+                    f"Team {team.slug} may hold at most {limits.max_concurrent_gpus} GPUs at once.",
+                    extra={
+                        "month": _month_label(month),
+                        "exceeded": ["concurrent_gpus"],
+                        "remaining": {"concurrent_gpus": limits.max_concurrent_gpus - peak},
+                    },
+                )
+
+
+def _find_hold(*, reservation: Reservation | None, job_id: int | None) -> QuotaHold | None:
+    qs = QuotaHold.objects.select_for_update()
+    if reservation is not None:
+        return qs.filter(reservation=reservation).first()
+    if job_id is not None:
+        return qs.filter(job_id=job_id).first()
+    raise ValidationFailed("Name the reservation or the job whose quota hold changes.")
+
+
+def quota_hold_update(
+    *,
+    reservation: Reservation | None = None,
+    job_id: int | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    release: bool = False,
+) -> QuotaHold | None:
+    """Move, cut or (release=True) drop the quota hold of a reservation or job, giving back (or, when it grows,
+    counting without a check) the difference in each month. A job that finishes calls it with its real
+    [start, end); a cancelled reservation or job with release=True. Locks the hold row, then the QuotaUsage rows.
+    Idempotent; returns the hold (None if there is none)."""
+    tz = selectors.local_tz()
+    with transaction.atomic(savepoint=False):
+        hold = _find_hold(reservation=reservation, job_id=job_id)
+        if hold is None or not hold.active:
+            return hold
+        before = quota_math.hold_amounts(
+            start=hold.start, end=hold.end, gpu_count=hold.gpu_count, hourly_rate=hold.hourly_rate, tz=tz
+        )
+        new_start, new_end = start or hold.start, end or hold.end
+        if release or new_end <= new_start:
+            after: dict[date, quota_math.Amount] = {}
+            hold.active = False
+        else:
+            after = quota_math.hold_amounts(
+                start=new_start, end=new_end, gpu_count=hold.gpu_count, hourly_rate=hold.hourly_rate, tz=tz
+            )
+            hold.start, hold.end = new_start, new_end
+        deltas = quota_math.amounts_delta(before, after)
+        if deltas:
+            usage = _lock_usage(hold.team_id, list(deltas))
+            _apply_usage(hold.team_id, deltas, usage)
+        hold.save(update_fields=["start", "end", "active"])
+    return hold
+
+
+def quota_hold_release(*, reservation: Reservation | None = None, job_id: int | None = None) -> QuotaHold | None:
+    """Give back everything a reservation's or job's hold counted (cancelled before it used anything)."""
+    return quota_hold_update(reservation=reservation, job_id=job_id, release=True)
+
+
+# --- Reservations -----------------------------------------------------------------------------------------
+
+_TRANSITIONS: dict[str, set[str]] = {
+    ReservationStatus.BOOKED: {ReservationStatus.ACTIVE, ReservationStatus.CANCELLED, ReservationStatus.RELEASED},
+    ReservationStatus.ACTIVE: {ReservationStatus.RELEASED},
+    ReservationStatus.RELEASED: set(),
+    ReservationStatus.CANCELLED: set(),
+}
+
+
+def _transition(reservation_id: int, to: str, **changes: Any) -> bool:
+    """Move a reservation to status `to` with a conditional UPDATE from the statuses that may move there.
+    False when it was not in one of them (already moved by someone else, or an illegal move)."""
+    sources = [s for s, targets in _TRANSITIONS.items() if to in targets]
+    return bool(Reservation.objects.filter(pk=reservation_id, status__in=sources).update(status=to, **changes))
+
+
+@dataclass(frozen=True)
+class BookingResult:
+    """A new reservation and the soft-limit warnings to show with it."""
+
+    reservation: Reservation
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _aligned(moment: datetime, minutes: int) -> bool:
+    local = moment.astimezone(selectors.local_tz())
+    return local.second == 0 and local.microsecond == 0 and (local.hour * 60 + local.minute) % minutes == 0
+
+
+def _floor(moment: datetime, minutes: int) -> datetime:
+    local = moment.astimezone(selectors.local_tz())
+    past = (local.hour * 60 + local.minute) % minutes
+    return (local - timedelta(minutes=past, seconds=local.second, microseconds=local.microsecond)).astimezone(UTC)
+
+
+def check_window(*, start: datetime, end: datetime, policy: BookingPolicy, now: datetime) -> None:
+    """Refuse (400) a window the policy does not allow: not aware, empty, in the past, misaligned, too short,
+    too long, too far ahead."""
+    fields: dict[str, list[str]] = {}
+    if timezone.is_naive(start) or timezone.is_naive(end):
+        raise ValidationFailed("Times need a UTC offset.", fields={"start": ["Give an offset, e.g. +00:00."]})
+    if end <= start:
+        raise ValidationFailed("end must be after start.", fields={"end": ["Must be after start."]})
+    g = max(1, policy.granularity_minutes)
+    if start < _floor(now, g):
+        fields["start"] = ["Must not be in the past."]
+    for name, value in (("start", start), ("end", end)):
+        if not _aligned(value, g):
+            fields.setdefault(name, []).append(f"Must align to {g} minutes.")
+    duration = end - start
+    if duration < timedelta(minutes=policy.min_duration_minutes):
+        fields.setdefault("end", []).append(f"A booking lasts at least {policy.min_duration_minutes} minutes.")
+    if duration > timedelta(hours=policy.max_duration_hours):
+        fields.setdefault("end", []).append(f"A booking lasts at most {policy.max_duration_hours} hours.")
+    if start > now + timedelta(days=policy.max_advance_days):
+        fields.setdefault("start", []).append(f"Book at most {policy.max_advance_days} days ahead.")
+    if fields:
+        detail = "; ".join(f"{k}: {' '.join(v)}" for k, v in fields.items())
+        raise ValidationFailed(f"This time window is not allowed ({detail}).", fields=fields)
+
+
+def _check_member(user: Any, team: Team) -> None:
+    if getattr(user, "is_staff", False):
+        return
+    if team.pk not in team_ids_of(user):
+        raise Forbidden(f"You are not a member of team {team.slug}.", code="not_a_member")
+
+
+def _resolve_model(gpu_model: str | GpuModel | None) -> GpuModel:
+    if isinstance(gpu_model, GpuModel):
+        return gpu_model
+    model = GpuModel.objects.filter(name=gpu_model).first() if gpu_model else None
+    if model is None:
+        names = list(GpuModel.objects.values_list("name", flat=True))
+        raise ValidationFailed(
+            f"Unknown GPU model {gpu_model!r}." if gpu_model else "Name a GPU model or the GPUs.",
+            fields={"gpu_model": [f"One of: {', '.join(names)}." if names else "No GPU models exist yet."]},
+        )
+    return model
+
+
+def _resolve_gpus(gpus: Sequence[str | Gpu]) -> list[Gpu]:
+    wanted = [g.uuid if isinstance(g, Gpu) else str(g) for g in gpus]
+    if len(set(wanted)) != len(wanted):
+        raise ValidationFailed("A GPU is named twice.", fields={"gpus": ["Name each GPU once."]})
+    rows = {g.uuid: g for g in Gpu.objects.filter(uuid__in=wanted).select_related("node", "model")}
+    unknown = [u for u in wanted if u not in rows]
+    if unknown:
+        raise NotFound(f"Unknown GPU(s): {', '.join(unknown)}.", fields={"gpus": [f"Unknown: {', '.join(unknown)}."]})
+    down = [u for u in wanted if rows[u].status != GpuStatus.OK or rows[u].node.status != NodeStatus.ONLINE]
+    if down:
+        raise ValidationFailed(
+            f"GPU(s) not available for booking (offline, lost or node not online): {', '.join(down)}.",
+            code="gpu_unavailable",
+            fields={"gpus": [f"Not bookable: {', '.join(down)}."]},
+        )
+    return [rows[u] for u in wanted]
+
+
+def _maintenance_conflict(gpus: Sequence[Gpu], start: datetime, end: datetime) -> None:
+    blocked = selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in gpus])
+    if blocked:
+        raise Conflict(
+            "A maintenance window blocks some of these GPUs in that time.",
+            extra={
+                "conflicts": [
+                    {"gpu": g.uuid, "node": g.node.name, "maintenance": True} for g in gpus if g.pk in blocked
+                ]
+            },
+        )
+
+
+def _send_holds(reservation_id: int, *, until: datetime | None = None) -> None:
+    """Tell each node agent which of its GPUs the reservation holds, for whom, until when (after commit)."""
+    from portal.celery import app
+
+    rows = list(
+        Allocation.objects.filter(reservation_id=reservation_id)
+        .select_related("gpu__node", "team")
+        .order_by("gpu__node__name", "gpu__index")
+    )
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for a in rows:
+        by_node.setdefault(a.gpu.node.name, []).append(
+            {
+                "gpu_uuid": a.gpu.uuid,
+                "team": a.team.slug,
+                "reservation_id": reservation_id,
+                "until": _iso(until or a.end),
+            }
+        )
+    for node, holds in by_node.items():
+        try:
+            app.send_task("agent.hold_gpus", kwargs={"holds": holds}, queue=f"node.{node}")
+        except Exception:
+            # The broker may be down; the agent reconciles from its next heartbeat, the booking stands.
+            logger.exception("could not tell node %s about reservation %s", node, reservation_id)
+
+
+def _emit_ended(reservation_id: int, *, early: bool) -> None:
+    r = Reservation.objects.filter(pk=reservation_id).values("team_id", "end").first()
+    if r is None:
+        return
+    gpu_ids = tuple(Allocation.objects.filter(reservation_id=reservation_id).values_list("gpu_id", flat=True))
+    grace = selectors.booking_policy().end_grace_minutes * 60
+    hooks.on_reservation_ended(
+        hooks.ReservationEnded(
+            reservation_id=reservation_id,
+            team_id=r["team_id"],
+            gpu_ids=gpu_ids,
+            ended_at=r["end"],
+            early=early,
+            grace_s=grace,
+        )
+    )
+
+
+def reservation_create(
+    *,
+    user: Any,
+    team: Team,
+    start: datetime,
+    end: datetime,
+    gpu_count: int | None = None,
+    gpu_model: str | GpuModel | None = None,
+    gpus: Sequence[str | Gpu] | None = None,
+    note: str = "",
+) -> BookingResult:
+    """Book `gpu_count` GPUs of `gpu_model` (placed: one node where possible, best fit) or exactly `gpus`
+    (uuids) for `team` over [start, end).
+
+    Checks, before anything is written: membership (403), the policy's window rules (400), the GPUs or model
+    (404 unknown GPU, 400 offline/unknown model/count), the quota's allowed models (403), maintenance and
+    clashes (409). Then in one transaction: the reservation, the quota hold (QuotaUsage row locks; 403
+    `quota_exceeded`), the allocations (GPU locks + check + exclusion constraint; 409 `conflict`), the audit entry.
+    A placed booking that loses its GPUs to a concurrent one is placed again (a few times) before 409.
+    A booking starting now is active at once and its node agents are told after commit.
+    """
+    now = timezone.now()
+    policy = selectors.booking_policy()
+    _check_member(user, team)
+    check_window(start=start, end=end, policy=policy, now=now)
+    note = (note or "").strip()
+    if len(note) > 500:
+        raise ValidationFailed("The note is too long.", fields={"note": ["At most 500 characters."]})
+
+    explicit: list[Gpu] | None = None
+    model: GpuModel | None = None
+    if gpus:
+        explicit = _resolve_gpus(gpus)
+        if gpu_count is not None and gpu_count != len(explicit):
+            raise ValidationFailed(
+                "gpu_count does not match the GPUs named.", fields={"gpu_count": ["Equals the number of GPUs."]}
+            )
+        if gpu_model is not None:
+            model = _resolve_model(gpu_model)
+            if any(g.model_id != model.pk for g in explicit):
+                raise ValidationFailed("The GPUs named are not all of that model.", fields={"gpus": ["Wrong model."]})
+        count = len(explicit)
+        models = {g.model_id for g in explicit}
+        model_obj = explicit[0].model if len(models) == 1 else None
+        model_ids: set[int] = models
+    else:
+        model = _resolve_model(gpu_model)
+        if gpu_count is None or gpu_count <= 0:
+            raise ValidationFailed("Book at least one GPU.", fields={"gpu_count": ["At least 1."]})
+        count = gpu_count
+        per_node: dict[int, int] = {}
+        for node_id in selectors.bookable_gpus(model=model).values_list("node_id", flat=True):
+            per_node[node_id] = per_node.get(node_id, 0) + 1
+        most = max(per_node.values(), default=0) if not policy.allow_multi_node else sum(per_node.values())
+        if count > most:
+            where = "node" if not policy.allow_multi_node else "fleet"
+            raise ValidationFailed(
+                f"No {where} has {count} bookable {model.name} GPUs (at most {most}).",
+                fields={"gpu_count": [f"At most {most}."]},
+            )
+        model_obj = model
+        model_ids = {model.pk}
+    if count <= 0:
+        raise ValidationFailed("Book at least one GPU.", fields={"gpu_count": ["At least 1."]})
+
+    tz = selectors.local_tz()
+    months = [m for m, _ in quota_math.split_by_month(start, end, tz)]
+    quotas = selectors.quotas_for(team_id=team.pk, months=months)
+    quota_models_check(team=team, months=months, gpu_model_ids=model_ids, quotas=quotas)
+
+    if explicit is not None:
+        _maintenance_conflict(explicit, start, end)
+        clashes = _clashes([g.pk for g in explicit], start, end)
+        if clashes:
+            raise Conflict(
+                "Some of these GPUs are already held in that time.",
+                extra={"conflicts": describe_slots(clashes, team_id=team.pk, viewer=user)},
+            )
+
+    status = ReservationStatus.ACTIVE if start <= now else ReservationStatus.BOOKED
+    for attempt in range(PLACEMENT_ATTEMPTS):
+        if explicit is not None:
+            chosen = explicit
+        else:
+            assert model is not None
+            free = selectors.free_gpus(start=start, end=end, model=model)
+            sizes: dict[str, int] = {}
+            for node_name in selectors.bookable_gpus(model=model).values_list("node__name", flat=True):
+                sizes[node_name] = sizes.get(node_name, 0) + 1
+            picked = place(
+                [FreeGpu(g.pk, g.node.name, g.index) for g in free],
+                count,
+                sizes,
+                allow_multi_node=policy.allow_multi_node,
+            )
+            if picked is None:
+                eligible = list(selectors.bookable_gpus(model=model).values_list("pk", flat=True))
+                raise Conflict(
+                    f"Not enough {model.name} GPUs are free in that time ({len(free)} free, {count} asked).",
+                    extra={
+                        "conflicts": describe_slots(_clashes(eligible, start, end), team_id=team.pk, viewer=user),
+                        "free": len(free),
+                    },
+                )
+            by_id = {g.pk: g for g in free}
+            chosen = [by_id[i] for i in picked]
+        rate = sum((g.model.hourly_price for g in chosen), Decimal("0"))
+        try:
+            with transaction.atomic():
+                reservation = Reservation.objects.create(
+                    team=team,
+                    user=user if getattr(user, "is_authenticated", False) else None,
+                    gpu_model=model_obj,
+                    gpu_count=count,
+                    start=start,
+                    end=end,
+                    booked_end=end,
+                    status=status,
+                    note=note,
+                    activated_at=now if status == ReservationStatus.ACTIVE else None,
+                )
+                check = quota_check_and_hold(
+                    team=team,
+                    gpu_count=count,
+                    start=start,
+                    end=end,
+                    hourly_rate=rate,
+                    kind=AllocationKind.RESERVATION,
+                    reservation=reservation,
+                    quotas=quotas,
+                )
+                _insert_allocations(
+                    gpu_ids=[g.pk for g in chosen],
+                    team=team,
+                    user=user,
+                    start=start,
+                    end=end,
+                    kind=AllocationKind.RESERVATION,
+                    reservation=reservation,
+                    job_id=None,
+                    viewer=user,
+                )
+                audit_record(
+                    actor=user,
+                    action="reservation.create",
+                    target=reservation,
+                    data={
+                        "gpus": [g.uuid for g in chosen],
+                        "start": _iso(start),
+                        "end": _iso(end),
+                        "status": status,
+                        "gpu_hours": str(sum((a.gpu_hours for a in _amounts(check.hold).values()), Decimal(0))),
+                    },
+                )
+                if status == ReservationStatus.ACTIVE:
+                    transaction.on_commit(lambda rid=reservation.pk: _send_holds(rid))  # type: ignore[misc]
+            reservation._chosen_gpus = chosen  # type: ignore[attr-defined]
+            return BookingResult(reservation=reservation, warnings=check.warnings)
+        except Conflict:
+            if explicit is not None or attempt == PLACEMENT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _amounts(hold: QuotaHold) -> dict[date, quota_math.Amount]:
+    return quota_math.hold_amounts(
+        start=hold.start, end=hold.end, gpu_count=hold.gpu_count, hourly_rate=hold.hourly_rate, tz=selectors.local_tz()
+    )
+
+
+def _may_end(user: Any, reservation: Reservation) -> bool:
+    """Who may cancel or release: admins, the member who booked it, and the team's managers."""
+    if getattr(user, "is_staff", False) or reservation.user_id == getattr(user, "pk", None):
+        return True
+    from apps.accounts.models import Membership
+
+    return Membership.objects.filter(user=user, team_id=reservation.team_id, role=Role.MANAGER).exists()
+
+
+def reservation_end(*, user: Any, reservation_id: int) -> Reservation:
+    """Cancel a reservation that has not started, or release one that has (its GPUs are free from now on: the
+    allocations' end is cut to now and the unused rest of the quota hold is given back).
+
+    404 when the user cannot see it, 403 when they may not end it (only the booker, the team's managers and
+    admins may), 409 `reservation_ended` when it already ended. Locks the reservation row first."""
+    now = timezone.now()
+    with transaction.atomic():
+        reservation = Reservation.objects.visible_to(user).select_for_update().filter(pk=reservation_id).first()
+        if reservation is None:
+            raise NotFound("No such reservation.")
+        if not _may_end(user, reservation):
+            raise Forbidden("Only the member who booked it, a team manager or an admin may end this reservation.")
+        if reservation.status in (ReservationStatus.RELEASED, ReservationStatus.CANCELLED) or reservation.end <= now:
+            raise Conflict(f"This reservation has already ended ({reservation.status}).", code="reservation_ended")
+        allocation_ids = list(reservation.allocations.filter(active=True).values_list("pk", flat=True))
+        was_active = reservation.status == ReservationStatus.ACTIVE
+        if reservation.start > now:
+            if not _transition(reservation.pk, ReservationStatus.CANCELLED, ended_at=now):
+                raise Conflict("This reservation changed meanwhile; reload it.", code="reservation_ended")
+            allocation_end(allocation_ids=allocation_ids, at=now)
+            quota_hold_release(reservation=reservation)
+            audit_record(actor=user, action="reservation.cancel", target=reservation, data={"at": _iso(now)})
+        else:
+            if not _transition(reservation.pk, ReservationStatus.RELEASED, ended_at=now, end=now):
+                raise Conflict("This reservation changed meanwhile; reload it.", code="reservation_ended")
+            allocation_end(allocation_ids=allocation_ids, at=now)
+            quota_hold_update(reservation=reservation, end=now)
+            audit_record(
+                actor=user,
+                action="reservation.release",
+                target=reservation,
+                data={"at": _iso(now), "booked_end": _iso(reservation.booked_end)},
+            )
+            rid = reservation.pk
+            if was_active:
+                transaction.on_commit(lambda: _send_holds(rid, until=now))
+            transaction.on_commit(lambda: _emit_ended(rid, early=True))
+    reservation.refresh_from_db()
+    return reservation
+
+
+def reservations_tick(*, now: datetime | None = None, limit: int = 500) -> dict[str, list[int]]:
+    """Activate reservations whose start has come and release those whose end has passed. Each move is a
+    conditional UPDATE in its own transaction, so concurrent or repeated ticks do each move once; node agents
+    are told about holds and the ended-hook is called after commit, only by the tick that made the move."""
+    now = now or timezone.now()
+    activated: list[int] = []
+    released: list[int] = []
+    due_start = Reservation.objects.filter(status=ReservationStatus.BOOKED, start__lte=now, end__gt=now).values_list(
+        "pk", flat=True
+    )[:limit]
+    for rid in list(due_start):
+        with transaction.atomic():
+            if _transition(rid, ReservationStatus.ACTIVE, activated_at=now):
+                reservation = Reservation.objects.get(pk=rid)
+                audit_record(actor=None, action="reservation.activate", target=reservation)
+                transaction.on_commit(lambda rid=rid: _send_holds(rid))  # type: ignore[misc]
+                activated.append(rid)
+    due_end = Reservation.objects.filter(
+        status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE], end__lte=now
+    ).values_list("pk", flat=True)[:limit]
+    for rid in list(due_end):
+        with transaction.atomic():
+            if _transition(rid, ReservationStatus.RELEASED, ended_at=F("end")):
+                reservation = Reservation.objects.get(pk=rid)
+                audit_record(actor=None, action="reservation.end", target=reservation)
+                transaction.on_commit(lambda rid=rid: _emit_ended(rid, early=False))  # type: ignore[misc]
+                released.append(rid)
+    return {"activated": activated, "released": released}
+
+
+# --- Calendar feed ----------------------------------------------------------------------------------------
+
+
+def calendar_key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def calendar_feed_regenerate(*, user: Any) -> str:
+    """A new secret key for the user's iCal feed (the old URL stops working). Returns the key; only its hash
+    is stored, so it is shown once."""
+    key = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        feed, _ = CalendarFeed.objects.update_or_create(user=user, defaults={"digest": calendar_key_digest(key)})
+        audit_record(actor=user, action="calendar_feed.regenerate", target=feed)
+    return key
