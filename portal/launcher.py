@@ -76,7 +76,25 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
             "beat",
             [*celery, "beat", "-l", "INFO", "-s", str(Path(env["PORTAL_VAR_DIR"]) / "run" / "celerybeat-schedule")],
         ),
+        Service("publisher", [PY, "manage.py", "fleet_publisher"]),
+        *local_agent(env),
     ]
+
+
+# The embedded default's own GPU node: NVML's GPUs when there are any, else 8 simulated ones of mixed models
+# (model keys of workers/gpu/specs.py), three of them running replayed trace workloads so the fleet page moves.
+LOCAL_AGENT_MODELS = "H100-80GB,H100-80GB,A100-80GB,A100-80GB,L40S-48GB,L40S-48GB,H200-141GB,V100-32GB"
+
+
+def local_agent(env: dict[str, str]) -> list[Service]:
+    """The local node agent, when the launcher created its token (PORTAL_LOCAL_AGENT=0 turns it off)."""
+    token = env.get("GPUPORTAL_LOCAL_NODE_TOKEN")
+    if not token or env.get("PORTAL_LOCAL_AGENT", "1") == "0":
+        return []
+    argv = [PY, "-m", "workers.agent", "--name", "local", "--backend", env.get("PORTAL_LOCAL_AGENT_BACKEND", "auto")]
+    argv += ["--gpus", "8", "--models", LOCAL_AGENT_MODELS, "--simulate-busy", "3"]
+    argv += ["--state-dir", str(Path(env["PORTAL_VAR_DIR"]) / "agent" / "local")]
+    return [Service("agent", argv, env={"GPUPORTAL_NODE_TOKEN": token, "GPUPORTAL_LOCAL_NODE_TOKEN": ""})]
 
 
 def _die_with_parent() -> None:
@@ -96,12 +114,15 @@ class Launcher:
         self.children: list[tuple[Service, subprocess.Popen[bytes]]] = []
         self.redis_server: object | None = None
         self.stopping = False
+        self.local_node_token: str | None = None
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PORTAL_VAR_DIR"] = str(self.var_dir)
         env.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
         env["PYTHONUNBUFFERED"] = "1"
+        if self.local_node_token:
+            env["GPUPORTAL_LOCAL_NODE_TOKEN"] = self.local_node_token
         return env
 
     def start_redis(self) -> None:
@@ -125,6 +146,12 @@ class Launcher:
 
     def manage(self, *args: str) -> None:
         subprocess.run([PY, "manage.py", *args], cwd=BASE_DIR, env=self.env(), check=True)
+
+    def manage_output(self, *args: str) -> str:
+        done = subprocess.run(
+            [PY, "manage.py", *args], cwd=BASE_DIR, env=self.env(), check=True, capture_output=True, text=True
+        )
+        return done.stdout.strip()
 
     def start_children(self) -> None:
         env = self.env()
@@ -193,6 +220,9 @@ class Launcher:
             self.manage("migrate", "--noinput", "-v", "0")
             if self.demo:
                 self.manage("load_demo")
+            if os.environ.get("PORTAL_LOCAL_AGENT", "1") != "0":
+                # A fresh token each start: the local agent gets it through its environment, nothing stores it.
+                self.local_node_token = self.manage_output("create_node_token", "local")
             self.start_children()
             if not self.wait_healthy():
                 print("[launcher] the portal did not become healthy", flush=True)

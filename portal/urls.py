@@ -7,6 +7,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.core import views as core_views
+from apps.telemetry import views as telemetry_views
 
 api_v1 = [
     path("", include("apps.core.api.urls")),
@@ -23,6 +24,7 @@ urlpatterns = [
     path("book/", include("apps.booking.urls")),
     path("jobs/", include("apps.jobs.urls")),
     path("admin/", admin.site.urls),
+    path("metrics", telemetry_views.metrics, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -26,3 +26,23 @@ def fleet_summary(*, user: Any) -> dict[str, Any]:
         total=Count("id"), ok=Count("id", filter=Q(status=GpuStatus.OK, node__status=NodeStatus.ONLINE))
     )
     return {"nodes": nodes["total"], "nodes_online": nodes["online"], "gpus": gpus["total"], "gpus_ok": gpus["ok"]}
+
+
+def gpus_visible_to(*, user: Any) -> QuerySet[Gpu]:
+    """Live (not retired) GPUs with their node and model, in node/index order."""
+    return (
+        Gpu.objects.visible_to(user)
+        .filter(retired_at__isnull=True)
+        .select_related("node", "model")
+        .order_by("node__name", "index")
+    )
+
+
+def gpu_holders() -> dict[str, dict[str, Any]]:
+    """Who holds each GPU right now: {gpu uuid: {"kind": "reservation" | "job", "id", "team", "team_id", "user",
+    "until"}} (apps.telemetry.keys.Holder). The fleet publisher and the GPU API merge it in.
+
+    A hook: booking and jobs fill it (active reservations, running jobs) by replacing this body; until then nobody
+    holds anything as far as the fleet view knows. Called once a second by the publisher, so keep it to a query
+    or two."""
+    return {}

@@ -1,6 +1,28 @@
-from apps.core.api.base import ScopedListAPIView
-from apps.fleet.api.serializers import GpuModelOutput
-from apps.fleet.models import GpuModel
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.models import Scope
+from apps.accounts.scoping import team_ids_of
+from apps.core.api.base import PortalAPIView, ScopedListAPIView
+from apps.core.errors import NotFound, ValidationFailed
+from apps.fleet import selectors, services
+from apps.fleet.api.serializers import (
+    GpuHistoryOutput,
+    GpuModelOutput,
+    GpuOutput,
+    NodeOutput,
+    ProbeRequestedOutput,
+)
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node
+from apps.telemetry import selectors as telemetry
 
 
 class GpuModelListView(ScopedListAPIView):
@@ -8,3 +30,135 @@ class GpuModelListView(ScopedListAPIView):
 
     model = GpuModel
     serializer_class = GpuModelOutput
+
+
+def _nodes_with_gpus(qs: QuerySet[Node]) -> QuerySet[Node]:
+    return qs.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.select_related("model")))
+
+
+class NodeListView(ScopedListAPIView):
+    """Nodes: status (online, draining, offline), last heartbeat, agent and driver versions, their GPUs."""
+
+    model = Node
+    serializer_class = NodeOutput
+
+    def base_queryset(self) -> QuerySet[Node]:
+        return _nodes_with_gpus(Node.objects.order_by("name"))
+
+
+class GpuListView(ScopedListAPIView):
+    """GPUs with status and latest telemetry (utilization %, memory used, temperature, power, sampled_at).
+
+    Live figures come from Redis in one HMGET for the page; they are null for a GPU that never reported."""
+
+    model = Gpu
+    serializer_class = GpuOutput
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("node", str, description="node name"),
+            OpenApiParameter("model", str, description="GPU model, e.g. A100-80GB"),
+            OpenApiParameter("status", str, enum=list(GpuStatus.values)),
+        ]
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def base_queryset(self) -> QuerySet[Gpu]:
+        qs = Gpu.objects.filter(retired_at__isnull=True).select_related("node", "model").order_by("node__name", "index")
+        params = self.request.query_params
+        if params.get("node"):
+            qs = qs.filter(node__name=params["node"])
+        if params.get("model"):
+            qs = qs.filter(model__name=params["model"])
+        if params.get("status"):
+            if params["status"] not in GpuStatus.values:
+                raise ValidationFailed("Unknown status.", fields={"status": [f"One of {', '.join(GpuStatus.values)}."]})
+            qs = qs.filter(status=params["status"])
+        return qs
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        qs = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(qs)
+        rows = list(page if page is not None else qs)
+        context = {
+            **self.get_serializer_context(),
+            "latest": telemetry.latest_samples(g.uuid for g in rows),
+            "holders": selectors.gpu_holders(),
+            "team_ids": set(team_ids_of(request.user)),
+            "see_all": request.user.is_staff,
+        }
+        data = GpuOutput(rows, many=True, context=context).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+
+def _visible_gpu(request: Request, uuid: str) -> Gpu:
+    gpu = Gpu.objects.visible_to(request.user).filter(uuid=uuid).first()
+    if gpu is None:
+        raise NotFound(f"No GPU {uuid!r}.")
+    return gpu
+
+
+class GpuHistoryView(PortalAPIView):
+    """A GPU's telemetry for its detail chart: per-minute rollups up to 48 h, per-hour beyond; `resolution=raw`
+    gives the last ~2 minutes of 1 Hz samples."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("hours", OpenApiTypes.INT, description="how far back (default 24)"),
+            OpenApiParameter("resolution", str, enum=["raw", "minute", "hour"], description="default: by hours"),
+        ],
+        responses=GpuHistoryOutput,
+    )
+    def get(self, request: Request, uuid: str) -> Response:
+        gpu = _visible_gpu(request, uuid)
+        try:
+            hours = int(request.query_params.get("hours", "24"))
+        except ValueError:
+            hours = -1
+        max_hours = 24 * 3660
+        if not 1 <= hours <= max_hours:
+            raise ValidationFailed("hours must be a whole number of hours.", fields={"hours": [f"1-{max_hours}."]})
+        resolution = request.query_params.get("resolution") or telemetry.pick_resolution(hours)
+        if resolution not in ("raw", "minute", "hour"):
+            raise ValidationFailed("Unknown resolution.", fields={"resolution": ["raw, minute or hour."]})
+        since = telemetry.history_window(hours)
+        if resolution == "raw":
+            points: list[dict[str, Any]] = telemetry.raw_history(gpu.uuid)
+        else:
+            points = telemetry.rollup_history(gpu_id=gpu.pk, since=since, resolution=resolution)
+        return Response(
+            GpuHistoryOutput({"uuid": gpu.uuid, "resolution": resolution, "since": since, "points": points}).data
+        )
+
+
+class NodeDrainView(PortalAPIView):
+    """Drain a node (admin): it stays up, no new work is placed on it. Idempotent."""
+
+    write_scope = Scope.ADMIN
+    draining = True
+
+    @extend_schema(request=None, responses=NodeOutput)
+    def post(self, request: Request, name: str) -> Response:
+        services.node_drain(actor=request.user, node_name=name, draining=self.draining)
+        node = _nodes_with_gpus(Node.objects.filter(name=name)).get()
+        return Response(NodeOutput(node).data)
+
+
+class NodeUndrainView(NodeDrainView):
+    """Undrain a node (admin): it takes work again once online. Idempotent."""
+
+    draining = False
+
+
+class GpuProbeView(PortalAPIView):
+    """Ask the GPU's agent to run the health probe (admin); the verdict lands on the GPU (`probe_verdict`) and a
+    degraded one marks it `degraded`."""
+
+    write_scope = Scope.ADMIN
+
+    @extend_schema(request=None, responses={202: ProbeRequestedOutput})
+    def post(self, request: Request, uuid: str) -> Response:
+        gpu = services.gpu_probe_request(actor=request.user, gpu_uuid=uuid)
+        body = {"gpu": gpu.uuid, "node": gpu.node.name, "status": "requested"}
+        return Response(ProbeRequestedOutput(body).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,122 @@
+"""The fleet publisher: once a second, every GPU's latest sample merged with its state, PUBLISHed as one JSON
+snapshot on `fleet:snapshots` (contract: apps/telemetry/keys.py, README.md) for the websocket fan-out.
+
+One process for the whole installation (`manage.py fleet_publisher`, a launcher service). Per tick: one HGETALL
+of `fleet:latest`, one call of `gpu_holders()`, one pipeline (INCR seq, PUBLISH, SET last). The GPU directory
+(which GPUs exist, their node, status) is re-read from the database every `directory_every_s` seconds, not every
+tick. Ticks are drift-free on the monotonic clock; a tick that fell a whole period behind is skipped, not
+burst-published.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import close_old_connections
+
+from apps.core.redis import get_redis
+from apps.fleet.models import Gpu, Node
+from apps.fleet.selectors import gpu_holders
+from apps.telemetry import keys
+from apps.telemetry.selectors import all_latest_samples, is_stale
+
+logger = logging.getLogger(__name__)
+
+_METRICS = ("util", "mem_used", "mem_total", "temp", "power", "sm_clock", "tensor", "ts")
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return None if dt is None else dt.isoformat()
+
+
+class FleetPublisher:
+    def __init__(self, *, period_s: float = 1.0, directory_every_s: float = 2.0) -> None:
+        self.period_s = period_s
+        self.directory_every_s = directory_every_s
+        self.redis = get_redis()
+        self._directory: list[dict[str, Any]] = []
+        self._nodes: list[keys.SnapshotNode] = []
+        self._directory_at = -math.inf
+        self.published = 0
+        self.failures = 0
+
+    def refresh_directory(self) -> None:
+        close_old_connections()
+        self._directory = list(
+            Gpu.objects.filter(retired_at__isnull=True)
+            .order_by("node__name", "index")
+            .values("uuid", "index", "status", "model__name", "node__name", "node__status", "memory_mib")
+        )
+        self._nodes = [
+            {"name": n["name"], "status": n["status"], "last_heartbeat": _iso(n["last_heartbeat"])}
+            for n in Node.objects.order_by("name").values("name", "status", "last_heartbeat")
+        ]
+        self._directory_at = time.monotonic()
+
+    def build(self, *, now: float | None = None) -> keys.Snapshot:
+        now = time.time() if now is None else now
+        if time.monotonic() - self._directory_at >= self.directory_every_s:
+            self.refresh_directory()
+        latest = all_latest_samples()
+        holders = gpu_holders()
+        gpus: list[keys.SnapshotGpu] = []
+        for row in self._directory:
+            sample = latest.get(row["uuid"])
+            entry: dict[str, Any] = {
+                "uuid": row["uuid"],
+                "node": row["node__name"],
+                "index": row["index"],
+                "model": row["model__name"],
+            }
+            for metric in _METRICS:
+                entry[metric] = None if sample is None else sample.get(metric)
+            if entry["mem_total"] is None:
+                entry["mem_total"] = row["memory_mib"]
+            entry["status"] = row["status"]
+            entry["node_status"] = row["node__status"]
+            entry["stale"] = is_stale(sample, now=now)
+            entry["holder"] = holders.get(row["uuid"])
+            gpus.append(entry)  # type: ignore[arg-type]
+        return {
+            "type": "fleet",
+            "ts": datetime.fromtimestamp(now, tz=UTC).isoformat(),
+            "seq": int(self.redis.incr(keys.SNAPSHOT_SEQ)),
+            "gpus": gpus,
+            "nodes": list(self._nodes),
+        }
+
+    def publish_once(self, *, now: float | None = None) -> keys.Snapshot:
+        snapshot = self.build(now=now)
+        body = json.dumps(snapshot, separators=(",", ":"))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.publish(keys.SNAPSHOTS_CHANNEL, body)
+        pipe.set(keys.SNAPSHOT_LAST, body, ex=10)
+        pipe.execute()
+        self.published += 1
+        return snapshot
+
+    def run(self, stop: threading.Event) -> None:
+        start = time.monotonic()
+        k = 0
+        while not stop.is_set():
+            due = start + k * self.period_s
+            delay = due - time.monotonic()
+            if delay > 0:
+                if stop.wait(delay):
+                    break
+            elif -delay >= self.period_s:
+                k = max(k + 1, math.ceil((time.monotonic() - start) / self.period_s))
+                continue
+            try:
+                self.publish_once()
+            except Exception:  # Redis or the database restarting: log once in a while, keep the beat
+                self.failures += 1
+                if self.failures == 1 or self.failures % 60 == 0:
+                    logger.exception("publishing the fleet snapshot failed (%d failures)", self.failures)
+            k += 1

@@ -1,0 +1,100 @@
+"""Reads of telemetry: the latest samples (Redis, one HMGET), the raw history and the rollups (database)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.core.redis import get_redis
+from apps.telemetry import keys
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+
+ROLLUP_FIELDS = (
+    "samples",
+    "util_min",
+    "util_mean",
+    "util_max",
+    "mem_used_mean",
+    "mem_used_max",
+    "temp_max",
+    "power_mean",
+)
+
+
+def latest_samples(uuids: Iterable[str]) -> dict[str, keys.LatestSample]:
+    """The latest sample of each GPU that has one, in one HMGET (an empty dict when Redis is unreachable: the
+    fleet is still listed, without live figures)."""
+    uuids = list(uuids)
+    if not uuids:
+        return {}
+    try:
+        raw = get_redis().hmget(keys.LATEST, uuids)
+    except Exception:
+        return {}
+    out: dict[str, keys.LatestSample] = {}
+    for uuid, value in zip(uuids, raw, strict=True):
+        sample = keys.decode_latest(value)
+        if sample is not None:
+            out[uuid] = sample
+    return out
+
+
+def all_latest_samples() -> dict[str, keys.LatestSample]:
+    """Every GPU's latest sample (HGETALL), for the publisher and /metrics."""
+    out: dict[str, keys.LatestSample] = {}
+    for uuid, value in get_redis().hgetall(keys.LATEST).items():
+        sample = keys.decode_latest(value)
+        if sample is not None:
+            out[uuid.decode() if isinstance(uuid, bytes) else uuid] = sample
+    return out
+
+
+def is_stale(sample: keys.LatestSample | None, *, now: float | None = None) -> bool:
+    if sample is None:
+        return True
+    now = time.time() if now is None else now
+    return now - float(sample.get("ts") or 0) > keys.STALE_AFTER_S
+
+
+def raw_history(uuid: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """The last samples of a GPU (oldest first), from its Redis list."""
+    n = limit or settings.TELEMETRY_HISTORY_SAMPLES
+    return keys.decode_hist(get_redis().lrange(keys.hist_key(uuid), 0, n - 1))
+
+
+def rollup_history(*, gpu_id: int, since: datetime, resolution: str) -> list[dict[str, Any]]:
+    """Minute or hour rollups of one GPU since `since`, oldest first, as plain dicts with `t` (the period start)."""
+    if resolution == "minute":
+        qs = GpuRollup.objects.filter(gpu_id=gpu_id, minute__gte=since).order_by("minute")
+        period = "minute"
+    else:
+        qs = GpuHourlyRollup.objects.filter(gpu_id=gpu_id, hour__gte=since).order_by("hour")
+        period = "hour"
+    return [{"t": row.pop(period), **row} for row in qs.values(period, *ROLLUP_FIELDS)]
+
+
+def pick_resolution(hours: int) -> str:
+    """Minutes for up to two days (and within their retention), hours beyond."""
+    if hours <= 48 and hours <= settings.TELEMETRY_MINUTE_RETENTION_DAYS * 24:
+        return "minute"
+    return "hour"
+
+
+def history_window(hours: int) -> datetime:
+    return timezone.now() - timedelta(hours=hours)
+
+
+def stats() -> dict[str, int]:
+    """The ingest counters (keys.STATS) as ints."""
+    out: dict[str, int] = {}
+    for k, v in get_redis().hgetall(keys.STATS).items():
+        try:
+            out[k.decode() if isinstance(k, bytes) else k] = int(v)
+        except (TypeError, ValueError):
+            continue
+    return out
