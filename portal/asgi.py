@@ -10,14 +10,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from apps.accounts.ws_auth import PortalWebsocketAuthMiddleware  # noqa: E402
+from apps.core.websocket import AllowedHostsOrNoOriginValidator  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOrNoOriginValidator(
+            PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))
+        ),
     }
 )
