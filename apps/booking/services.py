@@ -554,17 +554,19 @@ def _maintenance_conflict(gpus: Sequence[Gpu], start: datetime, end: datetime) -
 
 
 def _send_holds(reservation_id: int, *, until: datetime | None = None) -> None:
-    """Tell each node agent which of its GPUs the reservation holds, for whom, until when (after commit)."""
-    from portal.celery import app
+    """Tell each node agent which of its GPUs the reservation holds, for which team, until when. Call inside the
+    transaction that made the change: `agent_send` signs each command now and sends it after commit."""
+    from apps.fleet.commands import agent_send
 
     rows = list(
         Allocation.objects.filter(reservation_id=reservation_id)
         .select_related("gpu__node", "team")
         .order_by("gpu__node__name", "gpu__index")
     )
-    by_node: dict[str, list[dict[str, Any]]] = {}
+    by_node: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
     for a in rows:
-        by_node.setdefault(a.gpu.node.name, []).append(
+        node, holds = by_node.setdefault(a.gpu.node.name, (a.gpu.node, []))
+        holds.append(
             {
                 "gpu_uuid": a.gpu.uuid,
                 "team": a.team.slug,
@@ -572,12 +574,12 @@ def _send_holds(reservation_id: int, *, until: datetime | None = None) -> None:
                 "until": _iso(until or a.end),
             }
         )
-    for node, holds in by_node.items():
+    for node, holds in by_node.values():
         try:
-            app.send_task("agent.hold_gpus", kwargs={"holds": holds}, queue=f"node.{node}")
-        except Exception:
-            # The broker may be down; the agent reconciles from its next heartbeat, the booking stands.
-            logger.exception("could not tell node %s about reservation %s", node, reservation_id)
+            agent_send(node=node, task="agent.hold_gpus", body={"holds": holds})
+        except Conflict:
+            # No node token yet, so no agent could verify it; the booking stands, the agent learns on resend.
+            logger.warning("node %s has no token; not told about reservation %s", node.name, reservation_id)
 
 
 def _emit_ended(reservation_id: int, *, early: bool) -> None:
@@ -753,7 +755,7 @@ def reservation_create(
                     },
                 )
                 if status == ReservationStatus.ACTIVE:
-                    transaction.on_commit(lambda rid=reservation.pk: _send_holds(rid))  # type: ignore[misc]
+                    _send_holds(reservation.pk)
             reservation._chosen_gpus = chosen  # type: ignore[attr-defined]
             return BookingResult(reservation=reservation, warnings=check.warnings)
         except Conflict:
@@ -813,7 +815,7 @@ def reservation_end(*, user: Any, reservation_id: int) -> Reservation:
             )
             rid = reservation.pk
             if was_active:
-                transaction.on_commit(lambda: _send_holds(rid, until=now))
+                _send_holds(rid, until=now)
             transaction.on_commit(lambda: _emit_ended(rid, early=True))
     reservation.refresh_from_db()
     return reservation
@@ -834,7 +836,7 @@ def reservations_tick(*, now: datetime | None = None, limit: int = 500) -> dict[
             if _transition(rid, ReservationStatus.ACTIVE, activated_at=now):
                 reservation = Reservation.objects.get(pk=rid)
                 audit_record(actor=None, action="reservation.activate", target=reservation)
-                transaction.on_commit(lambda rid=rid: _send_holds(rid))  # type: ignore[misc]
+                _send_holds(rid)
                 activated.append(rid)
     due_end = Reservation.objects.filter(
         status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE], end__lte=now

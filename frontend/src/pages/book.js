@@ -1,0 +1,387 @@
+// Book page: a timeline of GPUs (rows, by node) against time (columns), a booking form, live availability and
+// quota, "my reservations" with cancel/release. Plain DOM; times shown in the browser's zone, sent as UTC ISO.
+import "../css/book.css";
+
+const { api } = window.Portal;
+const cfg = JSON.parse(document.getElementById("book-config").textContent);
+const GRAIN = Math.max(1, cfg.policy.granularity_minutes);
+const MINUTE = 60 * 1000;
+const HOUR = 60 * MINUTE;
+const DAY = 24 * HOUR;
+
+const $ = (id) => document.getElementById(id);
+const form = $("book-form");
+const el = {
+  team: $("book-team"), model: $("book-model"), count: $("book-count"), start: $("book-start"), end: $("book-end"),
+  note: $("book-note"), error: $("book-error"), success: $("book-success"), avail: $("book-availability"),
+  quota: $("book-quota"), picked: $("book-picked"), pickedName: $("book-picked-name"), timeline: $("timeline"),
+  mine: $("my-reservations"), mineError: $("my-error"), submit: $("book-submit"),
+};
+
+const state = { from: startOfDay(new Date()), days: 7, data: null, gpu: null, drag: null };
+
+// --- time helpers ---------------------------------------------------------------------------------------
+function startOfDay(d) { return new Date(d.getFullYear(), d.getMonth(), d.getDate()); }
+function snap(d, mode = "round") {
+  const ms = GRAIN * MINUTE;
+  const local = d.getTime() - d.getTimezoneOffset() * MINUTE; // grid in local wall time
+  const f = mode === "floor" ? Math.floor : mode === "ceil" ? Math.ceil : Math.round;
+  const snapped = f(local / ms) * ms;
+  return new Date(snapped + d.getTimezoneOffset() * MINUTE);
+}
+const pad = (n) => String(n).padStart(2, "0");
+function toInput(d) {
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+function fromInput(v) { return v ? new Date(v) : null; }
+const dtFmt = new Intl.DateTimeFormat(undefined, { weekday: "short", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+const tFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
+const dayFmt = new Intl.DateTimeFormat(undefined, { weekday: "short", day: "numeric", month: "short" });
+const fmt = (v) => dtFmt.format(new Date(v));
+function span(a, b) {
+  const s = new Date(a), e = new Date(b);
+  return startOfDay(s).getTime() === startOfDay(e).getTime() ? `${fmt(s)}–${tFmt.format(e)}` : `${fmt(s)} – ${fmt(e)}`;
+}
+const windowEnd = () => new Date(state.from.getTime() + state.days * DAY);
+function pct(t) {
+  const a = state.from.getTime(), b = windowEnd().getTime();
+  return Math.max(0, Math.min(100, ((t - a) / (b - a)) * 100));
+}
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v == null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "style") node.style.cssText = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) if (c != null) node.append(c.nodeType ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+// --- form state --------------------------------------------------------------------------------------------
+function formWindow() {
+  const s = fromInput(el.start.value), e = fromInput(el.end.value);
+  return s && e && e > s ? { start: s, end: e } : null;
+}
+function setWindow(s, e) {
+  el.start.value = toInput(s);
+  el.end.value = toInput(e);
+}
+function pickGpu(gpu) {
+  state.gpu = gpu;
+  el.picked.hidden = !gpu;
+  el.count.disabled = !!gpu;
+  if (gpu) {
+    el.pickedName.textContent = `${gpu.node}/${gpu.index} · ${gpu.model}`;
+    el.model.value = gpu.model;
+    el.count.value = 1;
+  }
+}
+$("book-picked-clear").addEventListener("click", () => { pickGpu(null); drawPick(); refreshInfo(); });
+
+function clearMessages() {
+  el.error.hidden = true;
+  el.error.textContent = "";
+  el.success.hidden = true;
+  form.querySelectorAll(".field-error").forEach((d) => { d.textContent = ""; });
+}
+
+function describeConflict(c) {
+  if (c.maintenance) return `${c.node} GPU ${c.gpu}: maintenance`;
+  const who = c.user ? `${c.team} (${c.user}${c.reservation_id ? `, #${c.reservation_id}` : ""})` : c.team;
+  return `${c.node}/${c.gpu_index} is held by ${who}, ${span(c.start, c.end)}`;
+}
+function money(v) { return v == null ? "unlimited" : window.Portal.money(v, cfg.currency); }
+function hours(v) { return v == null ? "unlimited" : `${Number(v).toFixed(2)} GPU-h`; }
+
+function showError(err) {
+  el.error.hidden = false;
+  el.error.replaceChildren();
+  const body = err.body || {};
+  el.error.append(h("strong", {}, err.message || "Booking failed."));
+  if (body.code === "conflict" && Array.isArray(body.conflicts) && body.conflicts.length) {
+    el.error.append(h("ul", { class: "conflicts" }, body.conflicts.map((c) => h("li", {}, describeConflict(c)))));
+  }
+  if (body.code === "quota_exceeded" && body.remaining) {
+    const r = body.remaining;
+    const parts = [];
+    if (r.gpu_hours != null) parts.push(`${hours(r.gpu_hours)} left`);
+    if (r.budget != null) parts.push(`${money(r.budget)} of budget left`);
+    if (r.concurrent_gpus != null) parts.push(`${r.concurrent_gpus} more GPUs at once`);
+    el.error.append(h("p", { class: "quota-left" }, `Quota ${body.month}: ${parts.join(", ") || "nothing left"}.`));
+  }
+  for (const [field, msgs] of Object.entries(body.fields || {})) {
+    const slot = form.querySelector(`.field-error[data-field="${field}"]`);
+    if (slot) slot.textContent = msgs.join(" ");
+  }
+}
+
+function idempotencyKey() {
+  if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+  return `k-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+}
+
+form.addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  clearMessages();
+  const w = formWindow();
+  if (!w) {
+    showError({ message: "Choose a start and an end after it.", body: { fields: { end: ["Must be after start."] } } });
+    return;
+  }
+  const body = { team: el.team.value, start: w.start.toISOString(), end: w.end.toISOString(), note: el.note.value };
+  if (state.gpu) body.gpus = [state.gpu.uuid];
+  else { body.gpu_model = el.model.value; body.gpu_count = Number(el.count.value); }
+  el.submit.disabled = true;
+  try {
+    const r = await api("/api/v1/reservations/", { method: "POST", body, headers: { "Idempotency-Key": idempotencyKey() } });
+    el.success.hidden = false;
+    const gpus = r.gpus.map((g) => `${g.node}/${g.index}`).join(", ");
+    el.success.textContent = `Booked #${r.id}: ${gpus}, ${span(r.start, r.end)}.`;
+    for (const wng of r.warnings || []) el.success.textContent += ` Note: over the soft budget for ${wng.month}.`;
+    pickGpu(null);
+    await Promise.all([loadTimeline(), loadMine(), refreshInfo()]);
+  } catch (err) {
+    showError(err);
+  } finally {
+    el.submit.disabled = false;
+  }
+});
+
+// --- availability and quota, while choosing -----------------------------------------------------------------
+let infoTimer = null;
+let infoSeq = 0;
+function refreshInfo() {
+  clearTimeout(infoTimer);
+  return new Promise((resolve) => { infoTimer = setTimeout(() => loadInfo().finally(resolve), 200); });
+}
+async function loadInfo() {
+  const w = formWindow();
+  const seq = ++infoSeq;
+  if (!w) { el.avail.textContent = ""; el.quota.textContent = ""; return; }
+  const q = (o) => new URLSearchParams(o).toString();
+  const range = { start: w.start.toISOString(), end: w.end.toISOString() };
+  const count = state.gpu ? 1 : Number(el.count.value) || 1;
+  try {
+    const [avail, quota] = await Promise.all([
+      api(`/api/v1/availability/?${q({ ...range, model: el.model.value })}`),
+      el.team.value
+        ? api(`/api/v1/booking/quota/?${q({ ...range, team: el.team.value, gpu_count: count, gpu_model: el.model.value })}`)
+        : null,
+    ]);
+    if (seq !== infoSeq) return;
+    const m = avail.models.find((x) => x.model === el.model.value) || { free: 0, total: 0, max_free_on_one_node: 0 };
+    el.avail.replaceChildren(
+      h("span", { class: m.free >= count ? "ok" : "bad", "data-free": m.free },
+        `${m.free} of ${m.total} ${el.model.value} free in this window`),
+      ` (at most ${m.max_free_on_one_node} on one node).`,
+    );
+    if (quota) {
+      const parts = quota.months.map((mo) => {
+        const left = [];
+        if (mo.remaining.gpu_hours != null) left.push(`${hours(mo.remaining.gpu_hours)}`);
+        if (mo.remaining.budget != null) left.push(`${money(mo.remaining.budget)}`);
+        if (mo.remaining.concurrent_gpus != null) left.push(`${mo.remaining.concurrent_gpus} GPUs at once`);
+        return `${mo.month}: uses ${hours(mo.requested.gpu_hours)} (${money(mo.requested.cost)}); left ${left.join(", ") || "unlimited"}`
+          + (mo.exceeded.length ? ` — exceeds ${mo.exceeded.join(", ")}` : "")
+          + (mo.warnings.length ? " — over the soft budget" : "");
+      });
+      el.quota.replaceChildren(h("span", { class: quota.fits ? "ok" : "bad", "data-fits": quota.fits }, `Quota ${parts.join("; ")}.`));
+    }
+  } catch (err) {
+    if (seq === infoSeq) el.avail.textContent = err.message;
+  }
+}
+for (const input of [el.team, el.model, el.count, el.start, el.end]) {
+  input.addEventListener("change", () => { drawPick(); refreshInfo(); });
+}
+el.count.addEventListener("input", () => refreshInfo());
+
+// --- timeline -----------------------------------------------------------------------------------------------
+async function loadTimeline() {
+  const q = new URLSearchParams({ start: state.from.toISOString(), end: windowEnd().toISOString() });
+  try {
+    state.data = await api(`/api/v1/booking/timeline/?${q}`);
+    drawTimeline();
+  } catch (err) {
+    el.timeline.replaceChildren(h("p", { class: "form-error" }, err.message));
+  }
+}
+
+function drawScale() {
+  const ticks = [];
+  const step = state.days <= 1 ? 2 * HOUR : state.days <= 3 ? 6 * HOUR : DAY;
+  for (let t = state.from.getTime(); t < windowEnd().getTime(); t += DAY) {
+    ticks.push(h("div", { class: "tl-day", style: `left:${pct(t)}%;width:${(100 * DAY) / (state.days * DAY)}%` }, dayFmt.format(new Date(t))));
+  }
+  if (step < DAY) {
+    for (let t = state.from.getTime() + step; t < windowEnd().getTime(); t += step) {
+      if ((t - state.from.getTime()) % DAY) ticks.push(h("div", { class: "tl-hour", style: `left:${pct(t)}%` }, tFmt.format(new Date(t))));
+    }
+  }
+  return h("div", { class: "tl-row tl-head" }, h("div", { class: "tl-label" }, "GPU"), h("div", { class: "tl-track tl-scale" }, ticks));
+}
+
+function drawTimeline() {
+  const data = state.data;
+  if (!data) return;
+  if (!data.gpus.length) {
+    el.timeline.replaceChildren(h("p", { class: "muted" }, "No GPUs have registered yet."));
+    return;
+  }
+  const slotsByGpu = new Map();
+  for (const s of data.slots) {
+    if (!slotsByGpu.has(s.gpu_id)) slotsByGpu.set(s.gpu_id, []);
+    slotsByGpu.get(s.gpu_id).push(s);
+  }
+  const now = Date.now();
+  const rows = [drawScale()];
+  let node = null;
+  for (const g of data.gpus) {
+    if (g.node !== node) {
+      node = g.node;
+      rows.push(h("div", { class: "tl-node" }, node, g.node_status !== "online" ? h("span", { class: `badge status-${g.node_status}` }, g.node_status) : null));
+    }
+    const track = h("div", { class: "tl-track", "data-gpu-id": g.id });
+    for (let t = state.from.getTime() + DAY; t < windowEnd().getTime(); t += DAY) track.append(h("div", { class: "tl-grid", style: `left:${pct(t)}%` }));
+    for (const m of data.maintenance) {
+      if (m.gpu_id === g.id || m.node === g.node || (m.gpu_id == null && m.node == null)) {
+        const l = pct(new Date(m.start).getTime()), r = pct(new Date(m.end).getTime());
+        track.append(h("div", { class: "tl-slot maint", style: `left:${l}%;width:${r - l}%`, title: `Maintenance: ${m.reason || ""} ${span(m.start, m.end)}` }, "maintenance"));
+      }
+    }
+    for (const s of slotsByGpu.get(g.id) || []) {
+      const l = pct(new Date(s.start).getTime()), r = pct(new Date(s.end).getTime());
+      const label = s.mine ? `${s.team}${s.user ? ` · ${s.user}` : ""}${s.reservation_id ? ` #${s.reservation_id}` : ""}` : s.team;
+      const title = s.mine || s.kind
+        ? `${s.team} ${s.kind === "job" ? `job ${s.job_id}` : `reservation #${s.reservation_id}`} by ${s.user || "?"}\n${span(s.start, s.end)}${s.note ? `\n${s.note}` : ""}`
+        : `${s.team}\n${span(s.start, s.end)}`;
+      track.append(h("div", {
+        class: `tl-slot ${s.mine ? "mine" : "other"}`, style: `left:${l}%;width:${Math.max(r - l, 0.3)}%`, title,
+        "data-reservation-id": s.reservation_id, "data-team": s.team,
+      }, label));
+    }
+    if (now > state.from.getTime() && now < windowEnd().getTime()) track.append(h("div", { class: "tl-now", style: `left:${pct(now)}%` }));
+    const bookable = g.bookable;
+    track.classList.toggle("disabled", !bookable);
+    if (bookable) track.addEventListener("pointerdown", (ev) => startDrag(ev, g, track));
+    rows.push(h("div", { class: "tl-row", "data-gpu-uuid": g.uuid },
+      h("div", { class: "tl-label", title: g.uuid }, `${g.index} · ${g.model}`, bookable ? null : h("span", { class: "badge status-offline" }, g.status)),
+      track));
+  }
+  el.timeline.replaceChildren(h("div", { class: "tl" }, rows));
+  drawPick();
+}
+
+function timeAt(track, clientX) {
+  const r = track.getBoundingClientRect();
+  const f = Math.max(0, Math.min(1, (clientX - r.left) / r.width));
+  return new Date(state.from.getTime() + f * (windowEnd().getTime() - state.from.getTime()));
+}
+function startDrag(ev, gpu, track) {
+  if (ev.button !== 0 || ev.target.closest(".tl-slot.mine, .tl-slot.other")) return;
+  ev.preventDefault();
+  track.setPointerCapture(ev.pointerId);
+  const t0 = snap(timeAt(track, ev.clientX), "floor");
+  state.drag = { gpu, track, t0, t1: new Date(t0.getTime() + GRAIN * MINUTE) };
+  drawDrag();
+  const move = (e) => {
+    const t = snap(timeAt(track, e.clientX), "ceil");
+    state.drag.t1 = t;
+    drawDrag();
+  };
+  const up = () => {
+    track.removeEventListener("pointermove", move);
+    track.removeEventListener("pointerup", up);
+    const d = state.drag;
+    state.drag = null;
+    let s = d.t0 < d.t1 ? d.t0 : d.t1, e = d.t0 < d.t1 ? d.t1 : d.t0;
+    if (e.getTime() - s.getTime() < Math.max(GRAIN, cfg.policy.min_duration_minutes) * MINUTE) {
+      e = new Date(s.getTime() + Math.max(HOUR, cfg.policy.min_duration_minutes * MINUTE));
+    }
+    const earliest = snap(new Date(), "floor");
+    if (s < earliest) s = earliest;
+    setWindow(s, e);
+    pickGpu(gpu);
+    clearMessages();
+    drawPick();
+    refreshInfo();
+  };
+  track.addEventListener("pointermove", move);
+  track.addEventListener("pointerup", up);
+}
+function drawDrag() {
+  document.querySelectorAll(".tl-pick").forEach((n) => n.remove());
+  const d = state.drag;
+  const a = Math.min(d.t0, d.t1), b = Math.max(d.t0, d.t1);
+  d.track.append(h("div", { class: "tl-pick", style: `left:${pct(a)}%;width:${pct(b) - pct(a)}%` }));
+}
+function drawPick() {
+  document.querySelectorAll(".tl-pick").forEach((n) => n.remove());
+  const w = formWindow();
+  if (!w || !state.data) return;
+  const l = pct(w.start.getTime()), r = pct(w.end.getTime());
+  if (r <= l) return;
+  const tracks = state.gpu
+    ? [el.timeline.querySelector(`.tl-track[data-gpu-id="${state.gpu.id}"]`)]
+    : state.data.gpus.filter((g) => g.model === el.model.value && g.bookable)
+      .map((g) => el.timeline.querySelector(`.tl-track[data-gpu-id="${g.id}"]`));
+  for (const t of tracks) if (t) t.append(h("div", { class: `tl-pick${state.gpu ? "" : " soft"}`, style: `left:${l}%;width:${r - l}%` }));
+}
+
+$("tl-prev").addEventListener("click", () => { state.from = new Date(state.from.getTime() - state.days * DAY); loadTimeline(); });
+$("tl-next").addEventListener("click", () => { state.from = new Date(state.from.getTime() + state.days * DAY); loadTimeline(); });
+$("tl-today").addEventListener("click", () => { state.from = startOfDay(new Date()); loadTimeline(); });
+$("tl-days").addEventListener("change", (e) => { state.days = Number(e.target.value); loadTimeline(); });
+
+// --- my reservations ----------------------------------------------------------------------------------------
+async function loadMine() {
+  const q = new URLSearchParams({ status: "booked,active", limit: "200" });
+  const tbody = el.mine.querySelector("tbody");
+  try {
+    const page = await api(`/api/v1/reservations/?${q}`);
+    const rows = page.results || page;
+    if (!rows.length) {
+      tbody.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No upcoming or active reservations.")));
+      return;
+    }
+    const now = Date.now();
+    tbody.replaceChildren(...rows.map((r) => {
+      const started = new Date(r.start).getTime() <= now;
+      const action = started ? "Release" : "Cancel";
+      const btn = h("button", { class: "danger small", type: "button", "data-action": action.toLowerCase(), onclick: () => endReservation(r, action) }, action);
+      return h("tr", { "data-reservation-id": r.id },
+        h("td", {}, `#${r.id}`), h("td", {}, r.team),
+        h("td", {}, r.gpus.map((g) => `${g.node}/${g.index}`).join(", "), h("div", { class: "muted small" }, r.gpu_model || "")),
+        h("td", {}, fmt(r.start)), h("td", {}, fmt(r.end)),
+        h("td", {}, h("span", { class: `badge status-${r.status}` }, r.status)),
+        h("td", {}, r.user || ""), h("td", {}, btn));
+    }));
+  } catch (err) {
+    tbody.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "form-error" }, err.message)));
+  }
+}
+async function endReservation(r, action) {
+  el.mineError.hidden = true;
+  const what = action === "Release" ? "Release its GPUs now" : "Cancel it";
+  if (!window.confirm(`${what}? Reservation #${r.id}, ${span(r.start, r.end)}.`)) return;
+  try {
+    await api(`/api/v1/reservations/${r.id}/`, { method: "DELETE" });
+    await Promise.all([loadMine(), loadTimeline(), refreshInfo()]);
+  } catch (err) {
+    el.mineError.hidden = false;
+    el.mineError.textContent = err.message;
+  }
+}
+
+// --- start -----------------------------------------------------------------------------------------------------
+(function init() {
+  const s = snap(new Date(Date.now() + HOUR), "ceil");
+  setWindow(s, new Date(s.getTime() + 2 * HOUR));
+  loadTimeline();
+  loadMine();
+  refreshInfo();
+})();
