@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "apps.fleet",
     "apps.telemetry",
     "apps.booking",
+    "apps.jobs",
 ]
 
 MIDDLEWARE = [

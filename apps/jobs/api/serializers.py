@@ -1,0 +1,163 @@
+"""Input and output shapes of the jobs API (the names are the contract: DESIGN.md, the CLI, tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import serializers
+
+from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
+
+
+class ImageOutput(serializers.ModelSerializer):
+    class Meta:
+        model = ContainerImage
+        fields = ["name", "description"]
+
+
+class AnyValueField(serializers.Field):
+    """Passes the JSON value through: the service validates it and says precisely what is wrong."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class JobInput(serializers.Serializer):
+    """A job to submit. Types are checked by the service (one place for the messages)."""
+
+    team = serializers.CharField(required=False, help_text="team slug; optional if you are in one team")
+    name = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    image = serializers.CharField()
+    command = AnyValueField(help_text='argv list, e.g. ["python", "train.py"]; never a shell string')
+    env = AnyValueField(required=False)
+    mounts = AnyValueField(required=False)
+    gpu_count = AnyValueField(required=False, help_text="whole GPUs on one node (default 1)")
+    gpu_model = AnyValueField(required=False, help_text="a model name, or a list of acceptable models")
+    gpu_models = AnyValueField(required=False)
+    cpus = AnyValueField(required=False)
+    memory_mib = AnyValueField(required=False)
+    max_duration_s = AnyValueField(required=False)
+    priority = AnyValueField(required=False)
+    reservation = AnyValueField(required=False, help_text="id of a reservation of the same team")
+    network = AnyValueField(required=False)
+
+
+class JobGpuOutput(serializers.Serializer):
+    uuid = serializers.CharField()
+    index = serializers.IntegerField()
+    model = serializers.CharField(source="model.name")
+    node = serializers.CharField(source="node.name")
+
+
+class JobOutput(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug")
+    user = serializers.CharField(source="user.username")
+    node = serializers.SerializerMethodField()
+    gpu_model = serializers.SerializerMethodField()
+    reservation = serializers.IntegerField(source="reservation_id", allow_null=True)
+    reason = serializers.SerializerMethodField()
+    pending_reason = serializers.SerializerMethodField()
+    env = serializers.SerializerMethodField()
+    runtime_s = serializers.SerializerMethodField()
+    gpu_seconds = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField()
+    currency = serializers.SerializerMethodField()
+    logs_complete = serializers.BooleanField(read_only=True)
+    cpus = serializers.FloatField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "team",
+            "user",
+            "image",
+            "command",
+            "env",
+            "mounts",
+            "gpu_count",
+            "gpu_model",
+            "gpu_models",
+            "cpus",
+            "memory_mib",
+            "max_duration_s",
+            "priority",
+            "reservation",
+            "state",
+            "reason",
+            "exit_code",
+            "message",
+            "pending_reason",
+            "pending_message",
+            "node",
+            "submitted_at",
+            "scheduled_at",
+            "started_at",
+            "ended_at",
+            "runtime_s",
+            "gpu_seconds",
+            "cost",
+            "currency",
+            "log_seq",
+            "logs_complete",
+        ]
+
+    def get_node(self, job: Job) -> str | None:
+        return job.node.name if job.node_id and job.node else None
+
+    def get_gpu_model(self, job: Job) -> str | None:
+        return job.gpu_models[0] if len(job.gpu_models) == 1 else None
+
+    def get_reason(self, job: Job) -> str | None:
+        return job.reason or None
+
+    def get_pending_reason(self, job: Job) -> str | None:
+        return job.pending_reason or None
+
+    def get_env(self, job: Job) -> dict[str, str]:
+        # Values may be secrets a CI pipeline passed in: only the submitter and admins see them.
+        user = self.context.get("user")
+        if user is not None and (user.is_staff or user.pk == job.user_id):
+            return dict(job.env)
+        return dict.fromkeys(job.env, "***")
+
+    def get_runtime_s(self, job: Job) -> float:
+        return round(job.runtime_seconds(timezone.now()), 3)
+
+    def get_gpu_seconds(self, job: Job) -> float:
+        return round(job.gpu_seconds(timezone.now()), 3)
+
+    def get_cost(self, job: Job) -> str:
+        return str(job.cost(timezone.now()))
+
+    def get_currency(self, job: Job) -> str:
+        return str(settings.PORTAL_CURRENCY)
+
+
+class JobEventOutput(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["at", "from_state", "to_state", "reason", "message"]
+
+
+class JobDetailOutput(JobOutput):
+    gpus = JobGpuOutput(many=True, read_only=True)
+    events = serializers.SerializerMethodField()
+
+    class Meta(JobOutput.Meta):
+        fields = [*JobOutput.Meta.fields, "gpus", "hourly_price", "events"]
+
+    def get_events(self, job: Job) -> list[dict[str, Any]]:
+        return list(JobEventOutput(job.events.order_by("at", "id"), many=True).data)
+
+
+class LogLineOutput(serializers.ModelSerializer):
+    class Meta:
+        model = JobLogLine
+        fields = ["seq", "stream", "at", "line"]

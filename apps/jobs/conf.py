@@ -1,0 +1,45 @@
+"""Job policy knobs, read once from the environment (embedded defaults that work with nothing set)."""
+
+from __future__ import annotations
+
+from portal.env import env_int, env_str
+
+# Submission policy (per-team overrides in TeamJobPolicy).
+MAX_DURATION_S = env_int("JOBS_MAX_DURATION_S", 7 * 24 * 3600)
+DEFAULT_MAX_DURATION_S = env_int("JOBS_DEFAULT_MAX_DURATION_S", 3600)
+MAX_CPUS = env_int("JOBS_MAX_CPUS", 128)
+DEFAULT_CPUS = 2.0
+MAX_MEMORY_MIB = env_int("JOBS_MAX_MEMORY_MIB", 1024 * 1024)
+DEFAULT_MEMORY_MIB = env_int("JOBS_DEFAULT_MEMORY_MIB", 8192)
+DEFAULT_MAX_PRIORITY = env_int("JOBS_DEFAULT_MAX_PRIORITY", 10)
+STAFF_MAX_PRIORITY = 100
+MIN_PRIORITY = -100
+DEFAULT_MAX_QUEUED_PER_TEAM = env_int("JOBS_MAX_QUEUED_PER_TEAM", 10000)
+
+# Command and environment bounds (the node's container policy checks again; these are the portal's).
+MAX_COMMAND_ARGS = 1024
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_ENV_VARS = 128
+MAX_ENV_NAME_CHARS = 128
+MAX_ENV_VALUE_BYTES = 16 * 1024
+MAX_ENV_TOTAL_BYTES = 64 * 1024
+MAX_NAME_CHARS = 200
+
+# Logs kept per job: the newest MAX_LOG_LINES lines, each cut at MAX_LOG_LINE_CHARS characters.
+MAX_LOG_LINES = env_int("JOBS_LOG_MAX_LINES", 5000)
+MAX_LOG_LINE_CHARS = env_int("JOBS_LOG_MAX_LINE_CHARS", 4096)
+
+# Lifecycle timing.
+NODE_LOST_TIMEOUT_S = env_int("JOBS_NODE_LOST_TIMEOUT_S", 60)
+LAUNCH_RESEND_S = env_int("JOBS_LAUNCH_RESEND_S", 15)
+LAUNCH_TIMEOUT_S = env_int("JOBS_LAUNCH_TIMEOUT_S", 180)
+CANCEL_GRACE_S = env_int("JOBS_CANCEL_GRACE_S", 10)
+RESERVATION_GRACE_S = env_int("JOBS_RESERVATION_GRACE_S", 60)
+# A job's allocation is booked until start + max_duration + this slack (the agent's own timeout kill and
+# its grace period must fit inside it); it is cut to the real end when the job ends.
+ALLOCATION_SLACK_S = env_int("JOBS_ALLOCATION_SLACK_S", 120)
+
+# Scheduler.
+SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "fair")
+SCHEDULER_INTERVAL_S = float(env_str("SCHEDULER_INTERVAL_S", "1.0"))
+FAIRSHARE_HALF_LIFE_S = float(env_str("SCHEDULER_FAIRSHARE_HALF_LIFE_S", str(7 * 24 * 3600)))

@@ -1,0 +1,87 @@
+"""Side effects after commit: websocket broadcasts to a job's group, and waking the scheduler.
+
+Both are best effort: a broadcast lost while Redis restarts costs a live view a message (the page re-reads on
+reconnect), a lost wake-up costs at most one scheduler interval (the leader passes every second anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+WAKE_KEY = "jobs:scheduler:wake"
+WAKE_MAX = 100
+
+
+def group_name(job_id: int) -> str:
+    return f"job.{job_id}"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def state_message(job: Any) -> dict[str, Any]:
+    """The websocket message for a job's state (also sent on connect)."""
+    return {
+        "type": "state",
+        "ts": timezone.now().isoformat(),
+        "job": job.pk,
+        "state": job.state,
+        "reason": job.reason or None,
+        "exit_code": job.exit_code,
+        "message": job.message,
+        "node": job.node.name if job.node_id and job.node else None,
+        "started_at": _iso(job.started_at),
+        "ended_at": _iso(job.ended_at),
+        "pending_reason": job.pending_reason or None,
+        "pending_message": job.pending_message or None,
+    }
+
+
+def _group_send(job_id: int, message: dict[str, Any]) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group_name(job_id), {"type": "job.message", "message": message})
+    except Exception as exc:  # a live view missing a message must never fail the write that caused it
+        logger.warning("broadcast to job %s failed: %s", job_id, exc)
+
+
+def broadcast_state_on_commit(job: Any) -> None:
+    message = state_message(job)
+    transaction.on_commit(lambda: _group_send(job.pk, message))
+
+
+def broadcast_logs_on_commit(job_id: int, lines: list[dict[str, Any]]) -> None:
+    if not lines:
+        return
+    message = {"type": "logs", "ts": timezone.now().isoformat(), "job": job_id, "lines": lines}
+    transaction.on_commit(lambda: _group_send(job_id, message))
+
+
+def wake_scheduler_on_commit(reason: str) -> None:
+    """Ask the leader for a pass now (job submitted or ended, reservation started or ended)."""
+
+    def push() -> None:
+        from apps.core.redis import get_redis
+
+        try:
+            pipe = get_redis().pipeline()
+            pipe.lpush(WAKE_KEY, reason)
+            pipe.ltrim(WAKE_KEY, 0, WAKE_MAX - 1)
+            pipe.execute()
+        except Exception as exc:
+            logger.warning("could not wake the scheduler (%s): %s", reason, exc)
+
+    transaction.on_commit(push)

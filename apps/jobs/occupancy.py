@@ -1,0 +1,74 @@
+"""The jobs app's only door into booking: GPU allocations (the shared occupancy table) and quota holds.
+
+Why one module: booking owns the table and its invariants (`allocations_create` maps an overlap to Conflict; the
+PostgreSQL exclusion constraint is the last guard) and the quota arithmetic; jobs only say "this job holds these
+GPUs from t0 to t1", "it ended at t", "count it against the quota". Call inside the caller's transaction.
+Lock order (booking's): the team's QuotaUsage rows first, then the GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Max
+
+from apps.booking import services as booking
+from apps.booking.models import Allocation, AllocationKind
+from apps.fleet.models import GpuModel
+
+
+def allocate(*, job: Any, gpus: Sequence[Any], start: datetime, end: datetime) -> None:
+    """Book `gpus` for the job over [start, end) after the team's concurrent-GPU quota check.
+
+    Raises Conflict if any GPU is already held then (savepoint: the caller may go on), QuotaExceeded if the team
+    would hold more GPUs at once than its quota allows."""
+    booking.quota_concurrency_check(team=job.team, start=start, end=end, gpu_count=len(gpus))
+    booking.allocations_create(
+        gpus=list(gpus), team=job.team, user=job.user, kind=AllocationKind.JOB, job_id=job.pk, start=start, end=end
+    )
+
+
+def release(*, job: Any, end: datetime) -> None:
+    """Cut the job's allocations at `end`: the GPUs are free from then on (idempotent)."""
+    ids = list(
+        Allocation.objects.filter(kind=AllocationKind.JOB, job_id=job.pk, active=True).values_list("pk", flat=True)
+    )
+    booking.allocation_end(allocation_ids=ids, at=end)
+
+
+def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
+    """What the job's GPUs cost per hour at most: the dearest acceptable model x the GPU count."""
+    qs = GpuModel.objects.all()
+    if gpu_models:
+        qs = qs.filter(name__in=list(gpu_models))
+    top = qs.aggregate(top=Max("hourly_price"))["top"] or Decimal("0")
+    return top * gpu_count
+
+
+def quota_hold(*, job: Any, start: datetime, end: datetime) -> None:
+    """Count the job's max duration against its team's quota (QuotaExceeded / model_not_allowed if it does not fit).
+
+    The concurrent-GPU limit is checked when the job is placed (a queued job holds no GPU)."""
+    model_ids = list(GpuModel.objects.filter(name__in=list(job.gpu_models)).values_list("pk", flat=True))
+    booking.quota_check_and_hold(
+        team=job.team,
+        gpu_count=job.gpu_count,
+        start=start,
+        end=end,
+        hourly_rate=hourly_rate(gpu_models=job.gpu_models, gpu_count=job.gpu_count),
+        kind=AllocationKind.JOB,
+        gpu_model_ids=model_ids,
+        job_id=job.pk,
+        check_concurrency=False,
+    )
+
+
+def quota_settle(*, job: Any, start: datetime | None, end: datetime | None) -> None:
+    """Replace the job's hold by what it really used ([start, end)); give it all back if it never ran."""
+    if start is None or end is None or end <= start:
+        booking.quota_hold_release(job_id=job.pk)
+    else:
+        booking.quota_hold_update(job_id=job.pk, start=start, end=end)

@@ -1,0 +1,58 @@
+"""Reads for jobs: lists with filters, one job, its logs and timeline, the image allow-list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+
+from apps.core.errors import NotFound, ValidationFailed
+from apps.fleet.models import Gpu
+from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobState
+
+
+def images_visible_to(*, user: Any) -> QuerySet[ContainerImage]:
+    return ContainerImage.objects.visible_to(user).filter(enabled=True).order_by("name")
+
+
+def jobs_visible_to(
+    *, user: Any, state: str | None = None, team: str | None = None, username: str | None = None
+) -> QuerySet[Job]:
+    """The jobs the user may see, newest first, optionally filtered (state may be a comma-separated list)."""
+    qs = Job.objects.visible_to(user).select_related("team", "user", "node")
+    if state:
+        states = [s.strip() for s in state.split(",") if s.strip()]
+        unknown = [s for s in states if s not in JobState.values]
+        if unknown:
+            raise ValidationFailed(f"Unknown state {unknown[0]!r}.", fields={"state": [f"one of {JobState.values}"]})
+        qs = qs.filter(state__in=states)
+    if team:
+        qs = qs.filter(team__slug=team)
+    if username:
+        qs = qs.filter(user__username=username)
+    return qs.order_by("-submitted_at", "-id")
+
+
+def job_detail_queryset(*, user: Any) -> QuerySet[Job]:
+    return (
+        Job.objects.visible_to(user)
+        .select_related("team", "user", "node")
+        .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.select_related("model", "node").order_by("index")))
+    )
+
+
+def job_get(*, user: Any, job_id: int) -> Job:
+    """One visible job, or NotFound (someone else's job is as absent as a missing one)."""
+    job = job_detail_queryset(user=user).filter(pk=job_id).first()
+    if job is None:
+        raise NotFound("No such job.")
+    return job
+
+
+def job_events(*, job: Job) -> QuerySet[JobEvent]:
+    return JobEvent.objects.filter(job=job).order_by("at", "id")
+
+
+def job_log_lines(*, job: Job, after: int = 0, limit: int = 1000) -> list[JobLogLine]:
+    """Lines with seq > after, oldest first, at most `limit`."""
+    return list(JobLogLine.objects.filter(job=job, seq__gt=after).order_by("seq")[:limit])

@@ -1,0 +1,666 @@
+"""Writes for jobs: submit, cancel, the one state transition function, and what nodes report.
+
+Every state change goes through `job_transition`, a conditional UPDATE on the current state: two racing
+transitions (a cancel and an exit report, two copies of one report) cannot both win, and an illegal move
+(`succeeded → running`) is refused. Broadcasts and scheduler wake-ups happen after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from apps.accounts.models import Team
+from apps.accounts.scoping import team_ids_of
+from apps.core.errors import ApplicationError, Conflict, Forbidden, NotFound, ValidationFailed
+from apps.fleet.models import Gpu, GpuModel, Node
+from apps.jobs import conf, events, occupancy, validation
+from apps.jobs.models import (
+    ON_NODE_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    ContainerImage,
+    Job,
+    JobEvent,
+    JobLogLine,
+    JobReason,
+    JobState,
+    LogStream,
+    TeamJobPolicy,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class TransitionRefused(Conflict):
+    """The job is not in a state from which this move is legal (or another transition got there first)."""
+
+    code = "illegal_transition"
+
+
+# --- Submission -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeamLimits:
+    max_priority: int
+    max_duration_s: int
+    max_gpus_per_job: int | None
+    max_queued_jobs: int
+
+
+def team_limits(team: Team) -> TeamLimits:
+    policy = TeamJobPolicy.objects.filter(team=team).first()
+    return TeamLimits(
+        max_priority=policy.max_priority if policy else conf.DEFAULT_MAX_PRIORITY,
+        max_duration_s=min(policy.max_duration_s or conf.MAX_DURATION_S, conf.MAX_DURATION_S)
+        if policy
+        else conf.MAX_DURATION_S,
+        max_gpus_per_job=policy.max_gpus_per_job if policy else None,
+        max_queued_jobs=(
+            policy.max_queued_jobs if policy and policy.max_queued_jobs else conf.DEFAULT_MAX_QUEUED_PER_TEAM
+        ),
+    )
+
+
+def _field_error(field: str, message: str) -> ValidationFailed:
+    return ValidationFailed(message, fields={field: [message]})
+
+
+def _check_int(field: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _field_error(field, f"{field} must be an integer.")
+    if not lo <= value <= hi:
+        raise _field_error(field, f"{field} must be between {lo} and {hi}.")
+    return value
+
+
+def _check_cpus(value: Any) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal) or not math.isfinite(float(value)):
+        raise _field_error("cpus", "cpus must be a number.")
+    if not 0 < float(value) <= conf.MAX_CPUS:
+        raise _field_error("cpus", f"cpus must be more than 0 and at most {conf.MAX_CPUS}.")
+    return Decimal(str(value)).quantize(Decimal("0.01"))
+
+
+def _check_image(name: Any) -> ContainerImage:
+    if not isinstance(name, str) or not name:
+        raise _field_error("image", "image is required.")
+    image = ContainerImage.objects.filter(name=name, enabled=True).first()
+    if image is None:
+        allowed = list(ContainerImage.objects.filter(enabled=True).values_list("name", flat=True)[:20])
+        raise ValidationFailed(
+            f"Image {name!r} is not on the portal's allow-list.",
+            code="image_not_allowed",
+            fields={"image": [f"not allowed; allowed images: {', '.join(allowed) or 'none'}"]},
+        )
+    return image
+
+
+def _check_fleet_shape(gpu_count: int, models: list[str]) -> None:
+    """Refuse what can never run: an unknown model, or more GPUs of the models than any one node has."""
+    if models:
+        known = set(GpuModel.objects.filter(name__in=models).values_list("name", flat=True))
+        unknown = [m for m in models if m not in known]
+        if unknown:
+            raise _field_error("gpu_model", f"Unknown GPU model {unknown[0]!r}.")
+    gpus = Gpu.objects.filter(retired_at__isnull=True)
+    if models:
+        gpus = gpus.filter(model__name__in=models)
+    largest = gpus.values("node_id").annotate(n=Count("id")).order_by("-n").values_list("n", flat=True).first() or 0
+    what = f"GPUs of model {'|'.join(models)}" if models else "GPUs"
+    if largest == 0:
+        raise _field_error("gpu_model" if models else "gpu_count", f"No {what} in the fleet.")
+    if gpu_count > largest:
+        raise _field_error(
+            "gpu_count", f"No node has {gpu_count} {what} (the largest has {largest}); a job runs on one node."
+        )
+
+
+def _check_reservation(reservation_id: Any, *, user: Any, team: Team, gpu_count: int, max_duration_s: int) -> Any:
+    from apps.booking.models import Reservation, ReservationStatus
+
+    if isinstance(reservation_id, bool) or not isinstance(reservation_id, int):
+        raise _field_error("reservation", "reservation must be a reservation id.")
+    reservation = Reservation.objects.visible_to(user).filter(pk=reservation_id).first()
+    if reservation is None:
+        raise NotFound("No such reservation.", fields={"reservation": ["no such reservation"]})
+    if reservation.team_id != team.pk:
+        raise Forbidden(
+            "That reservation belongs to another team.", fields={"reservation": ["belongs to another team"]}
+        )
+    now = timezone.now()
+    if reservation.status not in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE) or reservation.end <= now:
+        raise _field_error("reservation", "That reservation has ended or was cancelled.")
+    if gpu_count > reservation.gpu_count:
+        raise _field_error("gpu_count", f"The reservation holds {reservation.gpu_count} GPU(s).")
+    window = (reservation.end - max(reservation.start, now)).total_seconds()
+    if max_duration_s > window:
+        raise _field_error(
+            "max_duration_s", f"max_duration_s must fit the reservation (at most {int(window)} s from its start)."
+        )
+    return reservation
+
+
+def job_submit(
+    *,
+    user: Any,
+    team: Team,
+    image: str,
+    command: Any,
+    gpu_count: int = 1,
+    gpu_model: Any = None,
+    gpu_models: Any = None,
+    env: Any = None,
+    mounts: Any = None,
+    name: str = "",
+    cpus: Any = None,
+    memory_mib: Any = None,
+    max_duration_s: Any = None,
+    priority: Any = 0,
+    reservation_id: Any = None,
+    network: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    idempotency_key: str = "",
+) -> Job:
+    """Validate, authorize and queue a job; counts its max duration against the team's quota.
+
+    Refusals are ApplicationErrors (400 invalid, 403 forbidden/policy_violation/quota_exceeded, 404) and leave
+    nothing behind. With `idempotency_key`, a second submission with the same key returns the first job.
+    Locks: the team's quota usage row (booking's quota service), for the whole transaction.
+    """
+    if not user.is_staff and team.pk not in team_ids_of(user):
+        raise Forbidden(f"You are not a member of team {team.slug}.")
+    if idempotency_key:
+        existing = Job.objects.filter(user=user, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+
+    validation.check_options(options or {})
+    network = validation.check_network(network)
+    argv = validation.check_command(command)
+    clean_env = validation.check_env(env)
+    limits = team_limits(team)
+    max_gpus = limits.max_gpus_per_job or 64
+    gpu_count = _check_int("gpu_count", gpu_count, 1, max_gpus)
+    models = validation.check_gpu_models(gpu_model, gpu_models)
+    cpus_value = _check_cpus(conf.DEFAULT_CPUS if cpus is None else cpus)
+    memory = _check_int(
+        "memory_mib", conf.DEFAULT_MEMORY_MIB if memory_mib is None else memory_mib, 16, conf.MAX_MEMORY_MIB
+    )
+    duration = _check_int(
+        "max_duration_s",
+        conf.DEFAULT_MAX_DURATION_S if max_duration_s is None else max_duration_s,
+        1,
+        limits.max_duration_s,
+    )
+    top = conf.STAFF_MAX_PRIORITY if user.is_staff else limits.max_priority
+    priority = _check_int("priority", 0 if priority is None else priority, conf.MIN_PRIORITY, top)
+    if not isinstance(name, str) or len(name) > conf.MAX_NAME_CHARS:
+        raise _field_error("name", f"name must be at most {conf.MAX_NAME_CHARS} characters.")
+    container_image = _check_image(image)
+    clean_mounts = validation.check_mounts(mounts, container_image.allowed_mounts)
+    _check_fleet_shape(gpu_count, models)
+    reservation = None
+    if reservation_id is not None:
+        reservation = _check_reservation(
+            reservation_id, user=user, team=team, gpu_count=gpu_count, max_duration_s=duration
+        )
+
+    try:
+        with transaction.atomic():
+            queued = Job.objects.filter(team=team, state=JobState.QUEUED).count()
+            if queued >= limits.max_queued_jobs:
+                raise ApplicationError(
+                    f"Team {team.slug} already has {queued} queued jobs (at most {limits.max_queued_jobs}).",
+                    code="too_many_queued",
+                    status=429,
+                )
+            now = timezone.now()
+            job = Job.objects.create(
+                team=team,
+                user=user,
+                name=name.strip(),
+                image=container_image.name,
+                command=argv,
+                env=clean_env,
+                mounts=clean_mounts,
+                gpu_count=gpu_count,
+                gpu_models=models,
+                cpus=cpus_value,
+                memory_mib=memory,
+                max_duration_s=duration,
+                priority=priority,
+                reservation=reservation,
+                idempotency_key=idempotency_key or "",
+            )
+            JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
+            if reservation is None:
+                # A job inside a reservation runs on hours the reservation already counted.
+                occupancy.quota_hold(job=job, start=now, end=now + timedelta(seconds=duration))
+            events.wake_scheduler_on_commit("submitted")
+    except IntegrityError:
+        if idempotency_key:
+            existing = Job.objects.filter(user=user, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return existing
+        raise
+    logger.info("job %s queued by %s for team %s", job.pk, user, team.slug)
+    return job
+
+
+# --- The state machine ------------------------------------------------------------------------------------
+
+
+def _clamp(at: datetime | None, lo: datetime | None, hi: datetime) -> datetime:
+    """A node's timestamp, kept inside what the portal knows is possible (clocks drift)."""
+    value = at or hi
+    if lo is not None and value < lo:
+        value = lo
+    return min(value, hi)
+
+
+def job_transition(
+    job: Job,
+    to_state: str,
+    *,
+    reason: str = "",
+    exit_code: int | None = None,
+    message: str = "",
+    at: datetime | None = None,
+    allocation_end: datetime | None = None,
+    update: Mapping[str, Any] | None = None,
+) -> Job:
+    """Move `job` to `to_state`, or raise TransitionRefused.
+
+    A conditional UPDATE ... WHERE state = <current>: under concurrency exactly one of two racing transitions
+    changes the row; the loser re-reads the state and is refused unless the move is still legal from there.
+    In the same transaction: a JobEvent, timestamps, and for a final state the allocations cut at the end
+    (`allocation_end`, e.g. the node's last heartbeat for a lost job) and the quota settled to the real runtime.
+    After commit: a websocket broadcast and, for a final state, a scheduler wake-up.
+    """
+    if to_state not in JobState.values:
+        raise ValidationFailed(f"Unknown state {to_state!r}.")
+    now = timezone.now()
+    with transaction.atomic():
+        current = job.state
+        for _ in range(3):
+            if to_state not in TRANSITIONS.get(current, frozenset()):
+                raise TransitionRefused(f"Job {job.pk} is {current}; it cannot become {to_state}.")
+            fields: dict[str, Any] = {"state": to_state, "updated_at": now, **(update or {})}
+            if to_state == JobState.RUNNING:
+                fields["started_at"] = _clamp(at, job.scheduled_at, now)
+            if to_state in TERMINAL_STATES:
+                started = fields.get("started_at", job.started_at)
+                fields["ended_at"] = _clamp(at, started or job.scheduled_at, now)
+                fields["reason"] = reason
+                fields["exit_code"] = exit_code
+                fields["message"] = message[:4000]
+                fields["pending_reason"] = ""
+                fields["pending_message"] = ""
+                if started is None and to_state != JobState.LOST and job.scheduled_at is not None:
+                    # It ended before the "started" report arrived: count it as started when scheduled.
+                    fields["started_at"] = job.scheduled_at
+            if Job.objects.filter(pk=job.pk, state=current).update(**fields) == 1:
+                break
+            fresh = Job.objects.filter(pk=job.pk).values_list("state", flat=True).first()
+            if fresh is None:
+                raise NotFound(f"Job {job.pk} no longer exists.")
+            current = fresh
+        else:
+            raise TransitionRefused(f"Job {job.pk} changed state concurrently; try again.")
+        job.refresh_from_db()
+        JobEvent.objects.create(
+            job=job, at=now, from_state=current, to_state=to_state, reason=reason, message=message[:4000]
+        )
+        if to_state in TERMINAL_STATES:
+            end = job.ended_at or now
+            if allocation_end is not None:
+                end = allocation_end
+            occupancy.release(job=job, end=max(end, job.scheduled_at or end))
+            if job.reservation_id is None:
+                occupancy.quota_settle(job=job, start=job.started_at, end=job.ended_at if job.started_at else None)
+            events.wake_scheduler_on_commit("ended")
+        events.broadcast_state_on_commit(job)
+    return job
+
+
+# --- Starting (the scheduler) ----------------------------------------------------------------------------------
+
+
+def launch_request(job: Job, gpus: Sequence[Gpu]) -> dict[str, Any]:
+    """What the node agent gets: exactly the fields workers/runtimes/policy.py understands."""
+    return {
+        "job_id": job.pk,
+        "image": job.image,
+        "command": list(job.command),
+        "env": dict(job.env),
+        "gpu_uuids": [g.uuid for g in gpus],
+        "cpus": float(job.cpus),
+        "memory_mib": job.memory_mib,
+        "max_duration_s": job.max_duration_s,
+        "mounts": list(job.mounts),
+        "network": "none",
+    }
+
+
+def job_start(*, job: Job, node: Node, gpus: Sequence[Gpu], now: datetime) -> Job:
+    """queued → starting on `gpus` of `node`: allocations (outside a reservation), then the launch command.
+
+    Raises Conflict when a GPU is already held (the allocation constraint) and TransitionRefused when the job is no
+    longer queued; the caller's savepoint undoes the half. The launch is sent after commit.
+    """
+    from apps.fleet.commands import agent_send
+
+    with transaction.atomic():
+        price = sum((g.model.hourly_price for g in gpus), Decimal("0"))
+        job = job_transition(
+            job,
+            JobState.STARTING,
+            update={
+                "node": node,
+                "scheduled_at": now,
+                "launch_sent_at": now,
+                "launch_attempts": 1,
+                "hourly_price": price,
+                "pending_reason": "",
+                "pending_message": "",
+            },
+        )
+        job.gpus.set(gpus)
+        if job.reservation_id is None:
+            end = now + timedelta(seconds=job.max_duration_s + conf.ALLOCATION_SLACK_S)
+            occupancy.allocate(job=job, gpus=gpus, start=now, end=end)
+        agent_send(node=node, task="agent.launch_job", body=launch_request(job, gpus))
+    return job
+
+
+def job_resend_launch(*, job: Job) -> None:
+    """Send the launch again (the first message may have died with Redis); the agent ignores a duplicate."""
+    from apps.fleet.commands import agent_send
+
+    if job.node is None:
+        return
+    with transaction.atomic():
+        updated = Job.objects.filter(pk=job.pk, state=JobState.STARTING).update(
+            launch_sent_at=timezone.now(), launch_attempts=job.launch_attempts + 1
+        )
+        if updated:
+            agent_send(node=job.node, task="agent.launch_job", body=launch_request(job, list(job.gpus.all())))
+
+
+# --- Cancelling ------------------------------------------------------------------------------------------
+
+
+def job_request_stop(*, job: Job, reason: str, grace_s: float) -> None:
+    """Ask the job's node to stop it (SIGTERM, grace, SIGKILL); the node's exit report ends it."""
+    from apps.fleet.commands import agent_send
+
+    with transaction.atomic():
+        Job.objects.filter(pk=job.pk, state__in=ON_NODE_STATES).update(
+            stop_reason=reason, stop_requested_at=timezone.now()
+        )
+        if job.node is not None:
+            agent_send(node=job.node, task="agent.cancel_job", body={"job_id": job.pk, "grace_s": float(grace_s)})
+
+
+def job_cancel(*, job: Job, user: Any) -> Job:
+    """Cancel a job: a queued one at once; one on a node is stopped there and ends when the node says so.
+
+    The user must be the submitter, a manager of the team, or staff (teammates may watch, not cancel).
+    Cancelling a finished job is refused (409); cancelling twice is harmless.
+    """
+    from apps.accounts.scoping import managed_team_ids_of
+
+    if not (user.is_staff or job.user_id == user.pk or job.team_id in managed_team_ids_of(user)):
+        raise Forbidden("Only the submitter, a team manager or an admin may cancel this job.")
+    if job.state == JobState.QUEUED:
+        try:
+            return job_transition(job, JobState.CANCELLED, reason=JobReason.CANCELLED, message=f"cancelled by {user}")
+        except TransitionRefused:
+            job.refresh_from_db()
+    if job.state in ON_NODE_STATES:
+        job_request_stop(job=job, reason=JobReason.CANCELLED, grace_s=conf.CANCEL_GRACE_S)
+        job.refresh_from_db()
+        return job
+    raise Conflict(f"Job {job.pk} has already ended ({job.state}).", code="job_finished")
+
+
+# --- Reports from nodes ----------------------------------------------------------------------------------------
+
+
+def _job_on_node(job_id: int, node_id: int) -> Job | None:
+    """The job, if the portal placed it on this node (a node may only report on its own jobs)."""
+    return Job.objects.select_related("node").filter(pk=job_id, node_id=node_id).first()
+
+
+def job_report_started(*, node_id: int, job_id: int, handle: str, at: datetime | None) -> bool:
+    """The node started the job. False when the portal no longer expects it (the caller then stops it)."""
+    job = _job_on_node(job_id, node_id)
+    if job is None:
+        return False
+    if job.state == JobState.STARTING:
+        try:
+            job_transition(job, JobState.RUNNING, at=at, update={"handle": handle[:128]})
+        except TransitionRefused:
+            job.refresh_from_db()
+    return job.state in ON_NODE_STATES
+
+
+OUTCOME_STATES = {"succeeded": JobState.SUCCEEDED, "failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
+
+
+def final_state_of(job: Job, state: str, reason: str) -> tuple[str, str]:
+    """The job's final (state, reason) from the runtime's outcome and why the portal asked it to stop."""
+    if state == "cancelled" or reason == "cancelled":
+        if job.stop_reason == JobReason.PREEMPTED:
+            return JobState.CANCELLED, JobReason.PREEMPTED
+        if job.stop_reason == JobReason.TIMEOUT:
+            return JobState.FAILED, JobReason.TIMEOUT
+        return JobState.CANCELLED, JobReason.CANCELLED
+    return OUTCOME_STATES.get(state, JobState.FAILED), reason if reason in JobReason.values else JobReason.EXIT_CODE
+
+
+def job_report_exit(
+    *,
+    node_id: int,
+    job_id: int,
+    state: str,
+    reason: str,
+    exit_code: int | None,
+    message: str,
+    finished_at: datetime | None,
+    log_total: int | None = None,
+) -> bool:
+    """The node says the job ended. Idempotent: a second copy of the report changes nothing."""
+    job = _job_on_node(job_id, node_id)
+    if job is None:
+        return False
+    if log_total is not None:
+        Job.objects.filter(pk=job.pk).update(log_expected=log_total)
+        job.log_expected = log_total
+    if job.state not in ON_NODE_STATES:
+        return False
+    final, final_reason = final_state_of(job, state, reason)
+    try:
+        job_transition(job, final, reason=final_reason, exit_code=exit_code, message=message, at=finished_at)
+    except TransitionRefused:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class LogLineIn:
+    stream: str
+    text: str
+    at: datetime
+
+
+def job_logs_append(*, node_id: int, job_id: int, epoch: str, first: int, lines: Sequence[LogLineIn]) -> int:
+    """Store a batch of log lines; returns how many were new.
+
+    The agent numbers lines per attachment (`epoch`, from 1); a batch the broker delivered twice is skipped by
+    that number. Only the newest conf.MAX_LOG_LINES lines of a job are kept. Locks: the job row.
+    """
+    if not lines:
+        return 0
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id, node_id=node_id).first()
+        if job is None:
+            return 0
+        skip = 0
+        if job.log_epoch == epoch:
+            skip = max(0, job.log_agent_seq - first + 1)
+        new = list(lines[skip:])
+        if not new:
+            return 0
+        seq = job.log_seq
+        rows = []
+        for line in new:
+            seq += 1
+            stream = line.stream if line.stream in LogStream.values else LogStream.STDOUT
+            rows.append(
+                JobLogLine(job_id=job.pk, seq=seq, stream=stream, at=line.at, line=line.text[: conf.MAX_LOG_LINE_CHARS])
+            )
+        JobLogLine.objects.bulk_create(rows)
+        last_agent = first + len(lines) - 1
+        Job.objects.filter(pk=job.pk).update(log_seq=seq, log_epoch=epoch, log_agent_seq=last_agent)
+        if seq - conf.MAX_LOG_LINES > 0 and (seq // 100) != ((seq - len(rows)) // 100):
+            # Trim in steps of ~100 lines rather than on every batch.
+            JobLogLine.objects.filter(job_id=job.pk, seq__lte=seq - conf.MAX_LOG_LINES).delete()
+        events.broadcast_logs_on_commit(
+            job.pk, [{"seq": r.seq, "stream": r.stream, "line": r.line, "at": r.at.isoformat()} for r in rows]
+        )
+    return len(rows)
+
+
+def job_mark_lost(*, job: Job, message: str, allocation_end: datetime | None) -> bool:
+    """starting/running → lost (node_lost); the GPUs are free from `allocation_end` (the last heartbeat)."""
+    try:
+        job_transition(job, JobState.LOST, reason=JobReason.NODE_LOST, message=message, allocation_end=allocation_end)
+    except TransitionRefused:
+        return False
+    return True
+
+
+def job_fail_launch(*, job: Job, message: str) -> bool:
+    try:
+        job_transition(job, JobState.FAILED, reason=JobReason.LAUNCH_ERROR, message=message)
+    except TransitionRefused:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class InventoryItem:
+    """A job the agent has: running on the node, or launching (accepted, not started yet)."""
+
+    job_id: int
+    status: str  # "running" | "launching"
+
+
+def node_reconcile(*, node: Node, items: Iterable[InventoryItem], complete: bool) -> dict[str, list[int]]:
+    """Repair job states from what a node's agent says it runs (sent at agent start and every so often).
+
+    - a job the portal thinks is on the node but the agent does not have (and did not just launch): lost;
+    - a job the agent runs that the portal has ended (cancelled, lost...) or never placed there: stop it;
+    - a starting job the agent runs: running.
+    Exited jobs are not listed: the agent reports their exits itself (adopt → on_exit). Returns what it did.
+    """
+    now = timezone.now()
+    have = {item.job_id: item.status for item in items}
+    done: dict[str, list[int]] = {"lost": [], "stop": [], "running": []}
+    placed = list(Job.objects.select_related("node").filter(node=node, state__in=ON_NODE_STATES))
+    for job in placed:
+        status = have.get(job.pk)
+        if status == "running" and job.state == JobState.STARTING:
+            try:
+                job_transition(job, JobState.RUNNING)
+                done["running"].append(job.pk)
+            except TransitionRefused:
+                pass
+        elif status is None and complete:
+            # A starting job may still be on its way to the agent (the launch message is behind this report).
+            recent = job.launch_sent_at is not None and now - job.launch_sent_at < timedelta(
+                seconds=conf.LAUNCH_RESEND_S
+            )
+            if job.state == JobState.STARTING and recent:
+                continue
+            if job.state == JobState.STARTING:
+                job_resend_launch(job=job)
+                continue
+            if job_mark_lost(job=job, message="the node no longer runs it (node restarted?)", allocation_end=now):
+                done["lost"].append(job.pk)
+    expected = {job.pk for job in placed}
+    unknown = [job_id for job_id in have if job_id not in expected]
+    if unknown:
+        from apps.fleet.commands import agent_send
+
+        with transaction.atomic():
+            for job_id in unknown:
+                agent_send(
+                    node=node, task="agent.cancel_job", body={"job_id": job_id, "grace_s": float(conf.CANCEL_GRACE_S)}
+                )
+                done["stop"].append(job_id)
+    return done
+
+
+def jobs_sweep(*, now: datetime | None = None) -> dict[str, int]:
+    """Lost nodes, lost launches, overdue jobs; idempotent (the leader runs it every pass, beat as a backstop).
+
+    - starting/running on a node whose heartbeat is older than conf.NODE_LOST_TIMEOUT_S (or that is offline and
+      silent that long): lost, GPUs freed from the last heartbeat;
+    - starting and not acknowledged: the launch is re-sent every conf.LAUNCH_RESEND_S, and the job fails with
+      launch_error after conf.LAUNCH_TIMEOUT_S;
+    - running well past max_duration (the node's own timeout did not fire): a stop with reason timeout.
+    """
+    now = now or timezone.now()
+    counts = {"lost": 0, "resent": 0, "launch_failed": 0, "overdue": 0}
+    cutoff = now - timedelta(seconds=conf.NODE_LOST_TIMEOUT_S)
+    on_nodes = Job.objects.select_related("node").filter(state__in=ON_NODE_STATES)
+    for job in on_nodes.filter(node__last_heartbeat__lt=cutoff) | on_nodes.filter(
+        node__last_heartbeat__isnull=True, scheduled_at__lt=cutoff
+    ):
+        node = job.node
+        last = node.last_heartbeat if node is not None else None
+        end = max(last, job.scheduled_at) if last and job.scheduled_at else (job.scheduled_at or now)
+        if job_mark_lost(job=job, message=f"node {node.name if node else '?'} stopped answering", allocation_end=end):
+            counts["lost"] += 1
+    for job in Job.objects.select_related("node").filter(state=JobState.STARTING, launch_sent_at__isnull=False):
+        assert job.launch_sent_at is not None
+        age = (now - (job.scheduled_at or job.launch_sent_at)).total_seconds()
+        if age > conf.LAUNCH_TIMEOUT_S:
+            if job_fail_launch(job=job, message=f"node never acknowledged the launch in {conf.LAUNCH_TIMEOUT_S} s"):
+                counts["launch_failed"] += 1
+        elif (now - job.launch_sent_at).total_seconds() > conf.LAUNCH_RESEND_S:
+            job_resend_launch(job=job)
+            counts["resent"] += 1
+    overdue_before = now - timedelta(seconds=conf.ALLOCATION_SLACK_S)
+    for job in Job.objects.select_related("node").filter(state=JobState.RUNNING, stop_requested_at__isnull=True):
+        if job.started_at and job.started_at + timedelta(seconds=job.max_duration_s) < overdue_before:
+            job_request_stop(job=job, reason=JobReason.TIMEOUT, grace_s=conf.CANCEL_GRACE_S)
+            counts["overdue"] += 1
+    return counts
+
+
+def jobs_stop_for_reservation(*, reservation_id: int, team_id: int, gpu_ids: Sequence[int]) -> list[int]:
+    """Stop the team's jobs still on the reservation's GPUs (called after its grace period); they end preempted."""
+    jobs = (
+        Job.objects.select_related("node")
+        .filter(team_id=team_id, reservation_id=reservation_id, state__in=ON_NODE_STATES, gpus__id__in=list(gpu_ids))
+        .distinct()
+    )
+    stopped: list[int] = []
+    for job in jobs:
+        job_request_stop(job=job, reason=JobReason.PREEMPTED, grace_s=conf.CANCEL_GRACE_S)
+        stopped.append(job.pk)
+    return stopped

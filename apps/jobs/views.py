@@ -1,0 +1,122 @@
+"""Job pages: the list with filters, the submit form, one job's page (timeline, live logs, GPUs, cost)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from apps.accounts.models import Team
+from apps.core.errors import ApplicationError, NotFound
+from apps.fleet.models import GpuModel
+from apps.jobs import selectors, services
+from apps.jobs.forms import JobForm
+from apps.jobs.models import JobState
+
+
+def _form_for(request: HttpRequest) -> JobForm:
+    teams = list(Team.objects.visible_to(request.user).order_by("slug"))
+    images = list(selectors.images_visible_to(user=request.user).values_list("name", flat=True))
+    models = list(GpuModel.objects.order_by("name").values_list("name", flat=True))
+    return JobForm(request.POST or None, teams=teams, images=images, models=models)
+
+
+@login_required
+def index(request: HttpRequest) -> HttpResponse:
+    state = request.GET.get("state") or None
+    team = request.GET.get("team") or None
+    mine = request.GET.get("mine") == "1"
+    try:
+        jobs = selectors.jobs_visible_to(
+            user=request.user, state=state, team=team, username=request.user.get_username() if mine else None
+        )
+    except ApplicationError:
+        jobs = selectors.jobs_visible_to(user=request.user)
+    page = Paginator(jobs, 50).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "jobs/index.html",
+        {
+            "page": page,
+            "states": JobState.choices,
+            "teams": Team.objects.visible_to(request.user).order_by("slug"),
+            "filters": {"state": state or "", "team": team or "", "mine": mine},
+        },
+    )
+
+
+@login_required
+def submit(request: HttpRequest) -> HttpResponse:
+    form = _form_for(request)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            team = Team.objects.visible_to(request.user).get(slug=data["team"])
+            job = services.job_submit(
+                user=request.user,
+                team=team,
+                name=data["name"],
+                image=data["image"],
+                command=data["command"],
+                env=data["env"],
+                gpu_count=data["gpu_count"],
+                gpu_model=data["gpu_model"] or None,
+                cpus=data["cpus"],
+                memory_mib=data["memory_mib"],
+                max_duration_s=data["max_duration_s"],
+                priority=data["priority"],
+                reservation_id=data["reservation"],
+            )
+        except ApplicationError as exc:
+            placed = False
+            for field, errors in exc.fields.items():
+                target = "reservation" if field == "reservation_id" else field
+                if target in form.fields:
+                    for error in errors:
+                        form.add_error(target, error)
+                    placed = True
+            if not placed:
+                form.add_error(None, exc.detail)
+        else:
+            messages.success(request, f"Job {job.pk} queued.")
+            return redirect("jobs:detail", job_id=job.pk)
+    return render(request, "jobs/submit.html", {"form": form})
+
+
+@login_required
+def detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    try:
+        job = selectors.job_get(user=request.user, job_id=job_id)
+    except NotFound:
+        raise Http404("No such job.") from None
+    now = timezone.now()
+    return render(
+        request,
+        "jobs/detail.html",
+        {
+            "job": job,
+            "events": selectors.job_events(job=job),
+            "gpus": list(job.gpus.all()),
+            "cost": job.cost(now),
+            "runtime_s": int(job.runtime_seconds(now)),
+            "can_cancel": not job.is_terminal,
+        },
+    )
+
+
+@login_required
+@require_POST
+def cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    try:
+        job = selectors.job_get(user=request.user, job_id=job_id)
+        services.job_cancel(job=job, user=request.user)
+        messages.success(request, f"Cancelling job {job_id}.")
+    except NotFound:
+        raise Http404("No such job.") from None
+    except ApplicationError as exc:
+        messages.error(request, exc.detail)
+    return redirect("jobs:detail", job_id=job_id)

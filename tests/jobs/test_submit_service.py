@@ -1,0 +1,138 @@
+"""job_submit: what it queues, and everything it refuses (nothing queued on a refusal)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.booking.models import QuotaHold, Reservation
+from apps.core.errors import ApplicationError, Forbidden, NotFound, ValidationFailed
+from apps.jobs.models import Job, JobEvent, JobState, TeamJobPolicy
+
+pytestmark = pytest.mark.django_db
+
+
+def test_submit_queues_the_job_with_an_event_and_a_quota_hold(alice, vision, submit):
+    job = submit(alice, vision, command=["python", "train.py"], gpu_count=2, gpu_model="A100-80GB", name="t1")
+
+    assert job.state == JobState.QUEUED
+    assert job.gpu_models == ["A100-80GB"]
+    assert list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True)) == ["queued"]
+    hold = QuotaHold.objects.get(job_id=job.pk)
+    assert hold.gpu_count == 2 and hold.active
+
+
+def test_same_idempotency_key_returns_the_first_job(alice, vision, submit):
+    first = submit(alice, vision, idempotency_key="ci-123")
+    second = submit(alice, vision, idempotency_key="ci-123")
+    assert first.pk == second.pk
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "code"),
+    [
+        ({"command": "python train.py"}, ValidationFailed, "invalid"),
+        ({"image": "evil/miner:latest"}, ValidationFailed, "image_not_allowed"),
+        ({"gpu_count": 5, "gpu_model": "A100-80GB"}, ValidationFailed, "invalid"),
+        ({"gpu_count": 9}, ValidationFailed, "invalid"),
+        ({"gpu_count": 0}, ValidationFailed, "invalid"),
+        ({"gpu_model": "V100"}, ValidationFailed, "invalid"),
+        ({"max_duration_s": 30 * 24 * 3600}, ValidationFailed, "invalid"),
+        ({"priority": 11}, ValidationFailed, "invalid"),
+        ({"env": {"1BAD": "x"}}, ValidationFailed, "invalid"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, ValidationFailed, "invalid"),
+        ({"env": {"OK": 3}}, ValidationFailed, "invalid"),
+        ({"env": {"BIG": "x" * 20000}}, ValidationFailed, "invalid"),
+        ({"options": {"privileged": True}}, Forbidden, "policy_violation"),
+        ({"options": {"cap_add": ["SYS_ADMIN"]}}, Forbidden, "policy_violation"),
+        ({"options": {"devices": ["/dev/nvidia0"]}}, Forbidden, "policy_violation"),
+        ({"options": {"pid_mode": "host"}}, Forbidden, "policy_violation"),
+        ({"network": "host"}, Forbidden, "policy_violation"),
+        ({"mounts": [{"host_path": "/etc", "container_path": "/etc"}]}, Forbidden, "policy_violation"),
+        (
+            {"mounts": [{"host_path": "/srv/datasets", "container_path": "/data", "read_only": False}]},
+            Forbidden,
+            "policy_violation",
+        ),
+        ({"cpus": 0}, ValidationFailed, "invalid"),
+        ({"memory_mib": 1}, ValidationFailed, "invalid"),
+    ],
+)
+def test_bad_requests_are_refused_and_nothing_is_queued(alice, vision, submit, fields, error, code):
+    with pytest.raises(error) as caught:
+        submit(alice, vision, **fields)
+    assert caught.value.code == code
+    assert Job.objects.count() == 0
+    assert QuotaHold.objects.count() == 0
+
+
+def test_shell_string_message_is_the_documented_one(alice, vision, submit):
+    with pytest.raises(ValidationFailed) as caught:
+        submit(alice, vision, command="echo hi && rm -rf /")
+    assert caught.value.detail == "command must be a list of arguments"
+
+
+def test_listed_mount_is_accepted(alice, vision, submit):
+    job = submit(alice, vision, mounts=[{"host_path": "/srv/datasets", "container_path": "/data"}])
+    assert job.mounts == [{"host_path": "/srv/datasets", "container_path": "/data", "read_only": True}]
+
+
+def test_outsider_cannot_submit_for_a_team(charlie, vision, submit):
+    with pytest.raises(Forbidden):
+        submit(charlie, vision)
+    assert Job.objects.count() == 0
+
+
+def test_team_policy_raises_the_priority_allowance_and_staff_go_higher(alice, admin, vision, submit):
+    TeamJobPolicy.objects.create(team=vision, max_priority=50)
+    assert submit(alice, vision, priority=50).priority == 50
+    assert submit(admin, vision, priority=90).priority == 90
+    with pytest.raises(ValidationFailed):
+        submit(alice, vision, priority=51)
+
+
+def _reservation(team, user, fleet, hours=2):
+    now = timezone.now()
+    return Reservation.objects.create(
+        team=team,
+        user=user,
+        gpu_model=fleet["a100"],
+        gpu_count=2,
+        start=now - timedelta(minutes=5),
+        end=now + timedelta(hours=hours),
+        booked_end=now + timedelta(hours=hours),
+        status="active",
+    )
+
+
+def test_job_in_own_reservation_is_queued_without_a_quota_hold(alice, vision, fleet, submit):
+    resv = _reservation(vision, alice, fleet)
+    job = submit(alice, vision, reservation_id=resv.pk, gpu_count=2)
+    assert job.reservation_id == resv.pk
+    assert not QuotaHold.objects.filter(job_id=job.pk).exists()
+
+
+def test_someone_elses_reservation_is_refused(alice, charlie, nlp, vision, fleet, submit):
+    theirs = _reservation(nlp, charlie, fleet)
+    with pytest.raises(NotFound):
+        submit(alice, vision, reservation_id=theirs.pk)
+    assert Job.objects.count() == 0
+
+
+def test_reservation_of_another_of_my_teams_is_refused(alice, nlp, vision, fleet, submit):
+    from tests.factories import MembershipFactory
+
+    MembershipFactory(user=alice, team=nlp)
+    alice._portal_team_ids = None
+    theirs = _reservation(nlp, alice, fleet)
+    with pytest.raises(Forbidden):
+        submit(alice, vision, reservation_id=theirs.pk)
+
+
+def test_max_duration_must_fit_the_reservation(alice, vision, fleet, submit):
+    resv = _reservation(vision, alice, fleet, hours=1)
+    with pytest.raises(ApplicationError):
+        submit(alice, vision, reservation_id=resv.pk, max_duration_s=4 * 3600)
