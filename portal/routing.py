@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-websocket_urlpatterns: list[URLPattern | URLResolver] = []
+from apps.jobs.consumers import JobConsumer
+
+websocket_urlpatterns: list[URLPattern | URLResolver] = [
+    path("ws/jobs/<int:job_id>/", JobConsumer.as_asgi()),
+]
