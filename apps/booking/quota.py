@@ -42,6 +42,8 @@ def split_by_month(start: datetime, end: datetime, tz: tzinfo) -> list[tuple[dat
     """[(month, seconds)] that [start, end) spends in each calendar month of `tz`, in month order."""
     if end <= start:
         return []
+    # In UTC: subtracting two datetimes that share a tzinfo gives wall-clock time, wrong across a DST change.
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     out: list[tuple[date, Decimal]] = []
     month = month_of(start, tz)
     while True:

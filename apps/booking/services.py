@@ -277,7 +277,7 @@ def quota_models_check(
             )
 
 
-def quota_check_and_hold(
+def _quota_check_and_hold(
     *,
     team: Team,
     gpu_count: int,
@@ -291,20 +291,11 @@ def quota_check_and_hold(
     check_concurrency: bool = True,
     quotas: Any = None,
 ) -> QuotaCheck:
-    """Count `gpu_count` GPUs over [start, end) at `hourly_rate` (the price of all of them per hour) against
-    `team`'s quota of every month they touch, or refuse.
-
-    Locks the team's QuotaUsage rows of those months (`SELECT ... FOR UPDATE`) until the caller's transaction
-    ends, so concurrent checks of one team queue up and together cannot exceed the quota; run it inside the
-    transaction that writes the booking or job (it opens a savepoint-free block of its own otherwise).
-    `check_concurrency`: also refuse when the team would hold more than `max_concurrent_gpus` at some instant
-    (counting active allocations; a queued job has none yet, so jobs pass False at submit and call
-    `quota_concurrency_check` when they are placed). Raises `QuotaExceeded` (403, with `remaining`, `month`,
-    `exceeded`) or `Forbidden` (`model_not_allowed`). Returns the hold and soft-limit warnings.
-    """
+    """`quota_check_and_hold` inside the caller's transaction, without a savepoint."""
     tz = selectors.local_tz()
     amounts = quota_math.hold_amounts(start=start, end=end, gpu_count=gpu_count, hourly_rate=hourly_rate, tz=tz)
     months = sorted(amounts)
+    # No savepoint of its own: a refusal ends the caller's transaction (the public function adds one).
     with transaction.atomic(savepoint=False):
         usage = _lock_usage(team.pk, months)
         quotas = quotas if quotas is not None else selectors.quotas_for(team_id=team.pk, months=months)
@@ -362,13 +353,52 @@ def quota_check_and_hold(
     return QuotaCheck(hold=hold, warnings=warnings)
 
 
+def quota_check_and_hold(
+    *,
+    team: Team,
+    gpu_count: int,
+    start: datetime,
+    end: datetime,
+    hourly_rate: Decimal,
+    kind: str,
+    gpu_model_ids: Collection[int] = (),
+    reservation: Reservation | None = None,
+    job_id: int | None = None,
+    check_concurrency: bool = True,
+) -> QuotaCheck:
+    """Count `gpu_count` GPUs over [start, end) at `hourly_rate` (the price of all of them per hour) against
+    `team`'s quota of every month they touch, or refuse.
+
+    Locks the team's QuotaUsage rows of those months (`SELECT ... FOR UPDATE`) until the caller's transaction
+    ends, so concurrent checks of one team queue up and together cannot exceed the quota; run it inside the
+    transaction that writes the booking or job (there it runs in a savepoint, so a refusal can be caught).
+    `check_concurrency`: also refuse when the team would hold more than `max_concurrent_gpus` at some instant
+    (counting active allocations; a queued job has none yet, so jobs pass False at submit and call
+    `quota_concurrency_check` when they are placed). Raises `QuotaExceeded` (403, with `remaining`, `month`,
+    `exceeded`) or `Forbidden` (`model_not_allowed`). Returns the hold and soft-limit warnings.
+    """
+    with transaction.atomic():  # a savepoint when nested: a caller may catch the refusal and go on
+        return _quota_check_and_hold(
+            team=team,
+            gpu_count=gpu_count,
+            start=start,
+            end=end,
+            hourly_rate=hourly_rate,
+            kind=kind,
+            gpu_model_ids=gpu_model_ids,
+            reservation=reservation,
+            job_id=job_id,
+            check_concurrency=check_concurrency,
+        )
+
+
 def quota_concurrency_check(*, team: Team, start: datetime, end: datetime, gpu_count: int) -> None:
     """Refuse (QuotaExceeded) when `team` holding `gpu_count` more GPUs over [start, end) would exceed its
     `max_concurrent_gpus` in some month. Takes the same QuotaUsage row locks as `quota_check_and_hold`; call it in
     the transaction that then calls `allocations_create`."""
     tz = selectors.local_tz()
     months = [m for m, _ in quota_math.split_by_month(start, end, tz)]
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic():
         _lock_usage(team.pk, months)
         quotas = selectors.quotas_for(team_id=team.pk, months=months)
         for month in months:
@@ -490,7 +520,7 @@ def check_window(*, start: datetime, end: datetime, policy: BookingPolicy, now: 
     for name, value in (("start", start), ("end", end)):
         if not _aligned(value, g):
             fields.setdefault(name, []).append(f"Must align to {g} minutes.")
-    duration = end - start
+    duration = end.astimezone(UTC) - start.astimezone(UTC)  # real time, not wall-clock time, across DST
     if duration < timedelta(minutes=policy.min_duration_minutes):
         fields.setdefault("end", []).append(f"A booking lasts at least {policy.min_duration_minutes} minutes.")
     if duration > timedelta(hours=policy.max_duration_hours):
@@ -625,6 +655,10 @@ def reservation_create(
     policy = selectors.booking_policy()
     _check_member(user, team)
     check_window(start=start, end=end, policy=policy, now=now)
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
+    # A booking of the current slot holds from now: the past part of the slot may still be held by a reservation
+    # released a moment ago (its end was cut to the release time), and nobody can use the past anyway.
+    start = max(start, now)
     note = (note or "").strip()
     if len(note) > 500:
         raise ValidationFailed("The note is too long.", fields={"note": ["At most 500 characters."]})
@@ -721,7 +755,7 @@ def reservation_create(
                     note=note,
                     activated_at=now if status == ReservationStatus.ACTIVE else None,
                 )
-                check = quota_check_and_hold(
+                check = _quota_check_and_hold(
                     team=team,
                     gpu_count=count,
                     start=start,

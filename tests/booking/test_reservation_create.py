@@ -32,18 +32,19 @@ def test_booking_by_model_places_on_one_node_best_fit(alice, api_as, fleet):
 
 def test_booking_named_gpus(alice, api_as, fleet):
     start, end = slot()
-    resp = api_as(alice).post(
-        URL, book_body(start=start, end=end, gpus=["GPU-big-3", "GPU-big-4"]), format="json"
-    )
+    resp = api_as(alice).post(URL, book_body(start=start, end=end, gpus=["GPU-big-3", "GPU-big-4"]), format="json")
     assert resp.status_code == 201, resp.json()
     assert sorted(g["uuid"] for g in resp.json()["gpus"]) == ["GPU-big-3", "GPU-big-4"]
 
 
 def test_overlapping_booking_is_refused_with_slots(alice, charlie, api_as, fleet):
     start, end = slot()
-    assert api_as(alice).post(URL, book_body(start=start, end=end, gpus=["GPU-big-0"]), format="json").status_code == 201
+    assert (
+        api_as(alice).post(URL, book_body(start=start, end=end, gpus=["GPU-big-0"]), format="json").status_code == 201
+    )
     resp = api_as(charlie).post(
-        URL, book_body("nlp", start=start + timedelta(hours=1), end=end + timedelta(hours=1), gpus=["GPU-big-0"]),
+        URL,
+        book_body("nlp", start=start + timedelta(hours=1), end=end + timedelta(hours=1), gpus=["GPU-big-0"]),
         format="json",
     )
     assert resp.status_code == 409
@@ -88,7 +89,10 @@ def test_overlap_rules(alice, api_as, fleet, shift, length, status):
 def test_full_model_is_409_with_free_count(alice, api_as, fleet):
     start, end = slot()
     client = api_as(alice)
-    assert client.post(URL, book_body(start=start, end=end, gpu_model="H100-80GB", gpu_count=2), format="json").status_code == 201
+    assert (
+        client.post(URL, book_body(start=start, end=end, gpu_model="H100-80GB", gpu_count=2), format="json").status_code
+        == 201
+    )
     resp = client.post(URL, book_body(start=start, end=end, gpu_model="H100-80GB", gpu_count=1), format="json")
     assert resp.status_code == 409
     assert resp.json()["free"] == 0
