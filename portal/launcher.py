@@ -77,6 +77,7 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
             [*celery, "beat", "-l", "INFO", "-s", str(Path(env["PORTAL_VAR_DIR"]) / "run" / "celerybeat-schedule")],
         ),
         Service("publisher", [PY, "manage.py", "fleet_publisher"]),
+        Service("scheduler", [PY, "manage.py", "scheduler"]),
         *local_agent(env),
     ]
 

@@ -1,29 +1,440 @@
-"""Job commands of the node agent: the place for `agent.launch_job` and `agent.cancel_job` (jobs engineer).
+"""Job commands of the node agent: `agent.launch_job` and `agent.cancel_job`, and the job reports to the portal.
 
 `install(app, agent)` is called once by workers/agent_app.install_tasks, before the agent's Celery worker starts.
-Register tasks on `app` (queue `node.<name>` is the default) and use from `agent`:
+No Django here: a GPU node runs users' code and holds no database credentials.
 
-- `command_body(agent, "agent.launch_job", envelope)` (workers.agent_app): the verified body of a signed command,
-  or None when refused (the portal signs with apps.fleet.commands.agent_send);
-- `agent.link.send("jobs.<event>", {...})`: a report to the portal's `control` queue (node and token are added);
-- `agent.holds.for_gpu(uuid)`: the holds booking sent (workers/agent_state.py);
-- `agent.backend`, `agent.backend_kind`, `agent.gpu_by_uuid`: the GPUs (a simulated backend's `assign`/`release`
-  make its telemetry follow a job);
-- `agent.stop_event`: set on shutdown.
+Runtime: `--runtime docker|process|auto` (AgentConfig.runtime when the agent has that option, else the
+GPUPORTAL_RUNTIME environment variable; default auto = docker if a Docker engine answers, else the local-process
+runtime). Docker engine: GPUPORTAL_DOCKER_HOST or DOCKER_HOST (default unix:///var/run/docker.sock).
 
-No job logic lives here yet.
+Node policy (workers/runtimes/policy.py re-checks every launch; the portal checked too):
+GPUPORTAL_ALLOWED_IMAGES (comma-separated patterns, default "*": the portal's allow-list decides),
+GPUPORTAL_MOUNT_PREFIXES / GPUPORTAL_WRITABLE_MOUNT_PREFIXES (host directories jobs may mount; default none),
+GPUPORTAL_NVIDIA_RUNTIME=1 on real GPU nodes with the NVIDIA Container Toolkit (GPUs passed as device requests).
+
+Reports (queue `control`, through agent.link; node and token added there):
+
+| task | when | body |
+|---|---|---|
+| `jobs.report_started` | the container/process runs | job_id, handle, at |
+| `jobs.report_logs` | every 200 ms or 50 lines | batches [{job_id, epoch, first, lines [[stream, text, ts]]}] |
+| `jobs.report_exit` | once per job | job_id, state, reason, exit_code, message, finished_at, log_total |
+| `jobs.report_inventory` | at start (after adopting) and every 30 s | jobs [{job_id, status: running/launching}] |
+
+Reconciliation: at start the runner lists the jobs its runtime finds (containers labelled for this agent, or the
+process runtime's state files) and adopts them all: running ones are watched again, ended ones report their exit.
+Then the inventory tells the portal what runs here; the portal marks jobs it expected but the node lacks as lost
+and asks the node to stop jobs the portal has already ended.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery
+
+from workers.runtimes.base import JobOutcome, LogStream, Runtime, RuntimeEvents
+from workers.runtimes.policy import ContainerPolicy, PolicyViolation, validate_launch_request
 
 if TYPE_CHECKING:
     from workers.agent import Agent
 
+logger = logging.getLogger("workers.agent.jobs")
+
+FLUSH_INTERVAL_S = 0.2
+FLUSH_LINES = 50
+INVENTORY_EVERY_S = 30.0
+EXIT_SEND_WAIT_S = 5.0
+MAX_BUFFERED_LINES_PER_JOB = 20_000  # a job printing faster than the broker takes it loses its oldest lines
+
+
+class Sender(Protocol):
+    def send(self, task: str, body: dict[str, Any], *, expires: float | None = None, critical: bool = True) -> None: ...
+
+    def pending(self) -> int: ...
+
+
+# --- Choosing a runtime --------------------------------------------------------------------------------------
+
+
+def docker_url() -> str:
+    return os.environ.get("GPUPORTAL_DOCKER_HOST") or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def docker_answers(url: str, timeout_s: float = 3.0) -> bool:
+    try:
+        import docker
+
+        client = docker.DockerClient(base_url=url, version="auto", timeout=int(max(1, timeout_s)))
+    except Exception:
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+def resolve_runtime_kind(requested: str, url: str) -> str:
+    """ "docker" or "process" for --runtime auto|docker|process."""
+    if requested not in ("auto", "docker", "process"):
+        raise ValueError(f"--runtime must be auto, docker or process, not {requested!r}")
+    if requested != "auto":
+        return requested
+    return "docker" if docker_answers(url) else "process"
+
+
+def node_policy(gpu_uuids: list[str] | None) -> ContainerPolicy:
+    def env_list(name: str, default: str = "") -> tuple[str, ...]:
+        return tuple(p.strip() for p in os.environ.get(name, default).split(",") if p.strip())
+
+    return ContainerPolicy(
+        allowed_images=env_list("GPUPORTAL_ALLOWED_IMAGES", "*"),
+        mount_prefixes=env_list("GPUPORTAL_MOUNT_PREFIXES"),
+        writable_mount_prefixes=env_list("GPUPORTAL_WRITABLE_MOUNT_PREFIXES"),
+        use_nvidia_runtime=os.environ.get("GPUPORTAL_NVIDIA_RUNTIME", "") in ("1", "true", "yes"),
+        node_gpu_uuids=gpu_uuids,
+    )
+
+
+def make_runtime(kind: str, *, agent_name: str, events: RuntimeEvents, state_dir: Path, url: str) -> Runtime:
+    if kind == "docker":
+        from workers.runtimes.docker import DockerRuntime
+
+        return DockerRuntime(
+            events=events, base_url=url, agent=agent_name, name_prefix=f"portal-{agent_name}-job-", timeout_grace_s=5.0
+        )
+    from workers.runtimes.process import ProcessRuntime
+
+    return ProcessRuntime(state_dir=state_dir, events=events, timeout_grace_s=5.0)
+
+
+# --- The runner ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _LogState:
+    epoch: str
+    next_seq: int = 1
+    buffer: list[list[Any]] = field(default_factory=list)
+    first_buffered: int = 1
+
+
+class JobRunner:
+    """Launches and stops jobs through one runtime and reports what happens to the portal."""
+
+    def __init__(
+        self,
+        *,
+        sender: Sender,
+        policy: ContainerPolicy,
+        runtime_factory: Callable[[RuntimeEvents], Runtime],
+        on_gpus: Callable[[int, list[str], bool], None] | None = None,
+    ) -> None:
+        self.sender = sender
+        self.policy = policy
+        self.on_gpus = on_gpus
+        self._lock = threading.Lock()
+        self._logs: dict[int, _LogState] = {}
+        self._launching: set[int] = set()
+        self._running: set[int] = set()
+        self._gpus: dict[int, list[str]] = {}
+        self._cancelled_early: set[int] = set()
+        self._reported: set[int] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.runtime = runtime_factory(
+            RuntimeEvents(on_started=self._on_started, on_log=self._on_log, on_exit=self._on_exit)
+        )
+
+    # -- life cycle ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in ((self._flush_loop, "jobs-log-flusher"), (self._inventory_loop, "jobs-inventory")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Agent shutdown: flush logs, stop watching (the jobs keep running; the next agent adopts them)."""
+        self._stop.set()
+        self._wake.set()
+        self.flush()
+        self.runtime.close()
+
+    def reconcile(self) -> list[int]:
+        """Adopt every job the runtime finds (after an agent restart); returns their ids."""
+        adopted: list[int] = []
+        try:
+            listed = self.runtime.list_jobs()
+        except Exception:
+            logger.exception("listing the runtime's jobs failed")
+            return adopted
+        for job in listed:
+            if job.watched:
+                continue
+            with self._lock:
+                self._logs[job.job_id] = _LogState(epoch=uuid.uuid4().hex[:12])
+                if job.status == "running":
+                    self._running.add(job.job_id)
+            if self.runtime.adopt(job.job_id):
+                adopted.append(job.job_id)
+                logger.info("adopted job %s (%s)", job.job_id, job.status)
+        self.send_inventory()
+        return adopted
+
+    # -- commands ------------------------------------------------------------------------------------------
+
+    def launch(self, request: dict[str, Any]) -> bool:
+        """Check the request against the node policy and launch it; a refusal is reported as launch_error."""
+        job_id = request.get("job_id")
+        try:
+            spec = validate_launch_request(request, self.policy)
+        except PolicyViolation as exc:
+            logger.warning("job %s refused by the node policy: %s", job_id, exc)
+            if isinstance(job_id, int) and not isinstance(job_id, bool):
+                self._report_exit_now(job_id, "failed", "launch_error", None, f"refused by the node's policy: {exc}")
+            return False
+        with self._lock:
+            if spec.job_id in self._cancelled_early or spec.job_id in self._reported:
+                return False
+            known = spec.job_id in self._launching or spec.job_id in self._running
+            if not known:
+                self._launching.add(spec.job_id)
+                self._logs[spec.job_id] = _LogState(epoch=uuid.uuid4().hex[:12])
+                self._gpus[spec.job_id] = list(spec.gpu_uuids)
+        if known:
+            return False  # a re-sent launch: this one is already under way
+        try:
+            launched = self.runtime.launch(spec)
+        except Exception as exc:
+            logger.exception("launching job %s failed", spec.job_id)
+            self._report_exit_now(spec.job_id, "failed", "launch_error", None, f"{type(exc).__name__}: {exc}")
+            return False
+        if not launched:
+            # The runtime already has it (a state file from before a restart): watch it rather than start a copy.
+            self.runtime.adopt(spec.job_id)
+        with self._lock:
+            cancelled_meanwhile = spec.job_id in self._cancelled_early
+        if cancelled_meanwhile:
+            # A cancel arrived between our bookkeeping and the runtime knowing the job: stop it now.
+            self.runtime.stop(spec.job_id, grace_s=0.0)
+        if self.on_gpus is not None:
+            self.on_gpus(spec.job_id, list(spec.gpu_uuids), True)
+        return launched
+
+    def cancel(self, job_id: int, grace_s: float) -> bool:
+        """SIGTERM, grace, SIGKILL. A job this node never launched is reported cancelled and never started."""
+        if self.runtime.stop(job_id, grace_s=grace_s):
+            return True
+        with self._lock:
+            launching = job_id in self._launching
+            self._cancelled_early.add(job_id)
+        if not launching:
+            self._report_exit_now(job_id, "cancelled", "cancelled", None, "cancelled before it started on the node")
+        return False
+
+    # -- runtime callbacks (watcher threads) ---------------------------------------------------------------
+
+    def _on_started(self, job_id: int, handle: str) -> None:
+        with self._lock:
+            self._launching.discard(job_id)
+            self._running.add(job_id)
+        self.sender.send("jobs.report_started", {"job_id": job_id, "handle": handle[:200], "at": time.time()})
+
+    def _on_log(self, job_id: int, stream: LogStream, line: str) -> None:
+        with self._lock:
+            state = self._logs.get(job_id)
+            if state is None:
+                state = self._logs[job_id] = _LogState(epoch=uuid.uuid4().hex[:12])
+            if not state.buffer:
+                state.first_buffered = state.next_seq
+            state.buffer.append([stream, line, round(time.time(), 3)])
+            state.next_seq += 1
+            if len(state.buffer) > MAX_BUFFERED_LINES_PER_JOB:
+                drop = len(state.buffer) - MAX_BUFFERED_LINES_PER_JOB
+                del state.buffer[:drop]
+                state.first_buffered += drop
+            full = len(state.buffer) >= FLUSH_LINES
+        if full:
+            self._wake.set()
+
+    def _on_exit(self, outcome: JobOutcome) -> None:
+        self.flush(outcome.job_id)
+        with self._lock:
+            state = self._logs.pop(outcome.job_id, None)
+            self._launching.discard(outcome.job_id)
+            self._running.discard(outcome.job_id)
+            gpus = self._gpus.pop(outcome.job_id, [])
+            self._reported.add(outcome.job_id)
+        total = state.next_seq - 1 if state is not None else 0
+        finished = outcome.finished_at.timestamp() if outcome.finished_at else time.time()
+        self.sender.send(
+            "jobs.report_exit",
+            {
+                "job_id": outcome.job_id,
+                "state": outcome.state,
+                "reason": outcome.reason,
+                "exit_code": outcome.exit_code,
+                "message": outcome.message[:8000],
+                "finished_at": finished,
+                "log_total": total,
+            },
+        )
+        if self.on_gpus is not None and gpus:
+            self.on_gpus(outcome.job_id, gpus, False)
+        # The runtime removes the container once this returns: give the sender a moment to get the report out,
+        # so an agent killed right now leaves the container (and the outcome) for its successor, not nothing.
+        deadline = time.monotonic() + EXIT_SEND_WAIT_S
+        while self.sender.pending() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        logger.info("job %s %s (%s, exit %s)", outcome.job_id, outcome.state, outcome.reason, outcome.exit_code)
+
+    def _report_exit_now(self, job_id: int, state: str, reason: str, exit_code: int | None, message: str) -> None:
+        with self._lock:
+            self._launching.discard(job_id)
+            self._reported.add(job_id)
+        self.sender.send(
+            "jobs.report_exit",
+            {
+                "job_id": job_id,
+                "state": state,
+                "reason": reason,
+                "exit_code": exit_code,
+                "message": message[:8000],
+                "finished_at": time.time(),
+                "log_total": 0,
+            },
+        )
+
+    # -- logs ----------------------------------------------------------------------------------------------
+
+    def flush(self, job_id: int | None = None) -> int:
+        """Send buffered lines (of one job, or all) as one `jobs.report_logs`; returns how many lines."""
+        batches: list[dict[str, Any]] = []
+        with self._lock:
+            items = [(job_id, self._logs.get(job_id))] if job_id is not None else list(self._logs.items())
+            for jid, state in items:
+                if state is None or not state.buffer:
+                    continue
+                batches.append(
+                    {"job_id": jid, "epoch": state.epoch, "first": state.first_buffered, "lines": state.buffer}
+                )
+                state.buffer = []
+                state.first_buffered = state.next_seq
+        if batches:
+            self.sender.send("jobs.report_logs", {"batches": batches})
+        return sum(len(b["lines"]) for b in batches)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(FLUSH_INTERVAL_S)
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception:
+                logger.exception("sending logs failed")
+
+    # -- inventory -----------------------------------------------------------------------------------------
+
+    def inventory(self) -> list[dict[str, Any]]:
+        with self._lock:
+            running = sorted(self._running)
+            launching = sorted(self._launching - self._running)
+        return [{"job_id": j, "status": "running"} for j in running] + [
+            {"job_id": j, "status": "launching"} for j in launching
+        ]
+
+    def send_inventory(self) -> None:
+        self.sender.send("jobs.report_inventory", {"jobs": self.inventory(), "complete": True}, critical=False)
+
+    def _inventory_loop(self) -> None:
+        while not self._stop.wait(INVENTORY_EVERY_S):
+            try:
+                self.send_inventory()
+            except Exception:
+                logger.exception("sending the inventory failed")
+
+
+# --- Installing into the agent -----------------------------------------------------------------------------
+
+
+def _simulated_gpus(agent: Agent) -> Callable[[int, list[str], bool], None] | None:
+    """With simulated GPUs, make their telemetry follow the jobs (busy while a job runs, idle after)."""
+    backend = agent.backend
+    if agent.backend_kind != "simulated" or not hasattr(backend, "assign"):
+        return None
+
+    def follow(job_id: int, gpus: list[str], running: bool) -> None:
+        for gpu in gpus:
+            try:
+                if running:
+                    backend.assign(gpu, f"job-{job_id}")  # type: ignore[attr-defined]
+                else:
+                    backend.release(gpu)  # type: ignore[attr-defined]
+            except Exception:
+                logger.debug("simulated GPU %s does not follow job %s", gpu, job_id, exc_info=True)
+
+    return follow
+
 
 def install(app: Celery, agent: Agent) -> None:
-    """Register the job tasks (none yet)."""
-    return None
+    """Register `agent.launch_job` / `agent.cancel_job` on the agent's app and start the job runner."""
+    from workers.agent_app import command_body
+
+    requested = getattr(agent.cfg, "runtime", None) or os.environ.get("GPUPORTAL_RUNTIME", "auto")
+    url = docker_url()
+    kind = resolve_runtime_kind(requested, url)
+    base = agent.cfg.state_dir or Path(tempfile.gettempdir()) / f"gpuportal-agent-{agent.cfg.name}"
+    state_dir = Path(base) / "jobs"
+    runner = JobRunner(
+        sender=agent.link,
+        policy=node_policy(list(agent.gpu_by_uuid)),
+        runtime_factory=lambda events: make_runtime(
+            kind, agent_name=agent.cfg.name, events=events, state_dir=state_dir, url=url
+        ),
+        on_gpus=_simulated_gpus(agent),
+    )
+    agent.job_runner = runner  # type: ignore[attr-defined]
+    logger.info("jobs run with the %s runtime%s", kind, f" ({url})" if kind == "docker" else f" (state {state_dir})")
+
+    @app.task(name="agent.launch_job", ignore_result=True)
+    def launch_job(envelope: Any) -> bool:
+        body = command_body(agent, "agent.launch_job", envelope)
+        if body is None:
+            return False
+        return runner.launch(body)
+
+    @app.task(name="agent.cancel_job", ignore_result=True)
+    def cancel_job(envelope: Any) -> bool:
+        body = command_body(agent, "agent.cancel_job", envelope)
+        if body is None:
+            return False
+        job_id, grace = body.get("job_id"), body.get("grace_s", 10.0)
+        if not isinstance(job_id, int) or isinstance(job_id, bool) or not isinstance(grace, int | float):
+            logger.warning("agent.cancel_job refused: malformed body")
+            return False
+        return runner.cancel(job_id, float(min(max(grace, 0.0), 300.0)))
+
+    from celery import signals
+
+    @signals.worker_ready.connect(weak=False)
+    def _start_runner(**kwargs: Any) -> None:
+        # After the link is up (Agent.start_background ran before the worker), so the reports can leave.
+        runner.start()
+        runner.reconcile()
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _stop_runner(**kwargs: Any) -> None:
+        runner.stop()

@@ -1,0 +1,592 @@
+"""The ORM shell around the pure scheduling core: leader election, snapshot, decisions applied in one transaction.
+
+`python manage.py scheduler` runs `SchedulerLoop`. One process at a time is the leader:
+
+- PostgreSQL: `pg_try_advisory_lock` on a dedicated connection (not Django's, so no transaction handling can drop
+  it); the lock lives as long as that connection, so when a leader dies the server frees it and a waiting
+  process takes over within a second.
+- SQLite (embedded default): a Redis lock with an expiry, renewed every pass; a leader that stops renewing loses
+  it after `LEASE_S`.
+
+Either way each leadership gets a fencing token (a Redis counter, or the advisory lock's own epoch stored in the
+`SchedulerState` row): the apply transaction first moves `SchedulerState.fence` to its token with a conditional
+UPDATE and gives up if a newer leader already wrote there, so a paused ex-leader cannot apply stale decisions.
+
+A pass runs every `interval` seconds and when a service pushes to the Redis list `jobs:scheduler:wake` (job
+submitted or ended, reservation ended). It loads a snapshot (GPUs of online nodes, running jobs, reservations
+and maintenance windows, queued jobs, decayed team usage), calls `apps.jobs.scheduling.schedule`, and applies
+the starts and stops in ONE transaction: each start in a savepoint, with booking's allocation constraint as the
+last guard (a start that loses the race stays queued). Launch and stop commands leave after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.accounts.models import Team
+from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
+from apps.core.errors import ApplicationError
+from apps.fleet.models import Gpu, GpuStatus, Node, NodeStatus
+from apps.jobs import conf, services
+from apps.jobs.events import WAKE_KEY
+from apps.jobs.models import ON_NODE_STATES, Job, JobReason, JobState, SchedulerState
+from apps.jobs.scheduling import (
+    Decisions,
+    Policy,
+    ReasonCode,
+    Snapshot,
+    StopReason,
+    decayed_gpu_seconds,
+    policy_by_name,
+    schedule,
+)
+from apps.jobs.scheduling import Gpu as CoreGpu
+from apps.jobs.scheduling import PendingJob as CorePending
+from apps.jobs.scheduling import Reservation as CoreReservation
+from apps.jobs.scheduling import RunningJob as CoreRunning
+
+logger = logging.getLogger(__name__)
+
+ADVISORY_KEY = 0x4A4F4253  # "JOBS"
+LEASE_KEY = "jobs:scheduler:leader"
+FENCE_KEY = "jobs:scheduler:fence"
+LEASE_S = 5.0
+MAX_PENDING = 20_000
+USAGE_REFRESH_S = 30.0
+MAINTENANCE_TEAM = "__maintenance__"
+SWEEP_EVERY_S = 2.0
+STOP_RESEND_S = 30.0
+
+
+def epoch(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+# --- Leadership ---------------------------------------------------------------------------------------------
+
+
+class Leadership(Protocol):
+    token: int
+
+    def acquire(self) -> bool:
+        """Try to become leader (non-blocking); True if this process is the leader now."""
+        ...
+
+    def still_leader(self) -> bool:
+        """Renew/check the leadership before a pass."""
+        ...
+
+    def release(self) -> None: ...
+
+
+class PostgresLeadership:
+    """`pg_try_advisory_lock` held by a dedicated psycopg connection for as long as this process leads."""
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.token = 0
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        db = settings.DATABASES["default"]
+        return psycopg.connect(
+            host=db.get("HOST") or None,
+            port=db.get("PORT") or None,
+            dbname=db["NAME"],
+            user=db.get("USER") or None,
+            password=db.get("PASSWORD") or None,
+            autocommit=True,
+            connect_timeout=5,
+            application_name="gpu-portal-scheduler-lock",
+        )
+
+    def acquire(self) -> bool:
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = self._connect()
+            row = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_KEY]).fetchone()
+        except Exception as exc:
+            logger.warning("scheduler lock: %s", exc)
+            self._drop()
+            return False
+        if not row or not row[0]:
+            return False
+        # The token: one more than any leader before (the fence row's value), taken while holding the lock.
+        self.token = _next_fence()
+        return True
+
+    def still_leader(self) -> bool:
+        if self.conn is None:
+            return False
+        try:
+            self.conn.execute("SELECT 1").fetchone()
+            return True
+        except Exception as exc:
+            logger.warning("scheduler lock connection lost: %s", exc)
+            self._drop()
+            return False
+
+    def _drop(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: S110 - already broken
+                pass
+        self.conn = None
+
+    def release(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_KEY])
+            except Exception:  # noqa: S110 - closing the connection frees it anyway
+                pass
+        self._drop()
+
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisLeadership:
+    """A Redis lease (SET NX PX) renewed every pass; the value is this leadership's fencing token."""
+
+    def __init__(self, redis: Any, lease_s: float = LEASE_S) -> None:
+        self.redis = redis
+        self.lease_ms = int(lease_s * 1000)
+        self.token = 0
+
+    def acquire(self) -> bool:
+        try:
+            if self.token and self.still_leader():
+                return True
+            token = int(self.redis.incr(FENCE_KEY))
+            if self.redis.set(LEASE_KEY, str(token), nx=True, px=self.lease_ms):
+                # A Redis that restarted empty counts from 1 again: stay above every token the database saw.
+                fence = SchedulerState.objects.filter(pk=1).values_list("fence", flat=True).first() or 0
+                if token <= fence:
+                    token = fence + 1
+                    self.redis.set(FENCE_KEY, str(token))
+                    self.redis.set(LEASE_KEY, str(token), xx=True, px=self.lease_ms)
+                self.token = token
+                return True
+        except Exception as exc:
+            logger.warning("scheduler lease: %s", exc)
+        self.token = 0
+        return False
+
+    def still_leader(self) -> bool:
+        if not self.token:
+            return False
+        try:
+            return bool(self.redis.eval(_RENEW, 1, LEASE_KEY, str(self.token), self.lease_ms))
+        except Exception as exc:
+            logger.warning("scheduler lease renewal failed: %s", exc)
+            return False
+
+    def release(self) -> None:
+        if self.token:
+            try:
+                self.redis.eval(_RELEASE, 1, LEASE_KEY, str(self.token))
+            except Exception:  # noqa: S110 - it expires by itself
+                pass
+        self.token = 0
+
+
+def _next_fence() -> int:
+    with transaction.atomic():
+        state, _ = SchedulerState.objects.select_for_update().get_or_create(pk=1)
+        return state.fence + 1
+
+
+def default_leadership() -> Leadership:
+    if settings.IS_POSTGRES:
+        return PostgresLeadership()
+    from apps.core.redis import get_redis
+
+    return RedisLeadership(get_redis())
+
+
+class NotLeader(Exception):
+    """A newer leader has applied decisions since this one took over: stop applying."""
+
+
+# --- Snapshot --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PassContext:
+    """The snapshot plus the rows the apply step needs, keyed by the core's string ids."""
+
+    now: datetime
+    snapshot: Snapshot
+    gpus: dict[str, Gpu] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    pending: dict[str, Job] = field(default_factory=dict)
+    running: dict[str, Job] = field(default_factory=dict)
+    reservation_ends: dict[str, datetime] = field(default_factory=dict)
+
+
+class UsageCache:
+    """Decayed GPU-seconds per team, recomputed from job rows at most every USAGE_REFRESH_S."""
+
+    def __init__(self, half_life_s: float = conf.FAIRSHARE_HALF_LIFE_S) -> None:
+        self.half_life_s = half_life_s
+        self.value: dict[str, float] = {}
+        self.at = 0.0
+
+    def get(self, now: datetime) -> dict[str, float]:
+        if time.monotonic() - self.at < USAGE_REFRESH_S and self.value:
+            return self.value
+        horizon = now - timedelta(seconds=self.half_life_s * 4)
+        now_s = epoch(now)
+        usage: dict[str, float] = {}
+        rows = (
+            Job.objects.filter(started_at__isnull=False)
+            .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=horizon))
+            .values_list("team_id", "gpu_count", "started_at", "ended_at")
+        )
+        for team_id, gpus, started, ended in rows.iterator(chunk_size=2000):
+            if started is None:
+                continue
+            end = epoch(ended) if ended else now_s
+            key = str(team_id)
+            usage[key] = usage.get(key, 0.0) + decayed_gpu_seconds(gpus, epoch(started), end, now_s, self.half_life_s)
+        self.value = usage
+        self.at = time.monotonic()
+        return usage
+
+
+def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext:
+    """Read everything one pass needs (a handful of queries, no query per job)."""
+    ctx = PassContext(now=now, snapshot=Snapshot(gpus=(), pending=()))
+    gpu_rows = list(
+        Gpu.objects.select_related("node", "model")
+        .filter(retired_at__isnull=True, status=GpuStatus.OK, node__status=NodeStatus.ONLINE, node__draining=False)
+        # A node without a token cannot verify a launch command: nothing is placed there.
+        .exclude(node__token_digest="")
+    )
+    ctx.gpus = {str(g.pk): g for g in gpu_rows}
+    ctx.nodes = {g.node.name: g.node for g in gpu_rows}
+
+    running_jobs = list(Job.objects.filter(state__in=ON_NODE_STATES).prefetch_related("gpus"))
+    ctx.running = {str(j.pk): j for j in running_jobs}
+    running: list[CoreRunning] = []
+    for job in running_jobs:
+        start = job.started_at or job.scheduled_at or now
+        running.append(
+            CoreRunning(
+                id=str(job.pk),
+                team=str(job.team_id),
+                gpu_ids=tuple(str(g.pk) for g in job.gpus.all()),
+                start=epoch(start),
+                max_duration_s=float(job.max_duration_s),
+                reservation_id=str(job.reservation_id) if job.reservation_id else None,
+            )
+        )
+
+    # A GPU held now by an allocation the snapshot cannot explain (a job row that ended without cutting it, a
+    # hold of some other kind) is not free.
+    explained = {int(gid) for r in running for gid in r.gpu_ids}
+    held_now = set(
+        Allocation.objects.active()
+        .filter(kind=AllocationKind.JOB, start__lte=now, end__gt=now)
+        .values_list("gpu_id", flat=True)
+    )
+    blocked = held_now - explained
+
+    # Reservations: booked/active ones not over yet, and those of running jobs (even released: the core stops
+    # their jobs once the reservation's end has passed).
+    bound_ids = {j.reservation_id for j in running_jobs if j.reservation_id}
+    resv_rows = list(
+        Reservation.objects.filter(
+            Q(status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE], end__gt=now) | Q(pk__in=bound_ids)
+        )
+    )
+    resv_gpus: dict[int, set[str]] = {}
+    for rid, gid in Allocation.objects.filter(
+        kind=AllocationKind.RESERVATION, reservation_id__in=[r.pk for r in resv_rows]
+    ).values_list("reservation_id", "gpu_id"):
+        resv_gpus.setdefault(rid, set()).add(str(gid))
+    reservations = [
+        CoreReservation(str(r.pk), str(r.team_id), frozenset(resv_gpus.get(r.pk, ())), epoch(r.start), epoch(r.end))
+        for r in resv_rows
+    ]
+    ctx.reservation_ends = {str(r.pk): r.end for r in resv_rows}
+
+    # Maintenance windows behave as reservations of nobody: a job must be done before one starts.
+    node_gpus: dict[int, list[str]] = {}
+    for key, row in ctx.gpus.items():
+        node_gpus.setdefault(row.node_id, []).append(key)
+    for window in MaintenanceWindow.objects.filter(end__gt=now):
+        if window.gpu_id:
+            ids = [str(window.gpu_id)]
+        elif window.node_id:
+            ids = node_gpus.get(window.node_id, [])
+        else:
+            ids = list(ctx.gpus)
+        if ids:
+            reservations.append(
+                CoreReservation(
+                    f"m{window.pk}", MAINTENANCE_TEAM, frozenset(ids), epoch(window.start), epoch(window.end)
+                )
+            )
+
+    pending_rows = list(Job.objects.filter(state=JobState.QUEUED).order_by("submitted_at", "id")[:MAX_PENDING])
+    ctx.pending = {str(j.pk): j for j in pending_rows}
+    pending = [
+        CorePending(
+            id=str(j.pk),
+            team=str(j.team_id),
+            user=str(j.user_id),
+            gpu_count=j.gpu_count,
+            max_duration_s=float(j.max_duration_s),
+            submitted_at=epoch(j.submitted_at),
+            models=frozenset(j.gpu_models) if j.gpu_models else None,
+            priority=j.priority,
+            reservation_id=str(j.reservation_id) if j.reservation_id else None,
+        )
+        for j in pending_rows
+    ]
+    gpus = tuple(
+        CoreGpu(id=gid, node=g.node.name, model=g.model.name, free=0.0 if g.pk in blocked else 1.0)
+        for gid, g in ctx.gpus.items()
+    )
+    shares = {str(pk): float(share) for pk, share in Team.objects.values_list("pk", "share")}
+    ctx.snapshot = Snapshot(
+        gpus=gpus,
+        pending=tuple(pending),
+        running=tuple(running),
+        reservations=tuple(reservations),
+        team_usage=(usage or UsageCache()).get(now) if pending else {},
+        team_shares=shares,
+    )
+    return ctx
+
+
+# --- Apply -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PassResult:
+    started: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    stopped: list[int] = field(default_factory=list)
+    pending: int = 0
+    ms: float = 0.0
+
+
+def _claim_fence(token: int, leader: str, now: datetime) -> None:
+    """Move the fence to our token; a newer leader's token there means we are not the leader any more."""
+    SchedulerState.objects.get_or_create(pk=1)
+    updated = SchedulerState.objects.filter(pk=1, fence__lte=token).update(fence=token, leader=leader)
+    if not updated:
+        raise NotLeader(f"a leader with a token above {token} has taken over")
+
+
+def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leader: str) -> PassResult:
+    """Apply one pass's decisions in one transaction (each start in its own savepoint)."""
+    result = PassResult(pending=len(ctx.pending))
+    now = ctx.now
+    grace = _reservation_grace_s()
+    with transaction.atomic():
+        _claim_fence(token, leader, now)
+        for start in decisions.starts:
+            job = ctx.pending.get(start.job_id)
+            node = ctx.nodes.get(start.node)
+            if job is None or node is None:
+                continue
+            gpus = [ctx.gpus[g] for g in start.gpu_ids]
+            try:
+                with transaction.atomic():
+                    services.job_start(job=job, node=node, gpus=gpus, now=now)
+                result.started.append(job.pk)
+            except ApplicationError as exc:
+                # Lost a race for a GPU (the allocation constraint), the team's concurrent-GPU quota, or the
+                # job was cancelled meanwhile: it stays where it is and the next pass looks again.
+                result.refused[job.pk] = exc.code
+                Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+                    pending_reason=exc.code[:40], pending_message=exc.detail[:300]
+                )
+        for stop in decisions.stops:
+            job = ctx.running.get(stop.job_id)
+            if job is None or job.state not in ON_NODE_STATES:
+                continue
+            if job.stop_requested_at and (now - job.stop_requested_at).total_seconds() < STOP_RESEND_S:
+                continue
+            if stop.reason == StopReason.TIMEOUT:
+                # The node kills the job at its deadline itself; this is the backstop for a node that did not.
+                began = job.started_at or job.scheduled_at or now
+                overdue = (now - began).total_seconds() - job.max_duration_s
+                if overdue < conf.CANCEL_GRACE_S + 20:
+                    continue
+                services.job_request_stop(job=job, reason=JobReason.TIMEOUT, grace_s=conf.CANCEL_GRACE_S)
+            else:
+                end = ctx.reservation_ends.get(str(job.reservation_id))
+                if end is not None and (now - end).total_seconds() < grace:
+                    continue
+                services.job_request_stop(job=job, reason=JobReason.PREEMPTED, grace_s=conf.CANCEL_GRACE_S)
+            result.stopped.append(job.pk)
+        _store_reasons(ctx, decisions, result)
+    return result
+
+
+def _store_reasons(ctx: PassContext, decisions: Decisions, result: PassResult) -> None:
+    """Write why each job waits, only where it changed (most passes change nothing)."""
+    by_reason: dict[tuple[str, str], list[int]] = {}
+    for job_id, reason in decisions.pending_reasons.items():
+        job = ctx.pending.get(job_id)
+        if job is None or job.pk in result.refused:
+            continue
+        code = str(reason.code.value if isinstance(reason.code, ReasonCode) else reason.code)[:40]
+        message = reason.message[:300]
+        if job.pending_reason != code or job.pending_message != message:
+            by_reason.setdefault((code, message), []).append(job.pk)
+    for (code, message), ids in by_reason.items():
+        Job.objects.filter(pk__in=ids, state=JobState.QUEUED).update(pending_reason=code, pending_message=message)
+
+
+def _reservation_grace_s() -> float:
+    try:
+        from apps.booking.selectors import booking_policy
+
+        return float(booking_policy().end_grace_minutes * 60)
+    except Exception:
+        return float(conf.RESERVATION_GRACE_S)
+
+
+def run_pass(
+    *, token: int, leader: str, policy: Policy, usage: UsageCache | None = None, now: datetime | None = None
+) -> PassResult:
+    """Snapshot, decide, apply. Raises NotLeader when a newer leader exists."""
+    t0 = time.perf_counter()
+    now = now or timezone.now()
+    ctx = load_snapshot(now, usage)
+    decisions = schedule(ctx.snapshot, policy=policy, now=epoch(now))
+    result = apply_decisions(ctx, decisions, token=token, leader=leader)
+    result.ms = (time.perf_counter() - t0) * 1000
+    SchedulerState.objects.filter(pk=1, fence=token).update(
+        last_pass_at=now,
+        last_pass_ms=result.ms,
+        last_started=len(result.started),
+        pending=result.pending - len(result.started),
+    )
+    return result
+
+
+# --- The loop ------------------------------------------------------------------------------------------------
+
+
+class SchedulerLoop:
+    """Wait to lead; while leading, pass every `interval` seconds and whenever woken."""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy | None = None,
+        interval: float = conf.SCHEDULER_INTERVAL_S,
+        leadership: Leadership | None = None,
+        redis: Any = None,
+        name: str | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        from apps.core.redis import get_redis
+
+        self.policy = policy or policy_by_name(conf.SCHEDULER_POLICY)
+        self.interval = interval
+        self.redis = redis or get_redis()
+        self.leadership = leadership or default_leadership()
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.log = log or logger.info
+        self.stopping = False
+        self.leading = False
+        self.usage = UsageCache()
+        self.last_sweep = 0.0
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until woken by a service (BLPOP on the wake list) or `timeout` passes."""
+        if timeout <= 0:
+            return
+        try:
+            if self.redis.blpop([WAKE_KEY], timeout=max(0.01, timeout)):
+                self.redis.delete(WAKE_KEY)  # one pass answers every wake-up queued so far
+        except Exception as exc:
+            logger.warning("scheduler wake list: %s", exc)
+            time.sleep(min(timeout, 1.0))
+
+    def step(self) -> PassResult | None:
+        """One iteration: make sure we lead, then pass. Returns the pass's result (None when not leading)."""
+        close_old_connections()
+        if not self.leading:
+            if not self.leadership.acquire():
+                return None
+            self.leading = True
+            self.usage = UsageCache()
+            self.log(f"scheduler {self.name}: leading (token {self.leadership.token}, policy {self.policy.name})")
+        elif not self.leadership.still_leader():
+            self.leading = False
+            self.log(f"scheduler {self.name}: lost the leadership")
+            return None
+        try:
+            if time.monotonic() - self.last_sweep > SWEEP_EVERY_S:
+                services.jobs_sweep()
+                self.last_sweep = time.monotonic()
+            result = run_pass(token=self.leadership.token, leader=self.name, policy=self.policy, usage=self.usage)
+        except NotLeader as exc:
+            self.log(f"scheduler {self.name}: stepping down: {exc}")
+            self.leadership.release()
+            self.leading = False
+            return None
+        if result.started or result.stopped:
+            logger.info(
+                "pass: started %s, stopped %s, %d pending, %.1f ms",
+                result.started,
+                result.stopped,
+                result.pending - len(result.started),
+                result.ms,
+            )
+        return result
+
+    def run(self) -> None:
+        self.log(f"scheduler {self.name}: waiting for the leadership")
+        try:
+            while not self.stopping:
+                t0 = time.monotonic()
+                try:
+                    self.step()
+                except Exception:
+                    logger.exception("scheduler pass failed")
+                    close_old_connections()
+                remaining = self.interval - (time.monotonic() - t0)
+                if self.leading:
+                    self.wait(remaining)
+                elif remaining > 0:
+                    time.sleep(remaining)
+        finally:
+            self.leadership.release()
+            self.log(f"scheduler {self.name}: stopped")

@@ -1,0 +1,194 @@
+"""The agent's job runner (workers/agent_jobs.py) with the real local-process runtime and a recording sender:
+reports, batched logs, cancellation, node policy, restart reconciliation. No portal involved."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workers.agent_jobs import JobRunner, node_policy, resolve_runtime_kind
+from workers.runtimes.base import RuntimeEvents
+from workers.runtimes.policy import ContainerPolicy
+from workers.runtimes.process import ProcessRuntime
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class RecordingSender:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.cond = threading.Condition()
+
+    def send(self, task: str, body: dict[str, Any], *, expires: float | None = None, critical: bool = True) -> None:
+        with self.cond:
+            self.sent.append((task, body))
+            self.cond.notify_all()
+
+    def pending(self) -> int:
+        return 0
+
+    def of(self, task: str) -> list[dict[str, Any]]:
+        with self.cond:
+            return [body for t, body in self.sent if t == task]
+
+    def wait(self, predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                value = predicate()
+                if value:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out; sent: {[t for t, _ in self.sent]}")
+                self.cond.wait(min(left, 0.1))
+
+    def exit_of(self, job_id: int) -> dict[str, Any]:
+        return self.wait(lambda: next((b for b in self.of("jobs.report_exit") if b["job_id"] == job_id), None))
+
+    def lines_of(self, job_id: int) -> list[tuple[int, str, str]]:
+        out = []
+        for body in self.of("jobs.report_logs"):
+            for batch in body["batches"]:
+                if batch["job_id"] == job_id:
+                    out.extend((batch["first"] + i, s, text) for i, (s, text, _) in enumerate(batch["lines"]))
+        return out
+
+
+POLICY = ContainerPolicy(allowed_images=("*",), node_gpu_uuids=["GPU-0001", "GPU-0002"])
+
+
+@pytest.fixture
+def make_runner(tmp_path: Path) -> Iterator[Callable[..., tuple[JobRunner, RecordingSender]]]:
+    made: list[JobRunner] = []
+
+    def make(policy: ContainerPolicy = POLICY) -> tuple[JobRunner, RecordingSender]:
+        sender = RecordingSender()
+
+        def factory(events: RuntimeEvents) -> ProcessRuntime:
+            return ProcessRuntime(state_dir=tmp_path / "state", events=events, timeout_grace_s=0.5)
+
+        runner = JobRunner(sender=sender, policy=policy, runtime_factory=factory)
+        runner.start()
+        made.append(runner)
+        return runner, sender
+
+    yield make
+    for runner in made:
+        runner.stop()
+
+
+def request(job_id: int, *argv: str, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "image": "local/process", "command": list(argv), "env": {}, "gpu_uuids": ["GPU-0001"],
+            "cpus": 1.0, "memory_mib": 0, "max_duration_s": 30, "mounts": [], "network": "none", **extra}  # fmt: skip
+
+
+def test_a_job_reports_started_logs_in_order_and_its_exit(make_runner):
+    runner, sender = make_runner()
+    script = 'for i in $(seq 1 120); do echo "line-$i"; done; echo oops >&2; exit 3'
+    assert runner.launch(request(11, "sh", "-c", script, env={"GREETING": "hi"}))
+
+    exit_report = sender.exit_of(11)
+    assert (exit_report["state"], exit_report["reason"], exit_report["exit_code"]) == ("failed", "exit_code", 3)
+    started = sender.of("jobs.report_started")
+    assert started and started[0]["job_id"] == 11 and started[0]["handle"].startswith("pid:")
+    lines = sender.lines_of(11)
+    stdout = [text for _, s, text in lines if s == "stdout"]
+    assert stdout == [f"line-{i}" for i in range(1, 121)]
+    assert [text for _, s, text in lines if s == "stderr"] == ["oops"]
+    assert sorted(seq for seq, _, _ in lines) == list(range(1, 122))  # numbered without gaps
+    assert exit_report["log_total"] == 121
+    # Batched: 121 lines went out in a handful of messages, not one per line.
+    assert len(sender.of("jobs.report_logs")) < 20
+
+
+def test_cancel_sends_sigterm_then_reports_cancelled(make_runner):
+    runner, sender = make_runner()
+    script = "trap 'echo got-term; exit 143' TERM; echo ready; while true; do sleep 0.1; done"
+    runner.launch(request(12, "sh", "-c", script))
+    sender.wait(lambda: any(text == "ready" for _, _, text in sender.lines_of(12)))
+    assert runner.cancel(12, grace_s=5)
+    report = sender.exit_of(12)
+    assert (report["state"], report["reason"]) == ("cancelled", "cancelled")
+    assert "got-term" in [text for _, _, text in sender.lines_of(12)]
+
+
+def test_cancel_before_launch_reports_cancelled_and_the_launch_is_ignored(make_runner):
+    runner, sender = make_runner()
+    assert not runner.cancel(13, grace_s=1)
+    assert sender.exit_of(13)["state"] == "cancelled"
+    assert not runner.launch(request(13, "sh", "-c", "echo should-not-run"))
+    time.sleep(0.5)
+    assert sender.lines_of(13) == []
+
+
+def test_timeout_is_reported(make_runner):
+    runner, sender = make_runner()
+    runner.launch(request(14, "sleep", "30", max_duration_s=1))
+    report = sender.exit_of(14)
+    assert (report["state"], report["reason"]) == ("failed", "timeout")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"privileged": True},
+        {"command": "echo hi"},
+        {"gpu_uuids": ["GPU-not-here"]},
+        {"mounts": [{"host_path": "/etc", "container_path": "/etc"}]},
+        {"network": "host"},
+        {"cap_add": ["SYS_ADMIN"]},
+    ],
+)
+def test_the_node_policy_refuses_what_the_portal_should_never_have_sent(make_runner, change):
+    runner, sender = make_runner()
+    assert not runner.launch({**request(15, "echo", "hi"), **change})
+    report = sender.exit_of(15)
+    assert (report["state"], report["reason"]) == ("failed", "launch_error")
+    assert "policy" in report["message"]
+    assert sender.of("jobs.report_started") == []
+
+
+def test_an_unknown_program_is_a_launch_error(make_runner):
+    runner, sender = make_runner()
+    runner.launch(request(16, "/no/such/program"))
+    report = sender.exit_of(16)
+    assert (report["state"], report["reason"]) == ("failed", "launch_error")
+
+
+def test_a_duplicate_launch_starts_nothing_twice(make_runner):
+    runner, sender = make_runner()
+    assert runner.launch(request(17, "sh", "-c", "echo once; sleep 0.3"))
+    assert not runner.launch(request(17, "sh", "-c", "echo once; sleep 0.3"))
+    sender.exit_of(17)
+    assert [text for _, _, text in sender.lines_of(17)] == ["once"]
+
+
+def test_a_restarted_runner_adopts_a_running_job_and_reports_its_end(make_runner):
+    first, first_sender = make_runner()
+    first.launch(request(18, "sh", "-c", "echo before; sleep 1.5; echo after"))
+    first_sender.wait(lambda: first_sender.lines_of(18))
+    first.stop()  # the agent goes away; the process keeps running
+
+    second, sender = make_runner()
+    assert second.reconcile() == [18]
+    inventory = sender.of("jobs.report_inventory")[0]
+    assert inventory["jobs"] == [{"job_id": 18, "status": "running"}]
+    report = sender.exit_of(18)
+    # An adopted process is not the new agent's child: its exit status cannot be read (docker's can), so the
+    # runtime says so rather than guess.
+    assert report["exit_code"] is None and "unknown" in report["message"]
+    assert "after" in [text for _, _, text in sender.lines_of(18)]
+
+
+def test_runtime_choice():
+    assert resolve_runtime_kind("process", "unix:///nowhere.sock") == "process"
+    assert resolve_runtime_kind("auto", "unix:///nowhere.sock") == "process"
+    with pytest.raises(ValueError):
+        resolve_runtime_kind("podman", "")
+    assert node_policy(["GPU-1"]).allowed_images == ("*",)

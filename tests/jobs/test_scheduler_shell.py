@@ -1,0 +1,244 @@
+"""The ORM shell around the pure core: snapshot, one pass applied in one transaction, fencing, leadership."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.booking.models import Allocation, Reservation
+from apps.fleet.models import NodeStatus
+from apps.jobs import scheduler
+from apps.jobs.models import Job, JobState, SchedulerState
+from apps.jobs.scheduling import FAIR, FIFO
+from tests.conftest import requires_postgres
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Commands the portal sends to agents (after commit), recorded instead of going to Redis."""
+    from portal.celery import app
+
+    out: list[dict[str, Any]] = []
+
+    def record(name: str, args: Any = None, queue: str = "", **kwargs: Any) -> None:
+        out.append({"task": name, "queue": queue, "body": args[0]["body"], "envelope": args[0]})
+
+    monkeypatch.setattr(app, "send_task", record)
+    return out
+
+
+def one_pass(token: int = 1, **kwargs: Any) -> scheduler.PassResult:
+    return scheduler.run_pass(token=token, leader="test", policy=kwargs.pop("policy", FAIR), **kwargs)
+
+
+@pytest.mark.django_db
+def test_a_pass_starts_a_queued_job_and_sends_the_launch_after_commit(
+    alice, vision, submit, sent, django_capture_on_commit_callbacks
+):
+    job = submit(alice, vision, gpu_count=2, gpu_model="A100-80GB", env={"A": "1"})
+    with django_capture_on_commit_callbacks(execute=True):
+        result = one_pass()
+    assert result.started == [job.pk]
+    job.refresh_from_db()
+    assert job.state == JobState.STARTING and job.node.name == "node01"
+    assert job.gpus.count() == 2
+    assert Allocation.objects.filter(job_id=job.pk, kind="job", active=True).count() == 2
+    assert len(sent) == 1
+    launch = sent[0]
+    assert launch["task"] == "agent.launch_job" and launch["queue"] == "node.node01"
+    body = launch["body"]
+    assert body["job_id"] == job.pk and body["command"] == ["echo", "hi"] and body["env"] == {"A": "1"}
+    assert sorted(body["gpu_uuids"]) == sorted(g.uuid for g in job.gpus.all())
+    assert launch["envelope"]["sig"]  # signed for the node
+
+
+@pytest.mark.django_db
+def test_nothing_is_sent_when_the_apply_transaction_rolls_back(alice, vision, submit, sent, monkeypatch):
+    submit(alice, vision)
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("crash after the starts")
+
+    monkeypatch.setattr(scheduler, "_store_reasons", boom)
+    with pytest.raises(RuntimeError):
+        one_pass()
+    assert Job.objects.get().state == JobState.QUEUED
+    assert not Allocation.objects.exists()
+    assert sent == []
+
+
+@pytest.mark.django_db
+def test_a_second_pass_does_not_start_a_job_twice(alice, vision, submit, sent):
+    job = submit(alice, vision)
+    assert one_pass().started == [job.pk]
+    assert one_pass().started == []
+    assert Allocation.objects.filter(job_id=job.pk).count() == 1
+
+
+@pytest.mark.django_db
+def test_gang_goes_to_a_node_with_enough_gpus_and_models_are_respected(alice, vision, submit, sent):
+    big = submit(alice, vision, gpu_count=6)
+    a100 = submit(alice, vision, gpu_count=1, gpu_model="A100-80GB")
+    one_pass()
+    big.refresh_from_db()
+    a100.refresh_from_db()
+    assert big.node.name == "node02" and big.gpus.count() == 6
+    assert a100.node.name == "node01"
+
+
+@pytest.mark.django_db
+def test_queued_jobs_wait_with_a_reason_when_the_fleet_is_full(alice, vision, submit, sent):
+    first = submit(alice, vision, gpu_count=8, gpu_model="H100-80GB")
+    second = submit(alice, vision, gpu_count=8, gpu_model="H100-80GB")
+    result = one_pass(policy=FIFO)
+    assert result.started == [first.pk]
+    second.refresh_from_db()
+    assert second.state == JobState.QUEUED
+    assert second.pending_reason == "waiting_for_gpus"
+    assert "8 free GPU" in second.pending_message
+
+
+@pytest.mark.django_db
+def test_offline_and_draining_nodes_get_nothing(alice, vision, fleet, submit, sent):
+    fleet["node01"].status = NodeStatus.OFFLINE
+    fleet["node01"].save()
+    fleet["node02"].draining = True
+    fleet["node02"].save()
+    job = submit(alice, vision)
+    assert one_pass().started == []
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+
+
+@pytest.mark.django_db
+def test_gpus_of_another_teams_active_reservation_are_not_used(alice, charlie, vision, nlp, fleet, submit, sent):
+    from apps.booking import services as booking
+
+    now = timezone.now()
+    resv = Reservation.objects.create(
+        team=nlp, user=charlie, gpu_count=4, start=now - timedelta(minutes=1), end=now + timedelta(hours=1),
+        booked_end=now + timedelta(hours=1), status="active", gpu_model=fleet["a100"],
+    )  # fmt: skip
+    booking.allocations_create(
+        gpus=fleet["gpus01"], team=nlp, user=charlie, start=resv.start, end=resv.end, kind="reservation",
+        reservation=resv,
+    )  # fmt: skip
+    job = submit(alice, vision, gpu_model="A100-80GB")
+    assert one_pass().started == []
+    job.refresh_from_db()
+    assert job.pending_reason in {"held_by_reservation", "waiting_for_gpus", "next_in_line"}
+
+    # The reservation's own team runs inside it.
+    theirs = submit(charlie, nlp, gpu_count=2, reservation_id=resv.pk, max_duration_s=600)
+    assert one_pass().started == [theirs.pk]
+    theirs.refresh_from_db()
+    assert {g.pk for g in theirs.gpus.all()} <= {g.pk for g in fleet["gpus01"]}
+    assert not Allocation.objects.filter(job_id=theirs.pk).exists()  # it runs on the reservation's rows
+
+
+@pytest.mark.django_db
+def test_a_job_that_would_run_into_maintenance_waits(alice, vision, fleet, submit, sent):
+    from apps.booking.models import MaintenanceWindow
+
+    now = timezone.now()
+    MaintenanceWindow.objects.create(start=now + timedelta(minutes=5), end=now + timedelta(hours=1))
+    long = submit(alice, vision, max_duration_s=3600)
+    short = submit(alice, vision, max_duration_s=60)
+    assert one_pass().started == [short.pk]
+    long.refresh_from_db()
+    assert long.state == JobState.QUEUED
+
+
+@pytest.mark.django_db
+def test_a_stale_leader_cannot_apply(alice, vision, submit, sent):
+    submit(alice, vision)
+    SchedulerState.objects.create(pk=1, fence=7)
+    with pytest.raises(scheduler.NotLeader):
+        one_pass(token=6)
+    assert Job.objects.get().state == JobState.QUEUED
+    assert one_pass(token=8).started
+
+
+@pytest.mark.django_db
+def test_a_running_job_of_an_ended_reservation_is_stopped_after_the_grace(
+    alice, vision, fleet, submit, sent, django_capture_on_commit_callbacks
+):
+    from apps.booking.selectors import booking_policy
+    from apps.jobs import services
+
+    now = timezone.now()
+    resv = Reservation.objects.create(
+        team=vision, user=alice, gpu_count=1, start=now - timedelta(hours=1), end=now + timedelta(minutes=30),
+        booked_end=now + timedelta(minutes=30), status="active", gpu_model=fleet["a100"],
+    )  # fmt: skip
+    Allocation.objects.create(
+        gpu=fleet["gpus01"][0], team=vision, kind="reservation", reservation=resv, start=resv.start, end=resv.end
+    )
+    job = submit(alice, vision, reservation_id=resv.pk, max_duration_s=600)
+    one_pass()
+    job.refresh_from_db()
+    services.job_transition(job, JobState.RUNNING)
+    grace = booking_policy().end_grace_minutes * 60
+
+    Reservation.objects.filter(pk=resv.pk).update(end=now - timedelta(seconds=grace / 2), status="released")
+    assert one_pass().stopped == []
+    Reservation.objects.filter(pk=resv.pk).update(end=now - timedelta(seconds=grace + 1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert one_pass().stopped == [job.pk]
+    job.refresh_from_db()
+    assert job.stop_reason == "preempted"
+    assert sent[-1]["task"] == "agent.cancel_job"
+
+
+# --- Leadership -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_redis_lease_has_one_holder_and_a_rising_token():
+    from apps.core.redis import get_redis
+
+    redis = get_redis()
+    redis.delete(scheduler.LEASE_KEY)
+    first = scheduler.RedisLeadership(redis, lease_s=0.5)
+    second = scheduler.RedisLeadership(redis, lease_s=0.5)
+    assert first.acquire()
+    assert not second.acquire()
+    assert first.still_leader()
+    first.release()
+    assert second.acquire()
+    assert second.token > first.token or first.token == 0
+
+
+@pytest.mark.django_db
+def test_redis_lease_expires_when_the_leader_stops_renewing():
+    import time
+
+    from apps.core.redis import get_redis
+
+    redis = get_redis()
+    redis.delete(scheduler.LEASE_KEY)
+    first = scheduler.RedisLeadership(redis, lease_s=0.3)
+    second = scheduler.RedisLeadership(redis, lease_s=0.3)
+    assert first.acquire()
+    time.sleep(0.45)  # the leader is "paused": its lease lapses
+    assert second.acquire()
+    assert not first.still_leader()
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_postgres_advisory_lock_has_one_holder():
+    first = scheduler.PostgresLeadership()
+    second = scheduler.PostgresLeadership()
+    try:
+        assert first.acquire()
+        assert not second.acquire()
+        first.conn.close()  # the leader's connection dies: the server frees the lock
+        assert second.acquire()
+        assert not first.still_leader()
+    finally:
+        first.release()
+        second.release()
