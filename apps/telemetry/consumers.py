@@ -1,0 +1,127 @@
+"""Websocket `/ws/fleet/`: one message a second with every GPU the user may see (see apps/telemetry/fanout.py).
+
+Authentication happened in the middleware (session cookie or `Authorization: Bearer`, apps/accounts/ws_auth.py);
+this consumer authorizes in `connect()` and after that never touches the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from apps.accounts.models import Scope
+from apps.telemetry.fanout import Subscriber, get_fanout, viewer_for
+
+CLOSE_UNAUTHENTICATED: Final = 4401
+CLOSE_FORBIDDEN: Final = 4403
+CLOSE_TOO_BIG: Final = 1009  # RFC 6455 "message too big"
+CLOSE_POLICY: Final = 1008  # RFC 6455 "policy violation"
+
+# A client has nothing to say on this stream but an occasional {"type": "ping"}: refuse anything larger or faster.
+MAX_INCOMING_BYTES: Final = 512
+MAX_INCOMING_PER_WINDOW: Final = 20
+INCOMING_WINDOW_S: Final = 10.0
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class FleetConsumer(AsyncWebsocketConsumer):
+    """Streams fleet snapshots from the process-wide fan-out; holder details only for the viewer's teams."""
+
+    # No channel-layer channel per socket: snapshots come from the process's own subscription, so a layer
+    # channel would only cost a Redis round trip per connect and a receive loop per socket. An alias that is not
+    # configured makes Channels skip the layer entirely.
+    channel_layer_alias = "fleet-socket-has-no-layer"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sub: Subscriber | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._window_start = 0.0
+        self._window_count = 0
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels (4.2+) runs close_old_connections in a worker thread before every handler. This consumer uses
+        # the database only inside connect() through database_sync_to_async, which cleans up after itself, so
+        # the extra thread hop per incoming frame is pure cost (bench/fleet_fanout.py --micro measures it).
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            # Accept then close, so the browser sees 4401 (and stops retrying) instead of an opaque 1006.
+            await self.accept()
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        if not user.is_active:
+            await self.close()  # before accept: the handshake is refused
+            return
+        token = self.scope.get("token")
+        if token is not None and not token.has_scope(Scope.READ):
+            await self.accept()
+            await self.close(code=CLOSE_FORBIDDEN, reason="token lacks the read scope")
+            return
+        viewer = await database_sync_to_async(viewer_for)(user)
+        await self.accept()
+        self._sub = get_fanout().attach(viewer)
+        self._pump = asyncio.get_running_loop().create_task(self._send_loop(self._sub))
+
+    async def _send_loop(self, sub: Subscriber) -> None:
+        # One sender per socket: when this client stops reading, only this task waits (the server pauses the
+        # transport); the fan-out keeps replacing what is in the mailbox with newer snapshots.
+        send = self.base_send
+        try:
+            while True:
+                payload = await sub.next()
+                await send({"type": "websocket.send", "text": payload})
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: S110 - the client went away mid-send; websocket_disconnect cleans up
+            pass
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        now = time.monotonic()
+        if now - self._window_start > INCOMING_WINDOW_S:
+            self._window_start, self._window_count = now, 0
+        self._window_count += 1
+        if self._window_count > MAX_INCOMING_PER_WINDOW:
+            await self.close(code=CLOSE_POLICY, reason="too many messages")
+            return
+        if text_data is None or len(text_data) > MAX_INCOMING_BYTES:
+            await self.close(code=CLOSE_TOO_BIG if text_data is not None else CLOSE_POLICY)
+            return
+        try:
+            message = json.loads(text_data)
+        except ValueError:
+            return
+        if isinstance(message, dict) and message.get("type") == "ping":
+            await self.send(text_data=json.dumps({"type": "pong", "ts": _now_iso()}))
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        # The base class ends with another close_old_connections hop; nothing here holds a connection.
+        await self.disconnect(message.get("code", 1000))
+        raise StopConsumer()
+
+    async def disconnect(self, code: int) -> None:
+        if self._sub is not None:
+            get_fanout().detach(self._sub)
+            self._sub = None
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
