@@ -4,11 +4,10 @@ Every command is a signed envelope from the portal (apps/fleet/commands.py); `ve
 not signed for this node and task, or older than 10 minutes. A refused or malformed command is logged and dropped:
 it never raises into Celery (no retries of something that will never be valid).
 
-| task | body | effect |
-|---|---|---|
-| `agent.hold_gpus` | {"holds": [{"gpu_uuid", "team", "reservation_id", "until"}], "replace": false} | remember the holds (memory + state file) for the job runtime |
-| `agent.run_probe` | {"gpu_uuid"} | run the torch probe on that GPU, report `fleet.probe_result` |
-| `agent.launch_job`, `agent.cancel_job` | (workers/agent_jobs.py) | the jobs engineer's |
+- `agent.hold_gpus` {"holds": [{"gpu_uuid", "team", "reservation_id", "until"}], "replace": false}: remember the
+  holds (memory + state file) for the job runtime; `replace` makes them the whole set.
+- `agent.run_probe` {"gpu_uuid"}: run the torch probe on that GPU, report `fleet.probe_result`.
+- `agent.launch_job`, `agent.cancel_job`: workers/agent_jobs.py.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ def command_body(agent: Agent, task: str, envelope: Any) -> dict[str, Any] | Non
 def install_tasks(app: Celery, agent: Agent) -> None:
     """Register the agent's tasks on its Celery app (called once, before the worker starts)."""
 
-    @app.task(name="agent.hold_gpus", ignore_result=True)
+    @app.task(name="agent.hold_gpus", ignore_result=True, shared=False)
     def hold_gpus(envelope: Any) -> int | None:
         body = command_body(agent, "agent.hold_gpus", envelope)
         if body is None:
@@ -63,7 +62,7 @@ def install_tasks(app: Celery, agent: Agent) -> None:
         logger.info("holds updated: %d received, %d active", len(holds), active)
         return active
 
-    @app.task(name="agent.run_probe", ignore_result=True, time_limit=900)
+    @app.task(name="agent.run_probe", ignore_result=True, time_limit=900, shared=False)
     def run_probe(envelope: Any) -> None:
         body = command_body(agent, "agent.run_probe", envelope)
         if body is None:

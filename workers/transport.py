@@ -3,12 +3,12 @@
 Agent -> portal: Celery tasks by name on queue `control` (consumed by the portal's worker), each with one JSON
 object argument carrying `node` and `token`:
 
-| task | when | body (besides node, token, ts) | expires |
-|---|---|---|---|
-| `fleet.register` | start, then every `register_every_s` | gpus [{uuid, index, model, name, memory_mib, mig_mode}], agent_version, driver_version, hostname, backend | never |
-| `fleet.heartbeat` | every `heartbeat_s` (5 s) | agent_version, holds | 3 x heartbeat |
-| `telemetry.ingest` | every second | workers.gpu.base.build_message (type, v, seq, f, g) | TELEMETRY_EXPIRES_S |
-| `fleet.probe_result` | after a probe | gpu_uuid, result (torch_probe JSON) or error | never |
+- `fleet.register`: at start, then every `register_every_s` (idempotent); gpus [{uuid, index, model, name,
+  memory_mib, mig_mode}], agent_version, driver_version, hostname, backend. No expiry.
+- `fleet.heartbeat`: every `heartbeat_s` (5 s); agent_version, holds. Expires after 3 heartbeats.
+- `telemetry.ingest`: every second; workers.gpu.base.build_message (type, v, seq, f, g). Expires after
+  TELEMETRY_EXPIRES_S (10 s), so a backlog after an outage is dropped by the worker, not replayed.
+- `fleet.probe_result`: after a probe; gpu_uuid, result (torch_probe JSON) or error. No expiry.
 
 Portal -> agent: tasks on the node's own queue `node.<name>`, signed by the portal with HMAC-SHA256 keyed by the
 SHA-256 of the node token (see apps/fleet/commands.py); `verify_command` checks them.

@@ -20,7 +20,9 @@ from apps.telemetry.ingest import record_rejection
 
 logger = logging.getLogger(__name__)
 
-_CONTROL = {"queue": "control", "ignore_result": True, "time_limit": 30, "soft_time_limit": 20, "acks_late": True}
+# Agents send these by name to queue `control` (workers/transport.py); beat sends the others to the default queue
+# `portal`. Routing lives with the senders (Celery deprecates a `queue` attribute on tasks).
+_CONTROL = {"ignore_result": True, "time_limit": 30, "soft_time_limit": 20, "acks_late": True}
 
 
 def _refuse(task: str, payload: Any, exc: MessageRejected) -> None:
@@ -66,6 +68,6 @@ def probe_result(payload: Any) -> None:
         _refuse("fleet.probe_result", payload, exc)
 
 
-@shared_task(name="fleet.mark_offline", queue="portal", ignore_result=True, time_limit=60, soft_time_limit=50)
+@shared_task(name="fleet.mark_offline", ignore_result=True, time_limit=60, soft_time_limit=50)
 def mark_offline() -> list[str]:
     return services.nodes_mark_offline()

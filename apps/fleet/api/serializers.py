@@ -104,9 +104,9 @@ class GpuOutput(serializers.Serializer):
     def get_tensor_active(self, gpu: Any) -> float | None:
         return self._field(gpu, "tensor")
 
-    def get_sampled_at(self, gpu: Any) -> str | None:
+    def get_sampled_at(self, gpu: Any) -> datetime | None:
         ts = self._field(gpu, "ts")
-        return None if ts is None else datetime.fromtimestamp(float(ts), tz=UTC).isoformat()
+        return None if ts is None else datetime.fromtimestamp(float(ts), tz=UTC)
 
     def get_stale(self, gpu: Any) -> bool:
         return bool(is_stale(self._sample(gpu)))  # type: ignore[arg-type]
