@@ -1,0 +1,124 @@
+"""GET /api/v1/nodes/, /api/v1/gpus/, /api/v1/gpus/{uuid}/history/: who may read, what they see."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.telemetry.ingest import telemetry_ingest
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+from tests.fleet.util import registered_node, row, telemetry
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nodes/", "/api/v1/gpus/", "/api/v1/gpus/GPU-n1-0/history/"])
+def test_anonymous_is_401(api_as, path: str) -> None:
+    registered_node("n1")
+    response = api_as(None).get(path)
+    assert response.status_code == 401
+    assert response.json()["code"] == "unauthenticated"
+
+
+@pytest.mark.parametrize("who", ["alice", "bob", "charlie", "admin"])
+def test_every_signed_in_user_sees_the_fleet_with_a_read_token(request, api_as, who: str) -> None:
+    registered_node("n1")
+    user = request.getfixturevalue(who)
+    client = api_as(user, scopes=["read"])
+    nodes = client.get("/api/v1/nodes/").json()["results"]
+    assert [n["name"] for n in nodes] == ["n1"]
+    assert nodes[0]["status"] == "online"
+    assert [g["uuid"] for g in nodes[0]["gpus"]] == ["GPU-n1-0", "GPU-n1-1"]
+    assert client.get("/api/v1/gpus/").json()["count"] == 2
+
+
+def test_a_token_without_read_scope_cannot_list(api_as, bob) -> None:
+    registered_node("n1")
+    response = api_as(bob, scopes=["jobs:write"]).get("/api/v1/gpus/")
+    assert response.status_code == 403
+
+
+def test_gpus_carry_the_latest_telemetry_in_one_redis_read(api_as, bob, django_assert_max_num_queries) -> None:
+    _, token = registered_node("n1")
+    registered_node("n2", ("L40S-48GB",))
+    now = time.time()
+    telemetry_ingest(telemetry("n1", token, [row("GPU-n1-0", util=77, mem=2048, temp=66, power=250.0)], ts=now))
+    client = api_as(bob, scopes=["read"])
+    client.get("/api/v1/gpus/")  # warm the token and session caches
+    with django_assert_max_num_queries(6):
+        body = client.get("/api/v1/gpus/").json()
+    gpus = {g["uuid"]: g for g in body["results"]}
+    assert set(gpus) == {"GPU-n1-0", "GPU-n1-1", "GPU-n2-0"}
+    g = gpus["GPU-n1-0"]
+    assert (g["utilization"], g["memory_used_mib"], g["temperature_c"], g["power_w"]) == (77, 2048, 66, 250.0)
+    assert g["node"] == "n1" and g["node_status"] == "online" and g["status"] == "ok" and g["model"] == "A100-80GB"
+    assert g["stale"] is False
+    assert abs(datetime.fromisoformat(g["sampled_at"]).timestamp() - now) < 0.01
+    assert gpus["GPU-n1-1"]["utilization"] is None and gpus["GPU-n1-1"]["stale"] is True
+
+
+def test_gpus_filter_by_node_model_status(api_as, bob) -> None:
+    registered_node("n1")
+    registered_node("n2", ("L40S-48GB",))
+    client = api_as(bob, scopes=["read"])
+    assert client.get("/api/v1/gpus/?node=n2").json()["count"] == 1
+    assert client.get("/api/v1/gpus/?model=H100-80GB").json()["count"] == 1
+    assert client.get("/api/v1/gpus/?status=offline").json()["count"] == 0
+    bad = client.get("/api/v1/gpus/?status=sleepy")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid"
+
+
+def test_holders_are_shown_to_their_team_only(api_as, alice, charlie, admin, vision, monkeypatch) -> None:
+    registered_node("n1")
+    holder = {"kind": "reservation", "id": 7, "team": "vision", "team_id": vision.pk, "user": "alice", "until": None}
+    monkeypatch.setattr("apps.fleet.selectors.gpu_holders", lambda: {"GPU-n1-0": holder})
+
+    def held(user):
+        gpus = {g["uuid"]: g for g in api_as(user, scopes=["read"]).get("/api/v1/gpus/").json()["results"]}
+        return gpus["GPU-n1-0"]["holder"], gpus["GPU-n1-1"]["holder"]
+
+    assert held(alice) == (holder, None)
+    assert held(admin) == (holder, None)
+    assert held(charlie) == ({"kind": "reservation"}, None)
+
+
+def test_history_serves_minute_and_hour_rollups(api_as, bob) -> None:
+    node, _ = registered_node("n1")
+    gpu = node.gpus.get(index=0)
+    now = timezone.now().replace(second=0, microsecond=0)
+    for i in range(3):
+        GpuRollup.objects.create(gpu=gpu, minute=now - timedelta(minutes=i), samples=60, util_mean=10.0 * i)
+    GpuRollup.objects.create(gpu=gpu, minute=now - timedelta(hours=30), samples=60, util_mean=99.0)
+    GpuHourlyRollup.objects.create(gpu=gpu, hour=now.replace(minute=0) - timedelta(days=3), samples=3600, util_mean=5.0)
+    client = api_as(bob, scopes=["read"])
+    body = client.get("/api/v1/gpus/GPU-n1-0/history/?hours=1").json()
+    assert body["resolution"] == "minute" and body["uuid"] == "GPU-n1-0"
+    assert [p["util_mean"] for p in body["points"]] == [20.0, 10.0, 0.0]  # oldest first
+    assert datetime.fromisoformat(body["points"][0]["t"]).tzinfo is not None
+    assert len(client.get("/api/v1/gpus/GPU-n1-0/history/?hours=48").json()["points"]) == 4
+    week = client.get("/api/v1/gpus/GPU-n1-0/history/?hours=168").json()
+    assert week["resolution"] == "hour" and [p["util_mean"] for p in week["points"]] == [5.0]
+
+
+def test_history_raw_comes_from_redis(api_as, bob) -> None:
+    _, token = registered_node("n1")
+    now = time.time()
+    for i in range(3):
+        telemetry_ingest(telemetry("n1", token, [row("GPU-n1-0", util=i)], ts=now - 3 + i))
+    body = api_as(bob, scopes=["read"]).get("/api/v1/gpus/GPU-n1-0/history/?resolution=raw").json()
+    assert [p["util"] for p in body["points"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("query", ["hours=0", "hours=abc", "hours=999999", "resolution=second"])
+def test_history_refuses_bad_parameters(api_as, bob, query: str) -> None:
+    registered_node("n1")
+    response = api_as(bob, scopes=["read"]).get(f"/api/v1/gpus/GPU-n1-0/history/?{query}")
+    assert response.status_code == 400 and response.json()["code"] == "invalid"
+
+
+def test_history_of_an_unknown_gpu_is_404(api_as, bob) -> None:
+    response = api_as(bob, scopes=["read"]).get("/api/v1/gpus/GPU-nope/history/")
+    assert response.status_code == 404 and response.json()["code"] == "not_found"

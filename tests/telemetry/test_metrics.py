@@ -1,0 +1,147 @@
+"""/metrics: valid Prometheus text, every series NVIDIA's dcgm-exporter dashboard queries, portal gauges."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from django.test import Client
+
+from apps.telemetry.ingest import telemetry_ingest
+from tests.conftest import REPO
+from tests.fleet.util import registered_node, row, telemetry
+from tests.telemetry.promtext import ParseError, parse
+
+pytestmark = pytest.mark.django_db
+
+DASHBOARD = REPO.parent / "shared" / "data" / "nvidia-dcgm-exporter" / "dcgm-exporter-dashboard.json"
+
+
+def dashboard_queries() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    found: list[str] = []
+
+    def walk(o: object) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k in ("expr", "query", "definition") and isinstance(v, str):
+                    found.append(v)
+                walk(v)
+        elif isinstance(o, list):
+            for x in o:
+                walk(x)
+
+    walk(doc)
+    return found
+
+
+def _scrape(client: Client | None = None, **headers: str) -> str:
+    response = (client or Client()).get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    return response.content.decode()
+
+
+def _fleet_with_samples() -> None:
+    _, token1 = registered_node("n1", ("A100-80GB", "H100-80GB"))
+    _, token2 = registered_node("n2", ("L40S-48GB",))
+    telemetry_ingest(telemetry("n1", token1, [row("GPU-n1-0", util=87), row("GPU-n1-1", tensor=None)]))
+    telemetry_ingest(telemetry("n2", token2, [row("GPU-n2-0", mem_total=46068, mem=46000)]))
+
+
+@pytest.mark.skipif(not DASHBOARD.exists(), reason="the dcgm-exporter dashboard is not in ../shared/data")
+def test_every_series_the_dcgm_dashboard_queries_is_present() -> None:
+    _fleet_with_samples()
+    families = parse(_scrape())
+    queries = dashboard_queries()
+    wanted = {m for q in queries for m in re.findall(r"\bDCGM_[A-Z0-9_]+\b", q)}
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"} <= wanted  # the dashboard parsed
+    for metric in sorted(wanted):
+        assert metric in families and families[metric].samples, f"{metric} missing from /metrics"
+        for labels, _ in families[metric].samples:
+            assert {"gpu", "UUID", "device", "modelName", "Hostname"} <= set(labels)
+    # The dashboard's template variables group by these labels.
+    for q in queries:
+        for label in re.findall(r"label_values\(\w+,\s*(\w+)\)", q):
+            if label != "instance":  # added by Prometheus at scrape time
+                assert all(label in lab for lab, _ in families["DCGM_FI_DEV_GPU_TEMP"].samples)
+
+
+def test_gpu_series_carry_dcgm_labels_and_values() -> None:
+    _fleet_with_samples()
+    families = parse(_scrape())
+    util = {lab["UUID"]: (lab, v) for lab, v in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+    labels, value = util["GPU-n1-0"]
+    assert value == 87
+    assert labels == {
+        "gpu": "0",
+        "UUID": "GPU-n1-0",
+        "device": "nvidia0",
+        "modelName": "NVIDIA A100-SXM4-80GB",
+        "Hostname": "n1",
+        "DCGM_FI_DRIVER_VERSION": "",
+    }
+    free = {lab["UUID"]: v for lab, v in families["DCGM_FI_DEV_FB_FREE"].samples}
+    assert free["GPU-n2-0"] == 68
+    tensor = {lab["UUID"] for lab, _ in families["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].samples}
+    assert "GPU-n1-1" not in tensor  # null reading: no series, not a fake zero
+    assert families["DCGM_FI_DEV_GPU_UTIL"].type == "gauge"
+
+
+def test_portal_gauges_and_counters() -> None:
+    _fleet_with_samples()
+    families = parse(_scrape())
+    nodes = {lab["status"]: v for lab, v in families["gpuportal_nodes"].samples}
+    assert nodes == {"online": 2, "draining": 0, "offline": 0}
+    gpus = {lab["status"]: v for lab, v in families["gpuportal_gpus"].samples}
+    assert gpus["ok"] == 3
+    assert families["gpuportal_telemetry_samples_total"].samples[0][1] == 3
+    assert families["gpuportal_telemetry_messages_total"].type == "counter"
+    assert {lab["queue"] for lab, _ in families["gpuportal_queue_length"].samples} == {"control", "portal"}
+    assert families["gpuportal_gpus_reporting"].samples[0][1] == 3
+
+
+def test_stale_gpus_export_no_series(monkeypatch) -> None:
+    _fleet_with_samples()
+    from apps.telemetry import metrics
+
+    later = time.time() + 60
+    families = parse(metrics.render(now=later))
+    assert families["DCGM_FI_DEV_GPU_UTIL"].samples == []
+    assert families["gpuportal_gpus_reporting"].samples[0][1] == 0
+
+
+def test_an_empty_fleet_is_still_valid() -> None:
+    families = parse(_scrape())
+    assert families["DCGM_FI_DEV_GPU_UTIL"].samples == []
+
+
+def test_metrics_token_when_configured(settings) -> None:
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+    assert Client().get("/metrics").status_code == 401
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    parse(_scrape(HTTP_AUTHORIZATION="Bearer s3cret-scrape-token"))
+
+
+def test_label_values_are_escaped() -> None:
+    from apps.fleet.models import Gpu
+
+    _fleet_with_samples()
+    Gpu.objects.filter(uuid="GPU-n1-0").update(name='Weird "GPU"\\ name\nline')
+    families = parse(_scrape())
+    names = {lab["modelName"] for lab, _ in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+    assert 'Weird "GPU"\\ name\nline' in names
+
+
+def test_the_parser_is_strict() -> None:
+    for bad in (
+        "x 1",
+        "# TYPE x gauge\nx 1\n",
+        '# HELP x h\n# TYPE x gauge\nx{a="1",a="2"} 1\n',
+        "# HELP x h\n# TYPE x gauge\nx one\n",
+        "# HELP x h\n# TYPE x gauge\ny 1\n",
+    ):
+        with pytest.raises(ParseError):
+            parse(bad)

@@ -1,0 +1,205 @@
+"""The node agent's pieces without a broker: command signatures, holds, the tasks on its queue, CLI parsing,
+and that nothing under workers/ imports Django."""
+
+from __future__ import annotations
+
+import ast
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from workers.agent import Agent, AgentConfig, parse_args
+from workers.agent_state import HoldStore, parse_hold
+from workers.gpu.simulated import SimulatedBackend
+from workers.transport import CommandRejected, broker_url_for, sign_command, verify_command
+
+TOKEN = "gpn_0123456789_" + "s" * 43
+WORKERS = Path(__file__).resolve().parents[2] / "workers"
+
+
+def test_nothing_under_workers_imports_django() -> None:
+    for path in WORKERS.rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(("django", "rest_framework", "apps", "portal")), f"{path}: {name}"
+
+
+def test_portal_and_agent_sign_the_same_bytes() -> None:
+    from apps.accounts import tokens
+    from apps.fleet.commands import sign_command as portal_sign
+
+    body = {"holds": [{"gpu_uuid": "GPU-1", "until": "2026-12-01T00:00:00+00:00"}], "x": 1.5}
+    envelope = portal_sign(node_name="n1", token_digest=tokens.digest_of(TOKEN), task="agent.hold_gpus", body=body)
+    assert verify_command(envelope, node="n1", token=TOKEN, task="agent.hold_gpus") == body
+    assert json.loads(json.dumps(envelope)) == envelope  # survives the JSON serializer
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda e: e.update(node="n2"),
+        lambda e: e.update(task="agent.run_probe"),
+        lambda e: e.update(body={"holds": [1]}),
+        lambda e: e.update(sig="0" * 64),
+        lambda e: e.pop("sig"),
+        lambda e: e.update(ts=e["ts"] - 3600),
+        lambda e: e.update(v=2),
+    ],
+)
+def test_a_tampered_or_foreign_command_is_refused(tamper) -> None:
+    envelope = sign_command(node="n1", token=TOKEN, task="agent.hold_gpus", body={"holds": []})
+    tamper(envelope)
+    with pytest.raises(CommandRejected):
+        verify_command(envelope, node="n1", token=TOKEN, task="agent.hold_gpus")
+
+
+def test_old_commands_are_refused() -> None:
+    envelope = sign_command(node="n1", token=TOKEN, task="t", body={}, ts=time.time() - 601)
+    with pytest.raises(CommandRejected):
+        verify_command(envelope, node="n1", token=TOKEN, task="t")
+
+
+def test_broker_urls() -> None:
+    assert broker_url_for("unix:///run/r.sock?db=4") == "redis+socket:///run/r.sock?virtual_host=4"
+    assert broker_url_for("redis://h:6379/2") == "redis://h:6379/2"
+
+
+def _hold(uuid: str = "GPU-1", rid: int = 1, minutes: int = 60) -> dict:
+    until = (datetime.now(UTC) + timedelta(minutes=minutes)).isoformat()
+    return {"gpu_uuid": uuid, "team": "vision", "reservation_id": rid, "until": until}
+
+
+def test_holds_persist_and_expire(tmp_path: Path) -> None:
+    path = tmp_path / "holds.json"
+    store = HoldStore(path)
+    assert store.apply([parse_hold(_hold("GPU-1", 1)), parse_hold(_hold("GPU-2", 2, minutes=-1))]) == 1
+    again = HoldStore(path)
+    [hold] = again.active()
+    assert (hold.gpu_uuid, hold.team, hold.reservation_id) == ("GPU-1", "vision", 1)
+    assert again.for_gpu("GPU-1") == [hold] and again.for_gpu("GPU-2") == []
+    assert again.apply([parse_hold(_hold("GPU-3", 3))], replace=True) == 1
+    assert [h.gpu_uuid for h in HoldStore(path).active()] == ["GPU-3"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"gpu_uuid": "", "team": "t", "reservation_id": 1, "until": "2026-01-01T00:00:00+00:00"},
+        {"gpu_uuid": "G", "team": "t", "reservation_id": "1", "until": "2026-01-01T00:00:00+00:00"},
+        {"gpu_uuid": "G", "team": "t", "reservation_id": 1, "until": "2026-01-01T00:00:00"},
+        {"gpu_uuid": "G", "team": "t", "reservation_id": 1, "until": "tomorrow"},
+        "hold",
+    ],
+)
+def test_bad_holds_are_refused(bad) -> None:
+    with pytest.raises(ValueError):
+        parse_hold(bad)
+
+
+def test_an_unreadable_state_file_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "holds.json"
+    path.write_text("{not json")
+    assert HoldStore(path).active() == []
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Agent:
+    cfg = AgentConfig(name="n1", token=TOKEN, broker="redis://127.0.0.1:1/0", state_dir=tmp_path, gpus=2)
+    backend = SimulatedBackend("n1", ["A100-80GB", "H100-80GB"], seed=1)
+    return Agent(cfg, backend=backend, backend_kind="simulated")
+
+
+def test_hold_gpus_task_keeps_this_nodes_holds(agent: Agent, tmp_path: Path) -> None:
+    uuids = [g.uuid for g in agent.gpus]
+    body = {"holds": [_hold(uuids[0], 5), _hold("GPU-elsewhere", 6), {"gpu_uuid": uuids[1]}]}
+    task = agent.app.tasks["agent.hold_gpus"]
+    assert task(sign_command(node="n1", token=TOKEN, task="agent.hold_gpus", body=body)) == 1
+    assert [h.reservation_id for h in agent.holds.active()] == [5]
+    assert json.loads((tmp_path / "holds.json").read_text())["holds"][0]["gpu_uuid"] == uuids[0]
+    # Unsigned, or signed by someone else: ignored.
+    assert task({**body, "node": "n1"}) is None
+    assert task(sign_command(node="n1", token=TOKEN + "x", task="agent.hold_gpus", body=body)) is None
+    assert len(agent.holds.active()) == 1
+
+
+def test_run_probe_task_reports_the_result(agent: Agent, monkeypatch) -> None:
+    reported = []
+    monkeypatch.setattr(agent.link, "send", lambda task, body, **kw: reported.append((task, body)))
+
+    class Done:
+        returncode = 0
+        stdout = json.dumps({"comparison": "n/a", "degraded": False, "notes": []})
+        stderr = ""
+
+    calls = []
+    monkeypatch.setattr("workers.agent.subprocess.run", lambda argv, **kw: calls.append((argv, kw)) or Done())
+    uuid = agent.gpus[1].uuid
+    agent.app.tasks["agent.run_probe"](
+        sign_command(node="n1", token=TOKEN, task="agent.run_probe", body={"gpu_uuid": uuid})
+    )
+    [(task, body)] = reported
+    assert task == "fleet.probe_result" and body["gpu_uuid"] == uuid
+    assert body["result"]["comparison"] == "n/a" and "simulated GPU" in body["result"]["notes"][0]
+    assert calls[0][0][-3:] == ["--device", "cpu", "--json"]
+    # A probe for a GPU that is not ours is refused before anything runs.
+    agent.app.tasks["agent.run_probe"](
+        sign_command(node="n1", token=TOKEN, task="agent.run_probe", body={"gpu_uuid": "GPU-x"})
+    )
+    assert len(calls) == 1
+
+
+def test_a_probe_that_cannot_run_reports_the_error(agent: Agent, monkeypatch) -> None:
+    reported = []
+    monkeypatch.setattr(agent.link, "send", lambda task, body, **kw: reported.append(body))
+
+    class Failed:
+        returncode = 2
+        stdout = ""
+        stderr = "probe unavailable: no torch"
+
+    monkeypatch.setattr("workers.agent.subprocess.run", lambda argv, **kw: Failed())
+    agent.run_probe(agent.gpus[0].uuid)
+    assert reported[0]["error"] == "probe unavailable: no torch" and "result" not in reported[0]
+
+
+def test_registration_describes_the_gpus(agent: Agent) -> None:
+    reg = agent.registration()
+    assert [g["model"] for g in reg["gpus"]] == ["A100-80GB", "H100-80GB"]
+    assert reg["backend"] == "simulated" and reg["agent_version"]
+    from apps.fleet.messages import check_registration
+
+    check_registration({"node": "n1", "token": TOKEN, **reg})  # what the agent sends, the portal accepts
+
+
+def test_cli_parsing(monkeypatch) -> None:
+    monkeypatch.setenv("GPUPORTAL_NODE_TOKEN", TOKEN)
+    cfg, level = parse_args(
+        ["--name", "n1", "--broker", "redis://x/1", "--gpus", "3", "--models", "H100-80GB,L40S-48GB"]
+    )
+    assert (cfg.token, cfg.gpus, cfg.models, cfg.heartbeat_s, level) == (
+        TOKEN,
+        3,
+        ("H100-80GB", "L40S-48GB"),
+        5.0,
+        "INFO",
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["--name", "n1", "--broker", "redis://x/1", "--models", "GTX-280"])
+    monkeypatch.delenv("GPUPORTAL_NODE_TOKEN")
+    with pytest.raises(SystemExit):
+        parse_args(["--name", "n1", "--broker", "redis://x/1"])
+
+
+def test_telemetry_backlog_drops_the_oldest(agent: Agent) -> None:
+    for seq in range(10):
+        agent.link.telemetry({"type": "telemetry", "seq": seq})
+    assert agent.link.pending() == 5 and agent.link.stats.dropped_telemetry == 5
