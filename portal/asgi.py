@@ -12,12 +12,13 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from apps.accounts.ws_auth import PortalWebsocketAuthMiddleware  # noqa: E402
+from apps.core.body_limit import BodySizeLimit  # noqa: E402
 from apps.core.websocket import AllowedHostsOrNoOriginValidator  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": BodySizeLimit(django_asgi_app),
         "websocket": AllowedHostsOrNoOriginValidator(
             PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))
         ),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PY = sys.executable
+WS_MAX_BYTES = 64 * 1024  # largest websocket frame a client may send (uvicorn --ws-max-size)
 
 
 @dataclass
@@ -50,6 +51,10 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
                 str(port),
                 "--ws-per-message-deflate",
                 "false",
+                # Clients send small control messages only; uvicorn's default (16 MiB) would let one socket
+                # make the server buffer 16 MiB. An oversized frame closes that socket with 1009.
+                "--ws-max-size",
+                env.get("WS_MAX_BYTES", str(WS_MAX_BYTES)),
                 "--no-access-log",
                 "--lifespan",
                 "off",

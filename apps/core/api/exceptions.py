@@ -58,6 +58,19 @@ def _validation_body(exc: drf.ValidationError) -> dict[str, Any]:
     return {"code": "invalid", "detail": summary, "fields": fields}
 
 
+def _address_throttle_wait(context: dict[str, Any]) -> float | None:
+    """Seconds to wait when the client's address is over its rate; None when it is not (or unknown)."""
+    from apps.core.api.throttling import IpRateThrottle
+
+    request, view = context.get("request"), context.get("view")
+    if request is None or view is None or getattr(view, "throttle_exempt", False):
+        return None
+    throttle = IpRateThrottle()
+    if throttle.allow_request(request, view):
+        return None
+    return throttle.wait() or 1.0
+
+
 def error_response(status: int, code: str, detail: str, **extra: Any) -> Response:
     return Response({"code": code, "detail": detail, "fields": {}, **extra}, status=status)
 
@@ -85,6 +98,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=503,
             headers={"Retry-After": "5"},
         )
+    if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
+        # DRF authenticates before it throttles, so requests that fail authentication would never be counted:
+        # charge them to the client address, so a flood of anonymous calls or guessed tokens is cut off too.
+        wait = _address_throttle_wait(context)
+        if wait is not None:
+            exc = drf.Throttled(wait)
     if not isinstance(exc, drf.APIException):
         return None  # a real bug: Django's 500 handler answers in the same shape (apps.core.views)
 
