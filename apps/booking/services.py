@@ -1,6 +1,7 @@
 """Writes for booking: GPU allocations, quota holds, reservations and their lifecycle, calendar feeds.
 
 Locks, always taken in this order so two writers cannot deadlock:
+0. (placement by model only) the model's placement lock, `pg_advisory_xact_lock(MODEL_LOCK_NAMESPACE, model_id)`;
 1. the team's `QuotaUsage` rows of the months involved (`SELECT ... FOR UPDATE`, by month);
 2. the GPUs, by `pg_advisory_xact_lock(GPU_LOCK_NAMESPACE, gpu_id)` in ascending id order (PostgreSQL).
 On SQLite every `transaction.atomic()` begins IMMEDIATE (settings), so the whole transaction holds the database's
@@ -46,6 +47,7 @@ from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
 logger = logging.getLogger(__name__)
 
 GPU_LOCK_NAMESPACE = 0x4750  # "GP": the first key of pg_advisory_xact_lock(int, int) for GPU locks
+MODEL_LOCK_NAMESPACE = 0x474D  # "GM": placement by GPU model
 MAX_CONFLICTS_SHOWN = 50
 PLACEMENT_ATTEMPTS = 3
 
@@ -630,6 +632,43 @@ def _emit_ended(reservation_id: int, *, early: bool) -> None:
     )
 
 
+def _lock_model(model_id: int) -> None:
+    """Serialize placement per GPU model (PostgreSQL): concurrent bookings by model would otherwise all pick the
+    same best-fit GPUs and all but one lose them. Taken before the quota rows and the GPU locks."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MODEL_LOCK_NAMESPACE, model_id])
+
+
+def _place_locked(
+    *, model: GpuModel, count: int, start: datetime, end: datetime, policy: BookingPolicy, team: Team, user: Any
+) -> list[Gpu]:
+    """Pick `count` free GPUs of `model` for [start, end) under the model's placement lock (inside the
+    caller's transaction); 409 when there are not enough."""
+    _lock_model(model.pk)
+    pool = list(selectors.bookable_gpus(model=model).select_related("node", "model").order_by("node__name", "index"))
+    taken = selectors.busy_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in pool])
+    taken |= selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in pool])
+    sizes: dict[str, int] = {}
+    for g in pool:
+        sizes[g.node.name] = sizes.get(g.node.name, 0) + 1
+    free = [g for g in pool if g.pk not in taken]
+    picked = place(
+        [FreeGpu(g.pk, g.node.name, g.index) for g in free], count, sizes, allow_multi_node=policy.allow_multi_node
+    )
+    if picked is None:
+        raise Conflict(
+            f"Not enough {model.name} GPUs are free in that time ({len(free)} free, {count} asked).",
+            extra={
+                "conflicts": describe_slots(_clashes([g.pk for g in pool], start, end), team_id=team.pk, viewer=user),
+                "free": len(free),
+            },
+        )
+    by_id = {g.pk: g for g in free}
+    return [by_id[i] for i in picked]
+
+
 def reservation_create(
     *,
     user: Any,
@@ -715,34 +754,16 @@ def reservation_create(
 
     status = ReservationStatus.ACTIVE if start <= now else ReservationStatus.BOOKED
     for attempt in range(PLACEMENT_ATTEMPTS):
-        if explicit is not None:
-            chosen = explicit
-        else:
-            assert model is not None
-            free = selectors.free_gpus(start=start, end=end, model=model)
-            sizes: dict[str, int] = {}
-            for node_name in selectors.bookable_gpus(model=model).values_list("node__name", flat=True):
-                sizes[node_name] = sizes.get(node_name, 0) + 1
-            picked = place(
-                [FreeGpu(g.pk, g.node.name, g.index) for g in free],
-                count,
-                sizes,
-                allow_multi_node=policy.allow_multi_node,
-            )
-            if picked is None:
-                eligible = list(selectors.bookable_gpus(model=model).values_list("pk", flat=True))
-                raise Conflict(
-                    f"Not enough {model.name} GPUs are free in that time ({len(free)} free, {count} asked).",
-                    extra={
-                        "conflicts": describe_slots(_clashes(eligible, start, end), team_id=team.pk, viewer=user),
-                        "free": len(free),
-                    },
-                )
-            by_id = {g.pk: g for g in free}
-            chosen = [by_id[i] for i in picked]
-        rate = sum((g.model.hourly_price for g in chosen), Decimal("0"))
         try:
             with transaction.atomic():
+                if explicit is not None:
+                    chosen = explicit
+                else:
+                    assert model is not None
+                    chosen = _place_locked(
+                        model=model, count=count, start=start, end=end, policy=policy, team=team, user=user
+                    )
+                rate = sum((g.model.hourly_price for g in chosen), Decimal("0"))
                 reservation = Reservation.objects.create(
                     team=team,
                     user=user if getattr(user, "is_authenticated", False) else None,
@@ -792,8 +813,9 @@ def reservation_create(
                     _send_holds(reservation.pk)
             reservation._chosen_gpus = chosen  # type: ignore[attr-defined]
             return BookingResult(reservation=reservation, warnings=check.warnings)
-        except Conflict:
-            if explicit is not None or attempt == PLACEMENT_ATTEMPTS - 1:
+        except Conflict as exc:
+            # Retry only a placement that lost a GPU to a booking naming it (those skip the model lock).
+            if explicit is not None or "free" in exc.extra or attempt == PLACEMENT_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
 
