@@ -1,0 +1,265 @@
+"""Faults with real processes: PostgreSQL stopped and started, Redis killed and restarted, the web process
+SIGKILLed in the middle of a booking burst. Everything runs on a PRIVATE PostgreSQL cluster and a PRIVATE
+redis-server (tests/support/private_services.py), so the shared servers are never disturbed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import requests
+
+from bench.load_test import Connection, HttpError, audit, run_seed
+from tests.conftest import REPO, LiveServer, subprocess_env
+from tests.hardening.conftest import start_web
+from tests.support.private_services import PrivatePostgres, PrivateRedis, can_run_private_postgres
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not can_run_private_postgres(), reason="needs PostgreSQL server binaries and root (runuser)"),
+]
+
+PASSWORD = "load-test-password"  # bench.load_test.seed
+
+
+class Portal:
+    def __init__(self, pg: PrivatePostgres, url: str, seeded: dict[str, Any]) -> None:
+        self.pg = pg
+        self.url = url
+        self.seeded = seeded
+        member = next(u for u in seeded["users"] if not u["is_staff"])
+        self.member = member
+        self.bearer = {"Authorization": f"Bearer {member['token']}"}
+
+
+@pytest.fixture(scope="module")
+def portal_db() -> Iterator[Portal]:
+    pg = PrivatePostgres()
+    pg.start()
+    try:
+        url = pg.createdb("portal_fault")
+        env = subprocess_env(DATABASE_URL=url)
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True, timeout=300
+        )
+        seeded = run_seed(env, teams=2, users_per_team=2, nodes=4, gpus_per_node=4)
+        yield Portal(pg, url, seeded)
+    finally:
+        pg.destroy()
+
+
+def _no_traceback(resp: requests.Response) -> None:
+    assert "Traceback" not in resp.text and 'File "' not in resp.text, resp.text[:500]
+
+
+def _assert_unavailable(resp: requests.Response) -> dict[str, Any]:
+    assert resp.status_code == 503, (resp.status_code, resp.text[:300])
+    _no_traceback(resp)
+    body = resp.json()
+    assert {"code", "detail", "fields"} <= set(body), body
+    assert int(resp.headers["Retry-After"]) >= 1
+    return dict(body)
+
+
+def _login(base: str) -> requests.Session:
+    """A browser session (cookie), signed in as the seeded member."""
+    session = requests.Session()
+    page = session.get(base + "/accounts/login/", timeout=10)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert token, page.text[:300]
+    resp = session.post(
+        base + "/accounts/login/",
+        data={"username": "load00u01", "password": PASSWORD, "csrfmiddlewaretoken": token.group(1)},
+        headers={"Referer": base + "/accounts/login/"},
+        timeout=10,
+        allow_redirects=False,
+    )
+    assert resp.status_code == 302, (resp.status_code, resp.text[:300])
+    return session
+
+
+def _until(predicate: Any, timeout: float) -> float:
+    """Poll `predicate()` until true; seconds it took. Fails after `timeout`."""
+    began = time.monotonic()
+    last: Any = None
+    while time.monotonic() - began < timeout:
+        try:
+            last = predicate()
+            if last is True:
+                return time.monotonic() - began
+        except requests.RequestException as exc:
+            last = exc
+        time.sleep(0.25)
+    raise AssertionError(f"not recovered after {timeout}s: {last}")
+
+
+@pytest.fixture
+def web(portal_db: Portal) -> Iterator[LiveServer]:
+    server = start_web(database_url=portal_db.url)
+    yield server
+    server.stop()
+
+
+# --- PostgreSQL outage ------------------------------------------------------------------------------------
+
+
+def test_database_outage_is_503_in_shape_and_recovers_without_restart(portal_db: Portal, web: LiveServer) -> None:
+    me = web.url + "/api/v1/me"
+    browser = _login(web.url)
+    assert requests.get(me, headers=portal_db.bearer, timeout=10).status_code == 200
+    assert browser.get(web.url + "/", timeout=10).status_code == 200
+
+    portal_db.pg.stop("immediate")
+    try:
+        for path in ("/api/v1/me", "/api/v1/gpus/", "/api/v1/reservations/", "/api/v1/teams/"):
+            body = _assert_unavailable(requests.get(web.url + path, headers=portal_db.bearer, timeout=15))
+            assert body["code"] == "unavailable"
+        health = requests.get(web.url + "/api/v1/health", timeout=15)
+        assert health.status_code == 503 and health.json()["database"] == "down", health.text
+        page = browser.get(web.url + "/", timeout=15)
+        assert page.status_code == 503, page.status_code
+        _no_traceback(page)
+        assert "text/html" in page.headers["Content-Type"]
+    finally:
+        portal_db.pg.start()
+
+    took = _until(lambda: requests.get(me, headers=portal_db.bearer, timeout=10).status_code == 200, 20)
+    assert requests.get(web.url + "/api/v1/health", timeout=10).status_code == 200
+    assert browser.get(web.url + "/", timeout=10).status_code == 200
+    assert web.proc.poll() is None  # the same web process
+    print(f"recovered {took:.2f}s after PostgreSQL came back")
+
+
+# --- Redis restart ----------------------------------------------------------------------------------------
+
+
+def _booking(team: str, model: str, day: int) -> dict[str, Any]:
+    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(days=day, hours=2)
+    return {
+        "team": team,
+        "gpu_count": 1,
+        "gpu_model": model,
+        "start": start.isoformat(),
+        "end": (start + timedelta(hours=1)).isoformat(),
+    }
+
+
+def test_redis_restart_keeps_pages_and_api_answering(portal_db: Portal) -> None:
+    redis_server = PrivateRedis()
+    redis_server.start()
+    server = start_web(database_url=portal_db.url, env={"REDIS_URL": redis_server.url()})
+    try:
+        api, bearer = server.url + "/api/v1", portal_db.bearer
+        team, model = portal_db.member["teams"][0], portal_db.seeded["models"][0]
+        browser = _login(server.url)
+        assert requests.get(api + "/health", timeout=10).json()["broker"] == "ok"
+
+        redis_server.stop()
+        began = time.monotonic()
+        health = requests.get(api + "/health", timeout=15)
+        assert health.status_code == 503, health.text
+        assert health.json()["broker"] == "down" and health.json()["database"] == "ok"
+        failures = {}
+        for path in ("/me", "/teams/", "/gpus/", "/reservations/", "/jobs/", "/nodes/"):
+            resp = requests.get(api + path, headers=bearer, timeout=15)
+            if resp.status_code != 200:
+                failures[path] = (resp.status_code, resp.text[:200])
+        booked = requests.post(api + "/reservations/", json=_booking(team, model, 3), headers=bearer, timeout=30)
+        if booked.status_code != 201:
+            failures["POST /reservations/"] = (booked.status_code, booked.text[:200])
+        page = browser.get(server.url + "/", timeout=15)
+        if page.status_code != 200:
+            failures["page /"] = (page.status_code, page.text[:200])
+        outage_s = time.monotonic() - began
+        assert not failures, f"while Redis was down: {failures}"
+        assert outage_s < 30, f"requests during the outage took {outage_s:.1f}s in all"
+
+        redis_server.start()
+        took = _until(lambda: requests.get(api + "/health", timeout=10).status_code == 200, 30)
+        assert requests.get(api + "/me", headers=bearer, timeout=10).status_code == 200
+        assert server.proc.poll() is None
+        print(f"health green {took:.2f}s after Redis came back; outage requests took {outage_s:.1f}s")
+    finally:
+        server.stop()
+        redis_server.destroy()
+
+
+# --- Web process killed mid-burst -------------------------------------------------------------------------
+
+
+async def _burst(url: str, users: list[dict[str, Any]], models: list[str], seconds: float) -> list[tuple[int, int]]:
+    """Clients booking as fast as they can until the server goes away; (id, gpu_count) of every 201."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    booked: list[tuple[int, int]] = []
+
+    async def one(n: int) -> None:
+        import json
+        import random
+
+        rng = random.Random(n)
+        user = users[n % len(users)]
+        conn = Connection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=10)
+        headers = {"Authorization": f"Bearer {user['token']}"}
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            body = _booking(user["teams"][0], rng.choice(models), rng.randrange(1, 20))
+            body["gpu_count"] = rng.choice((1, 2, 3))
+            try:
+                status, content = await conn.request("POST", "/api/v1/reservations/", body=body, headers=headers)
+            except HttpError:
+                return  # the server is gone
+            if status == 201:
+                doc = json.loads(content)
+                booked.append((int(doc["id"]), body["gpu_count"]))
+
+    await asyncio.gather(*(one(n) for n in range(24)))
+    return booked
+
+
+def test_web_killed_mid_booking_burst_leaves_only_whole_bookings(portal_db: Portal) -> None:
+    server = start_web(database_url=portal_db.url)
+    users = [u for u in portal_db.seeded["users"] if not u["is_staff"]]
+    try:
+
+        async def scenario() -> list[tuple[int, int]]:
+            burst = asyncio.ensure_future(_burst(server.url, users, portal_db.seeded["models"], 20))
+            await asyncio.sleep(2.5)
+            os.kill(server.proc.pid, signal.SIGKILL)
+            return await burst
+
+        booked = asyncio.run(scenario())
+        server.proc.wait(10)
+    finally:
+        server.stop()
+    assert booked, "no booking succeeded before the kill: the burst did not run"
+    problems = audit(portal_db.url, booked)
+    assert not problems, problems
+
+    # A new web process serves, and bookings go through: no lock or half-written row was left behind.
+    again = start_web(database_url=portal_db.url)
+    try:
+        user = users[0]
+        bearer = {"Authorization": f"Bearer {user['token']}"}
+        listed = requests.get(again.url + "/api/v1/reservations/", headers=bearer, timeout=10)
+        assert listed.status_code == 200
+        resp = requests.post(
+            again.url + "/api/v1/reservations/",
+            json=_booking(user["teams"][0], portal_db.seeded["models"][0], 25),
+            headers=bearer,
+            timeout=30,
+        )
+        assert resp.status_code == 201, resp.text[:300]
+    finally:
+        again.stop()
+    print(f"{len(booked)} bookings answered 201 before the kill; audit clean")
