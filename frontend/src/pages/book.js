@@ -175,7 +175,7 @@ async function loadInfo() {
     if (seq !== infoSeq) return;
     const m = avail.models.find((x) => x.model === el.model.value) || { free: 0, total: 0, max_free_on_one_node: 0 };
     el.avail.replaceChildren(
-      h("span", { class: m.free >= count ? "ok" : "bad", "data-free": m.free },
+      h("span", { class: m.free >= count ? "ok" : "bad", "data-free": String(m.free) },
         `${m.free} of ${m.total} ${el.model.value} free in this window`),
       ` (at most ${m.max_free_on_one_node} on one node).`,
     );
@@ -189,16 +189,15 @@ async function loadInfo() {
           + (mo.exceeded.length ? ` — exceeds ${mo.exceeded.join(", ")}` : "")
           + (mo.warnings.length ? " — over the soft budget" : "");
       });
-      el.quota.replaceChildren(h("span", { class: quota.fits ? "ok" : "bad", "data-fits": quota.fits }, `Quota ${parts.join("; ")}.`));
+      el.quota.replaceChildren(h("span", { class: quota.fits ? "ok" : "bad", "data-fits": String(quota.fits) }, `Quota ${parts.join("; ")}.`));
     }
   } catch (err) {
     if (seq === infoSeq) el.avail.textContent = err.message;
   }
 }
 for (const input of [el.team, el.model, el.count, el.start, el.end]) {
-  input.addEventListener("change", () => { drawPick(); refreshInfo(); });
+  for (const type of ["input", "change"]) input.addEventListener(type, () => { drawPick(); refreshInfo(); });
 }
-el.count.addEventListener("input", () => refreshInfo());
 
 // --- timeline -----------------------------------------------------------------------------------------------
 async function loadTimeline() {

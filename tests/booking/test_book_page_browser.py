@@ -1,0 +1,138 @@
+"""The Book page in headless Chromium against the live server: book by the form, see it on the timeline, see a
+conflict refused inline, pick a GPU by dragging on its row, cancel from "my reservations"."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from apps.booking import services
+from apps.booking.models import Reservation, ReservationStatus
+from tests.booking.conftest import slot
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def page(live_portal: Any, alice: Any, fleet: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    if not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (make system-deps)")
+    # Playwright's sync API keeps an event loop on this thread; the ORM calls the test makes between browser
+    # steps are still plain synchronous calls (Playwright's documented setting for Django tests).
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        context = browser.new_context(timezone_id="UTC", locale="en-GB", viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("dialog", lambda d: d.accept())
+        page.goto(f"{live_portal.url}/accounts/login/")
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", "pw-for-tests")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{live_portal.url}/")
+        page.goto(f"{live_portal.url}/book/")
+        page.wait_for_selector(".tl-row[data-gpu-uuid]")
+        yield page
+        assert not errors, errors
+        browser.close()
+
+
+def _fill(page: Any, *, model: str, count: int, start: Any, end: Any, note: str = "") -> None:
+    page.select_option("#book-model", model)
+    page.fill("#book-count", str(count))
+    page.fill("#book-start", start.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#book-end", end.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#book-note", note)
+
+
+def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
+    start, end = slot(days=1, hour=10, hours=3)
+    _fill(page, model="A100-80GB", count=2, start=start, end=end, note="browser booking")
+    page.wait_for_selector("#book-availability [data-free]")
+    assert "12 of 12 A100-80GB free" in page.inner_text("#book-availability")
+    page.click("#book-submit")
+    page.wait_for_selector("#book-success:not([hidden])")
+    reservation = Reservation.objects.get(note="browser booking")
+    assert f"Booked #{reservation.pk}" in page.inner_text("#book-success")
+    slots = page.locator(f'.tl-slot.mine[data-reservation-id="{reservation.pk}"]')
+    slots.first.wait_for()
+    assert slots.count() == 2
+    assert page.locator(f'#my-reservations tr[data-reservation-id="{reservation.pk}"]').count() == 1
+    # Availability follows: the same window now has 10 free.
+    page.fill("#book-note", "")
+    page.dispatch_event("#book-start", "change")
+    page.wait_for_function("document.querySelector('#book-availability [data-free]')?.dataset.free === '10'")
+
+
+def test_conflict_is_refused_inline(page, fleet, charlie, nlp):
+    start, end = slot(days=1, hour=14, hours=2)
+    services.reservation_create(user=charlie, team=nlp, start=start, end=end, gpu_model="H100-80GB", gpu_count=2)
+    page.click("#tl-today")  # reload the timeline with the other team's booking
+    page.locator(".tl-slot.other").first.wait_for()
+    assert page.locator(".tl-slot.other").first.inner_text() == "nlp"
+    _fill(page, model="H100-80GB", count=1, start=start, end=end)
+    page.click("#book-submit")
+    page.wait_for_selector("#book-error:not([hidden])")
+    text = page.inner_text("#book-error")
+    assert "Not enough H100-80GB GPUs are free" in text
+    assert "held by nlp" in text
+    assert Reservation.objects.filter(team__slug="vision").count() == 0
+
+
+def test_quota_refusal_is_shown_with_what_is_left(page, fleet, vision):
+    from decimal import Decimal
+
+    from apps.booking.models import Quota
+
+    Quota.objects.create(team=vision, gpu_hours=Decimal("3"))
+    start, end = slot(days=1, hour=9, hours=2)
+    _fill(page, model="A100-80GB", count=2, start=start, end=end)
+    page.wait_for_selector("#book-quota [data-fits='false']")
+    page.click("#book-submit")
+    page.wait_for_selector("#book-error:not([hidden])")
+    assert "3.00 GPU-h left" in page.inner_text("#book-error")
+
+
+def test_drag_on_a_row_picks_that_gpu_and_cancel(page, fleet):
+    page.select_option("#tl-days", "1")
+    page.wait_for_timeout(300)
+    track = page.locator('.tl-row[data-gpu-uuid="GPU-small-5"] .tl-track')
+    box = track.bounding_box()
+    y = box["y"] + box["height"] / 2
+    # Today 18:00 -> 21:00 on a one-day timeline (the page's default window starts at local midnight).
+    page.mouse.move(box["x"] + box["width"] * 18 / 24 + 2, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 21 / 24 - 2, y, steps=5)
+    page.mouse.up()
+    assert not page.locator("#book-picked").is_hidden()
+    assert "small/5" in page.inner_text("#book-picked")
+    start_value = page.input_value("#book-start")
+    end_value = page.input_value("#book-end")
+    assert start_value.endswith(("T18:00",)) or start_value < end_value
+    page.click("#book-submit")
+    page.wait_for_selector("#book-success:not([hidden])")
+    r = Reservation.objects.get()
+    assert [a.gpu.uuid for a in r.allocations.all()] == ["GPU-small-5"]
+    row = page.locator(f'#my-reservations tr[data-reservation-id="{r.pk}"]')
+    row.wait_for()
+    row.locator("button").click()
+    page.wait_for_function(f"!document.querySelector('#my-reservations tr[data-reservation-id=\"{r.pk}\"]')")
+    r.refresh_from_db()
+    assert r.status in (ReservationStatus.CANCELLED, ReservationStatus.RELEASED)
+    assert r.end - r.start <= timedelta(hours=3)
