@@ -81,6 +81,8 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
             "beat",
             [*celery, "beat", "-l", "INFO", "-s", str(Path(env["PORTAL_VAR_DIR"]) / "run" / "celerybeat-schedule")],
         ),
+        # Agents' 1 Hz telemetry arrives on the Redis stream fleet:ingest, read in batches (apps/telemetry/stream.py).
+        Service("ingest", [PY, "manage.py", "ingest_telemetry"]),
         Service("publisher", [PY, "manage.py", "fleet_publisher"]),
         Service("scheduler", [PY, "manage.py", "scheduler"]),
         *local_agent(env),

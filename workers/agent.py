@@ -10,7 +10,8 @@ What it does, in one process:
 - discovers the GPUs (NVML when it initialises and finds GPUs, else simulated ones; `--backend` forces a choice),
 - registers them with the portal (`fleet.register`; again every `--register-every` seconds: it is idempotent),
 - heartbeats every `--heartbeat` seconds (`fleet.heartbeat`),
-- samples telemetry at 1 Hz through workers.sampler (`telemetry.ingest`, expiring after 10 s),
+- samples telemetry at 1 Hz through workers.sampler, appended to the Redis stream `fleet:ingest` (or, with
+  `--telemetry-via celery`, sent as `telemetry.ingest` tasks expiring after 10 s),
 - runs a Celery worker on its own queue `node.<name>` for the portal's commands: `agent.hold_gpus`,
   `agent.run_probe` (workers/agent_app.py) and the job commands registered by workers/agent_jobs.py.
 Messages to the portal leave through one sender thread (workers/transport.py). SIGTERM or Ctrl-C: Celery's warm
@@ -35,7 +36,7 @@ from typing import Any
 from workers.agent_state import HoldStore
 from workers.gpu.base import GpuBackend, GpuInfo
 from workers.sampler import Sampler
-from workers.transport import AGENT_VERSION, PortalLink, make_celery, node_queue
+from workers.transport import AGENT_VERSION, PortalLink, make_celery, make_stream_client, node_queue
 
 logger = logging.getLogger("workers.agent")
 
@@ -59,6 +60,7 @@ class AgentConfig:
     state_dir: Path | None = None
     simulate_busy: int = 0  # simulated backend: GPUs given a trace workload at start (demos, benchmarks)
     concurrency: int = 4
+    telemetry_via: str = "stream"  # stream (Redis stream fleet:ingest, batched by the portal) | celery
 
 
 def choose_backend(cfg: AgentConfig) -> tuple[GpuBackend, str]:
@@ -99,7 +101,8 @@ class Agent:
         self.gpus: list[GpuInfo] = backend.discover()
         self.gpu_by_uuid = {g.uuid: g for g in self.gpus}
         self.app = make_celery(cfg.broker, cfg.name)
-        self.link = PortalLink(self.app, node=cfg.name, token=cfg.token)
+        stream = make_stream_client(cfg.broker) if cfg.telemetry_via == "stream" else None
+        self.link = PortalLink(self.app, node=cfg.name, token=cfg.token, stream=stream)
         state_file = cfg.state_dir / "holds.json" if cfg.state_dir else None
         self.holds = HoldStore(state_file)
         self.sampler = Sampler(backend, self.link.telemetry, node=cfg.name, period_s=cfg.sample_period_s)
@@ -265,6 +268,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
     p.add_argument("--simulate-busy", type=int, default=0, help="simulated GPUs given a trace workload at start")
     p.add_argument("--state-dir", type=Path, default=None, help="where holds are kept (default: memory only)")
     p.add_argument("--concurrency", type=int, default=4, help="threads serving the node queue")
+    p.add_argument(
+        "--telemetry-via",
+        choices=["stream", "celery"],
+        default="stream",
+        help="stream: Redis stream fleet:ingest, read in batches by manage.py ingest_telemetry (default); "
+        "celery: one telemetry.ingest task per second on queue control",
+    )
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     if not a.token:
@@ -295,6 +305,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         state_dir=a.state_dir,
         simulate_busy=max(0, a.simulate_busy),
         concurrency=max(1, a.concurrency),
+        telemetry_via=a.telemetry_via,
     )
     return cfg, a.log_level
 

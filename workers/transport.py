@@ -6,8 +6,12 @@ object argument carrying `node` and `token`:
 - `fleet.register`: at start, then every `register_every_s` (idempotent); gpus [{uuid, index, model, name,
   memory_mib, mig_mode}], agent_version, driver_version, hostname, backend. No expiry.
 - `fleet.heartbeat`: every `heartbeat_s` (5 s); agent_version, holds. Expires after 3 heartbeats.
-- `telemetry.ingest`: every second; workers.gpu.base.build_message (type, v, seq, f, g). Expires after
-  TELEMETRY_EXPIRES_S (10 s), so a backlog after an outage is dropped by the worker, not replayed.
+- telemetry: every second, workers.gpu.base.build_message (type, v, seq, f, g) plus node and token. By default
+  appended to the Redis stream `fleet:ingest` (XADD, field "m", MAXLEN ~ 20000), which the portal's ingest
+  consumers read in batches: Celery's per-message overhead is most of the cost at fleet scale (see
+  apps/telemetry/stream.py and bench/fleet_ingest.py). With `telemetry_via="celery"` it is the task
+  `telemetry.ingest` instead, expiring after TELEMETRY_EXPIRES_S (10 s). Either way a backlog after an outage is
+  dropped, not replayed.
 - `fleet.probe_result`: after a probe; gpu_uuid, result (torch_probe JSON) or error. No expiry.
 
 Portal -> agent: tasks on the node's own queue `node.<name>`, signed by the portal with HMAC-SHA256 keyed by the
@@ -41,6 +45,8 @@ COMMAND_VERSION = 1
 COMMAND_MAX_AGE_S = 600.0
 TELEMETRY_EXPIRES_S = 10.0
 TELEMETRY_BACKLOG = 5  # telemetry messages kept while the broker is unreachable
+TELEMETRY_STREAM = "fleet:ingest"  # apps.telemetry.keys.INGEST_STREAM
+TELEMETRY_STREAM_MAXLEN = 20_000
 
 
 def node_queue(node: str) -> str:
@@ -56,6 +62,23 @@ def broker_url_for(url: str) -> str:
         auth = f":{parsed.password}@" if parsed.password else ""
         return f"redis+socket://{auth}{parsed.path}?virtual_host={db}"
     return url
+
+
+def redis_url_for(url: str) -> str:
+    """redis-py's spelling of the broker URL (the inverse of broker_url_for for unix sockets)."""
+    parsed = urlparse(url)
+    if parsed.scheme == "redis+socket":
+        db = parse_qs(parsed.query).get("virtual_host", ["0"])[0]
+        auth = f":{parsed.password}@" if parsed.password else ""
+        return f"unix://{auth}{parsed.path}?db={db}"
+    return url
+
+
+def make_stream_client(broker_url: str) -> Any:
+    """A redis-py client for the telemetry stream, on the broker's Redis."""
+    import redis
+
+    return redis.Redis.from_url(redis_url_for(broker_url), socket_connect_timeout=5, socket_timeout=5)
 
 
 def make_celery(broker_url: str, node: str) -> Celery:
@@ -148,8 +171,17 @@ class _Outgoing:
 class PortalLink:
     """Publishes the agent's messages to queue `control` from one thread."""
 
-    def __init__(self, app: Celery, *, node: str, token: str, telemetry_backlog: int = TELEMETRY_BACKLOG) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        node: str,
+        token: str,
+        telemetry_backlog: int = TELEMETRY_BACKLOG,
+        stream: Any | None = None,
+    ) -> None:
         self.app = app
+        self.stream = stream  # a redis-py client: telemetry goes to the stream; None: as Celery tasks
         self.node = node
         self.token = token
         self.stats = LinkStats()
@@ -215,6 +247,16 @@ class PortalLink:
             if item is None:
                 return
             try:
+                if item.task == "telemetry.ingest" and self.stream is not None:
+                    self.stream.xadd(
+                        TELEMETRY_STREAM,
+                        {"m": json.dumps(item.payload, separators=(",", ":"))},
+                        maxlen=TELEMETRY_STREAM_MAXLEN,
+                        approximate=True,
+                    )
+                    self.stats.sent += 1
+                    self._recovered()
+                    continue
                 self.app.send_task(
                     item.task,
                     args=[item.payload],
@@ -234,7 +276,10 @@ class PortalLink:
                         self._control.appendleft(item)
                 self._stop.wait(1.0)
                 continue
-            if self._failing:
-                logger.info("sending to the portal works again")
-                self._failing = False
+            self._recovered()
             self.stats.sent += 1
+
+    def _recovered(self) -> None:
+        if self._failing:
+            logger.info("sending to the portal works again")
+            self._failing = False

@@ -117,21 +117,29 @@ class IngestResult:
     stale: bool = False
 
 
+@dataclass
+class Prepared:
+    """One message checked and turned into the arguments of one `_SCRIPT` call."""
+
+    keys: list[str]
+    argv: list[Any]
+    accepted: int
+    bad: list[tuple[str, str]]
+    node: str
+
+
 def _num(value: float | int | None) -> str:
     return "" if value is None else str(value)
 
 
-def telemetry_ingest(payload: Any, *, now: float | None = None) -> IngestResult:
-    """Validate, authenticate and store one telemetry message. Raises MessageRejected for a refused message; drops
-    (and counts) a stale one; drops a refused row alone (bad values, or a GPU that is not this node's)."""
+def prepare(payload: Any, *, now: float) -> Prepared | None:
+    """Validate and authenticate one message; None when it is stale (dropped), MessageRejected when refused."""
     msg = check_telemetry(payload)
-    now = time.time() if now is None else now
     ident = node_authenticate(msg.envelope.node, msg.envelope.token)
     age = now - msg.ts
     if age > settings.TELEMETRY_MAX_AGE_S:
-        # Celery's `expires` already drops most of a backlog; this catches clock games and agents without it.
-        record_rejection("stale", stale=True)
-        return IngestResult(accepted=0, rejected_rows=0, stale=True)
+        # A backlog after an outage is not replayed (Celery's `expires` or the stream's trim drop most of it first).
+        return None
     if -age > settings.TELEMETRY_MAX_SKEW_S:
         raise MessageRejected("out_of_range", f"ts {msg.ts} is {-age:.0f} s in the future")
     rows: list[TelemetryRow] = []
@@ -144,13 +152,9 @@ def telemetry_ingest(payload: Any, *, now: float | None = None) -> IngestResult:
                 bad.append((row.uuid, "unknown_gpu: not a GPU of this node"))
                 continue
         rows.append(row)
-    if bad:
-        record_rejection("bad_row", rows=len(bad))
-        logger.warning("telemetry from %s: %d row(s) refused: %s", ident.name, len(bad), bad[:3])
     ts = round(msg.ts, 3)
     minute = int(ts // 60 * 60)
-    history = settings.TELEMETRY_HISTORY_SAMPLES
-    argv: list[Any] = [minute, ident.name, ts, history, keys.HISTORY_TTL_S, len(rows)]
+    argv: list[Any] = [minute, ident.name, ts, settings.TELEMETRY_HISTORY_SAMPLES, keys.HISTORY_TTL_S, len(rows)]
     redis_keys = [keys.LATEST, keys.rollup_key(minute), keys.ROLLUP_PENDING, keys.STATS, keys.NODE_SEEN]
     for row in rows:
         ref = ident.gpus[row.uuid]
@@ -178,5 +182,67 @@ def telemetry_ingest(payload: Any, *, now: float | None = None) -> IngestResult:
             _num(row.power),
         ]
         redis_keys.append(keys.hist_key(row.uuid))
-    _lua()(keys=redis_keys, args=argv)
-    return IngestResult(accepted=len(rows), rejected_rows=len(bad))
+    return Prepared(keys=redis_keys, argv=argv, accepted=len(rows), bad=bad, node=ident.name)
+
+
+def _log_bad(prepared: Prepared) -> None:
+    logger.warning("telemetry from %s: %d row(s) refused: %s", prepared.node, len(prepared.bad), prepared.bad[:3])
+
+
+def telemetry_ingest(payload: Any, *, now: float | None = None) -> IngestResult:
+    """Validate, authenticate and store one telemetry message. Raises MessageRejected for a refused message; drops
+    (and counts) a stale one; drops a refused row alone (bad values, or a GPU that is not this node's)."""
+    prepared = prepare(payload, now=time.time() if now is None else now)
+    if prepared is None:
+        record_rejection("stale", stale=True)
+        return IngestResult(accepted=0, rejected_rows=0, stale=True)
+    if prepared.bad:
+        record_rejection("bad_row", rows=len(prepared.bad))
+        _log_bad(prepared)
+    _lua()(keys=prepared.keys, args=prepared.argv)
+    return IngestResult(accepted=prepared.accepted, rejected_rows=len(prepared.bad))
+
+
+@dataclass
+class BatchResult:
+    messages: int = 0
+    accepted_samples: int = 0
+    stale: int = 0
+    rejected: int = 0
+    rejected_rows: int = 0
+
+
+def telemetry_ingest_batch(payloads: list[Any], *, now: float | None = None) -> BatchResult:
+    """Many messages in one Redis round trip: each is prepared as `telemetry_ingest` does (refusals are counted
+    and logged, never raised), then every Lua call and counter goes out in one pipeline."""
+    now = time.time() if now is None else now
+    result = BatchResult(messages=len(payloads))
+    pipe = get_redis().pipeline(transaction=False)
+    script = _lua()
+    counters: dict[str, int] = {}
+    for payload in payloads:
+        try:
+            prepared = prepare(payload, now=now)
+        except MessageRejected as exc:
+            result.rejected += 1
+            counters["messages_rejected"] = counters.get("messages_rejected", 0) + 1
+            counters[f"rejected:{exc.reason}"] = counters.get(f"rejected:{exc.reason}", 0) + 1
+            node = payload.get("node") if isinstance(payload, dict) else None
+            logger.warning("telemetry from node %r refused: %s", str(node)[:100], exc)
+            continue
+        if prepared is None:
+            result.stale += 1
+            counters["messages_stale"] = counters.get("messages_stale", 0) + 1
+            counters["rejected:stale"] = counters.get("rejected:stale", 0) + 1
+            continue
+        if prepared.bad:
+            result.rejected_rows += len(prepared.bad)
+            counters["rows_rejected"] = counters.get("rows_rejected", 0) + len(prepared.bad)
+            counters["rejected:bad_row"] = counters.get("rejected:bad_row", 0) + len(prepared.bad)
+            _log_bad(prepared)
+        script(keys=prepared.keys, args=prepared.argv, client=pipe)
+        result.accepted_samples += prepared.accepted
+    for field, amount in counters.items():
+        pipe.hincrby(keys.STATS, field, amount)
+    pipe.execute()
+    return result

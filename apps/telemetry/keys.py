@@ -51,6 +51,11 @@ ROLLUP_PENDING = "fleet:roll:pending"
 STATS = "fleet:stats"
 # Hash: node name -> epoch of the last accepted telemetry message from that node.
 NODE_SEEN = "fleet:seen"
+# Stream the agents append their telemetry messages to (XADD, field "m" = the JSON message, MAXLEN ~ 20000); the
+# portal's ingest consumers read it as consumer group INGEST_GROUP, in batches, without acknowledgements (a lost
+# sample is replaced by the next one). Entries older than TELEMETRY_MAX_AGE_S are trimmed, never replayed.
+INGEST_STREAM = "fleet:ingest"
+INGEST_GROUP = "portal-ingest"
 
 
 class LatestSample(TypedDict):

@@ -75,6 +75,11 @@ def start_portal_worker(tmp: Path, **env: str) -> Proc:
     return Proc(argv, subprocess_env(**env), tmp / "portal-worker.log")
 
 
+def start_ingest(tmp: Path, **env: str) -> Proc:
+    """`manage.py ingest_telemetry`: the consumer of the agents' telemetry stream."""
+    return Proc([sys.executable, "manage.py", "ingest_telemetry"], subprocess_env(**env), tmp / "ingest.log")
+
+
 def start_agent(
     tmp: Path,
     name: str,
@@ -84,11 +89,13 @@ def start_agent(
     models: str = "A100-80GB,H100-80GB",
     heartbeat: float = 1.0,
     seed: int = 0,
+    telemetry_via: str = "stream",
     extra: list[str] | None = None,
 ) -> Proc:
     argv = [sys.executable, "-m", "workers.agent", "--name", name, "--backend", "simulated", "--gpus", str(gpus)]
     argv += ["--models", models, "--seed", str(seed), "--heartbeat", str(heartbeat), "--simulate-busy", "1"]
-    argv += ["--state-dir", str(tmp / f"agent-{name}"), "--concurrency", "2", *(extra or [])]
+    argv += ["--state-dir", str(tmp / f"agent-{name}"), "--concurrency", "2", "--telemetry-via", telemetry_via]
+    argv += extra or []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "DJANGO"))}
     env.update(
         {"GPUPORTAL_NODE_TOKEN": token, "GPUPORTAL_BROKER_URL": settings.REDIS.redis_py_url, "PYTHONUNBUFFERED": "1"}

@@ -17,7 +17,7 @@ from apps.fleet import services
 from apps.fleet.commands import agent_send
 from apps.fleet.models import Gpu, Node, NodeStatus
 from apps.telemetry import keys
-from tests.fleet.procs import clean_fleet_redis, start_agent, start_portal_worker, wait_for
+from tests.fleet.procs import clean_fleet_redis, start_agent, start_ingest, start_portal_worker, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -45,8 +45,11 @@ def test_agents_register_stream_die_and_come_back(tmp_path, api_as, admin) -> No
         FLEET_NODE_CACHE_S="2",
         LOG_LEVEL="INFO",
     )
-    agents = {n: start_agent(tmp_path, n, tokens[n], seed=i) for i, n in enumerate(names)}
-    procs = [worker, *agents.values()]
+    ingest = start_ingest(tmp_path, FLEET_NODE_CACHE_S="2")
+    # a1 and a3 stream their telemetry (the default), a2 sends it as Celery tasks: both paths end in the same place.
+    via = {"a1": "stream", "a2": "celery", "a3": "stream"}
+    agents = {n: start_agent(tmp_path, n, tokens[n], seed=i, telemetry_via=via[n]) for i, n in enumerate(names)}
+    procs = [worker, ingest, *agents.values()]
     client = api_as(admin)
     try:
         # Registration and heartbeats.
@@ -84,8 +87,8 @@ def test_agents_register_stream_die_and_come_back(tmp_path, api_as, admin) -> No
         wait_for(lambda: all(g["stale"] for g in _gpus(client).values() if g["node"] == "a2"), 15, "a2 stale", procs)
 
         # Restart it: online again, same rows, no duplicates.
-        agents["a2"] = start_agent(tmp_path, "a2", tokens["a2"], seed=1)
-        procs = [worker, *agents.values()]
+        agents["a2"] = start_agent(tmp_path, "a2", tokens["a2"], seed=1, telemetry_via="celery")
+        procs = [worker, ingest, *agents.values()]
         wait_for(lambda: _status("a2") == NodeStatus.ONLINE, 30, "a2 back online", procs)
         assert dict(Gpu.objects.values_list("uuid", "id")) == ids
         wait_for(lambda: not any(g["stale"] for g in _gpus(client).values()), 20, "a2 streaming again", procs)
@@ -120,7 +123,7 @@ def test_agents_register_stream_die_and_come_back(tmp_path, api_as, admin) -> No
             "rejections counted",
             procs,
         )
-        assert worker.alive()
+        assert worker.alive() and ingest.alive()
         assert Node.objects.count() == 3 and Gpu.objects.count() == 6
         assert Gpu.objects.filter(node__name="a1", retired_at__isnull=True).count() == 2
         assert _status("a1") == NodeStatus.ONLINE
