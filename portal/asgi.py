@@ -7,18 +7,23 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+# Each ASGI request runs its sync part in a thread of its own, so a persistent connection is never reused by the
+# next request, only left for the garbage collector (Django's docs: disable persistent connections under ASGI).
+# Celery workers and the scheduler, single-threaded and long-lived, keep theirs (DB_CONN_MAX_AGE).
+os.environ.setdefault("DB_CONN_MAX_AGE", "0")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from apps.accounts.ws_auth import PortalWebsocketAuthMiddleware  # noqa: E402
 from apps.core.body_limit import BodySizeLimit  # noqa: E402
+from apps.core.concurrency import ConcurrencyGate  # noqa: E402
 from apps.core.websocket import AllowedHostsOrNoOriginValidator  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": BodySizeLimit(django_asgi_app),
+        "http": BodySizeLimit(ConcurrencyGate(django_asgi_app)),
         "websocket": AllowedHostsOrNoOriginValidator(
             PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))
         ),

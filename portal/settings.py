@@ -260,6 +260,10 @@ SPECTACULAR_SETTINGS = {
 }
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
+# Requests one web process works on at once (each holds a database connection); more wait up to
+# WEB_QUEUE_WAIT_S, then get 503 busy. Processes x this must stay well under PostgreSQL's max_connections.
+WEB_MAX_CONCURRENT_REQUESTS = env_int("WEB_MAX_CONCURRENT_REQUESTS", 16)
+WEB_QUEUE_WAIT_S = env_int("WEB_QUEUE_WAIT_S", 30)
 
 # --- Logging: tokens never appear (the Authorization header is never logged) -------------------------------
 LOGGING = {

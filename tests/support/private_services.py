@@ -56,7 +56,8 @@ def can_run_private_postgres() -> bool:
 class PrivatePostgres:
     """initdb + pg_ctl in a temp dir owned by `postgres`; trust auth on 127.0.0.1 only; fsync off (tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int = 200) -> None:
+        self.max_connections = max_connections
         bindir = postgres_bin_dir()
         if bindir is None:
             raise RuntimeError("no PostgreSQL server binaries under /usr/lib/postgresql")
@@ -89,7 +90,8 @@ class PrivatePostgres:
     def start(self, timeout: float = 30) -> None:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.root} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+            f"-c max_connections={self.max_connections} -c superuser_reserved_connections=3"
         )
         self._as_postgres(
             str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.log), "-w",
