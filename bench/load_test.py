@@ -2,13 +2,14 @@
 
     python -m bench.load_test --clients 200 --duration 300
 
-It creates a fresh database on the PostgreSQL server (`--database-url`, default the machine's server), migrates
-it, seeds teams, users, tokens, GPU models, nodes, GPUs and an allowed image, starts the web tier (uvicorn with the
-launcher's arguments, `--workers` processes) and runs the clients: each keeps one HTTP/1.1 connection and loops
-over a weighted mix of reads (me, teams, gpus, reservation and job lists), bookings and job submissions.
-It prints requests/s, p50/p99 latency per kind, error rate and 5xx count, then audits the database: no two active
-allocations overlap on a GPU, no duplicate ledger rows, every booking answered 201 exists with all its
-allocation rows and no reservation lacks them. The database is dropped afterwards unless `--keep`.
+It starts a private PostgreSQL cluster and redis-server for the run (or uses `--database-url` / `--redis-url`),
+creates a fresh database, migrates it, seeds teams, users, tokens, GPU models, nodes, GPUs and an allowed image,
+starts the web tier (uvicorn with the launcher's arguments, `--workers` processes) and runs the clients: each
+keeps one HTTP/1.1 connection and loops over a weighted mix of reads (me, teams, gpus, reservation and job
+lists), bookings and job submissions. It prints requests/s, p50/p99 latency per kind, error rate and 5xx count,
+then audits the database: no two active allocations overlap on a GPU, no duplicate ledger rows, every booking
+answered 201 exists with all its allocation rows and no reservation lacks them. The database is dropped
+afterwards unless `--keep`.
 
 `python -m bench.load_test seed ...` is the seeding step alone (run by the above inside Django; tests use it).
 No third-party HTTP client: a small asyncio HTTP/1.1 client (keep-alive, Content-Length and chunked bodies).
@@ -458,10 +459,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", default="", help=f"e.g. me=10,book=20 (kinds: {','.join(DEFAULT_MIX)})")
     parser.add_argument(
         "--database-url",
-        default=os.environ.get("LOAD_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        help="a PostgreSQL server (any database on it); a fresh database is created there",
+        default=os.environ.get("LOAD_DATABASE_URL"),
+        help="a PostgreSQL server (any database on it) to create the fresh database on; default: a private "
+        "cluster started for the run (tests/support/private_services.py), so a shared server is never loaded",
     )
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/8"))
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("LOAD_REDIS_URL"), help="default: a private redis-server for the run"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args(argv)
 
@@ -480,6 +484,20 @@ def main(argv: list[str] | None = None) -> int:
     for item in filter(None, args.mix.split(",")):
         kind, _, weight = item.partition("=")
         mix[kind.strip()] = int(weight)
+    from tests.support.private_services import PrivatePostgres, PrivateRedis
+
+    private_pg: PrivatePostgres | None = None
+    private_redis: PrivateRedis | None = None
+    if args.database_url is None:
+        private_pg = PrivatePostgres(max_connections=300)
+        private_pg.start()
+        args.database_url = private_pg.url()
+        print(f"private PostgreSQL on port {private_pg.port}")
+    if args.redis_url is None:
+        private_redis = PrivateRedis()
+        private_redis.start()
+        args.redis_url = private_redis.url()
+        print(f"private redis-server on port {private_redis.port}")
     server = urllib.parse.urlsplit(args.database_url)
     dbname = f"portal_load_{os.getpid()}"
     db_url = urllib.parse.urlunsplit(server._replace(path=f"/{dbname}"))
@@ -532,11 +550,15 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(web.pid, signal.SIGKILL)
                 web.wait()
-        if not args.keep:
+        if args.keep:
+            print(f"kept database {db_url}")
+        elif private_pg is None:
             with psycopg.connect(args.database_url, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        else:
-            print(f"kept database {db_url}")
+        if private_pg is not None and not args.keep:
+            private_pg.destroy()
+        if private_redis is not None:
+            private_redis.destroy()
 
 
 if __name__ == "__main__":
