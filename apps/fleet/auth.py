@@ -31,6 +31,7 @@ class GpuRef:
     id: int
     index: int
     model: str
+    status: str = "ok"
 
 
 @dataclass
@@ -54,10 +55,10 @@ def _load(name: str) -> NodeIdentity | None:
     if node is None:
         return None
     gpus = {
-        uuid: GpuRef(id=gpu_id, index=index, model=model)
-        for uuid, gpu_id, index, model in Gpu.objects.filter(node_id=node["id"], retired_at__isnull=True).values_list(
-            "uuid", "id", "index", "model__name"
-        )
+        uuid: GpuRef(id=gpu_id, index=index, model=model, status=status)
+        for uuid, gpu_id, index, model, status in Gpu.objects.filter(
+            node_id=node["id"], retired_at__isnull=True
+        ).values_list("uuid", "id", "index", "model__name", "status")
     }
     return NodeIdentity(
         id=node["id"],

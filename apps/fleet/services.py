@@ -302,3 +302,21 @@ def gpu_probe_record(
             data={"comparison": (result or {}).get("comparison"), "error": error[:200]},
         )
     return gpu
+
+
+def gpus_mark_lost(*, node_id: int, uuids: list[str]) -> list[str]:
+    """GPUs whose agent reports them lost (NVML: GPU_IS_LOST, fallen off the bus) become `lost` until the node
+    registers again (a lost GPU needs a reset or a reboot, after which the agent restarts and registers).
+    Conditional UPDATE per GPU, so concurrent reports mark and audit each GPU once. Returns the newly lost."""
+    marked: list[str] = []
+    with transaction.atomic():
+        for gpu in Gpu.objects.filter(node_id=node_id, uuid__in=uuids, retired_at__isnull=True).exclude(
+            status=GpuStatus.LOST
+        ):
+            if Gpu.objects.filter(pk=gpu.pk).exclude(status=GpuStatus.LOST).update(status=GpuStatus.LOST):
+                audit_record(actor=None, action="gpu.lost", target=gpu, data={"from": gpu.status})
+                marked.append(gpu.uuid)
+    if marked:
+        logger.warning("GPUs reported lost by their agent: %s", ", ".join(marked))
+        transaction.on_commit(lambda: auth.forget(None))
+    return marked

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -126,6 +126,8 @@ class Prepared:
     accepted: int
     bad: list[tuple[str, str]]
     node: str
+    node_id: int = 0
+    newly_lost: list[str] = field(default_factory=list)  # rows flagged lost for GPUs not yet `lost` in the database
 
 
 def _num(value: float | int | None) -> str:
@@ -182,7 +184,24 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             _num(row.power),
         ]
         redis_keys.append(keys.hist_key(row.uuid))
-    return Prepared(keys=redis_keys, argv=argv, accepted=len(rows), bad=bad, node=ident.name)
+    newly_lost = [row.uuid for row in rows if row.lost and ident.gpus[row.uuid].status != "lost"]
+    return Prepared(
+        keys=redis_keys,
+        argv=argv,
+        accepted=len(rows),
+        bad=bad,
+        node=ident.name,
+        node_id=ident.id,
+        newly_lost=newly_lost,
+    )
+
+
+def _mark_lost(prepared: Prepared) -> None:
+    if prepared.newly_lost:
+        from apps.fleet.services import gpus_mark_lost
+
+        gpus_mark_lost(node_id=prepared.node_id, uuids=prepared.newly_lost)
+        node_identity(prepared.node, refresh=True)
 
 
 def _log_bad(prepared: Prepared) -> None:
@@ -200,6 +219,7 @@ def telemetry_ingest(payload: Any, *, now: float | None = None) -> IngestResult:
         record_rejection("bad_row", rows=len(prepared.bad))
         _log_bad(prepared)
     _lua()(keys=prepared.keys, args=prepared.argv)
+    _mark_lost(prepared)
     return IngestResult(accepted=prepared.accepted, rejected_rows=len(prepared.bad))
 
 
@@ -220,6 +240,7 @@ def telemetry_ingest_batch(payloads: list[Any], *, now: float | None = None) -> 
     pipe = get_redis().pipeline(transaction=False)
     script = _lua()
     counters: dict[str, int] = {}
+    lost: list[Prepared] = []
     for payload in payloads:
         try:
             prepared = prepare(payload, now=now)
@@ -242,7 +263,11 @@ def telemetry_ingest_batch(payloads: list[Any], *, now: float | None = None) -> 
             _log_bad(prepared)
         script(keys=prepared.keys, args=prepared.argv, client=pipe)
         result.accepted_samples += prepared.accepted
-    for field, amount in counters.items():
-        pipe.hincrby(keys.STATS, field, amount)
+        if prepared.newly_lost:
+            lost.append(prepared)
+    for name, amount in counters.items():
+        pipe.hincrby(keys.STATS, name, amount)
     pipe.execute()
+    for prepared in lost:
+        _mark_lost(prepared)
     return result

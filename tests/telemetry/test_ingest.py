@@ -149,3 +149,22 @@ def test_latest_json_is_compact() -> None:
     telemetry_ingest(telemetry("n1", token, [row("GPU-n1-0")]))
     raw = get_redis().hget(keys.LATEST, "GPU-n1-0").decode()
     assert " " not in raw and json.loads(raw)["uuid"] == "GPU-n1-0"
+
+
+def test_a_gpu_reported_lost_becomes_lost_once_and_comes_back_on_registration() -> None:
+    from apps.audit.models import AuditEvent
+    from apps.fleet import services
+    from apps.fleet.models import Gpu
+    from tests.fleet.util import gpu_reports
+
+    node, token = registered_node("n1")
+    lost_row = row(
+        "GPU-n1-1", util=None, mem=None, temp=None, power=None, sm=None, tensor=None, extra={"h": {"lost": True}}
+    )
+    for _ in range(3):
+        telemetry_ingest(telemetry("n1", token, [row("GPU-n1-0"), lost_row]))
+    assert Gpu.objects.get(uuid="GPU-n1-1").status == "lost"
+    assert Gpu.objects.get(uuid="GPU-n1-0").status == "ok"
+    assert AuditEvent.objects.filter(action="gpu.lost").count() == 1
+    services.node_register(node_id=node.pk, gpus=gpu_reports("n1"))
+    assert Gpu.objects.get(uuid="GPU-n1-1").status == "ok"
