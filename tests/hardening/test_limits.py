@@ -153,8 +153,22 @@ async def _ping(url: str, headers: dict[str, str]) -> dict[str, Any]:
                 return dict(message)
 
 
-def test_oversized_websocket_frame_closes_that_socket_only(web: LiveServer, bearer: dict[str, str]) -> None:
-    url = web.ws_url + "/ws/fleet/"
+@pytest.fixture
+def vision_job_path(alice: Any, bob: Any, charlie: Any, admin: Any, vision: Any, nlp: Any, make_token: Any) -> str:
+    from tests.test_permission_matrix import Cast, _obj_job
+
+    cast = Cast(users={"member": alice}, vision=vision, nlp=nlp, make_token=make_token)
+    return f"/ws/jobs/{_obj_job(cast)['job_id']}/"
+
+
+@pytest.mark.parametrize("route", ["fleet", "job"])
+def test_oversized_websocket_frame_closes_that_socket_only(
+    route: str, web: LiveServer, bearer: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    """The job stream ignores what clients send, so there only the server's frame cap (uvicorn --ws-max-size,
+    from the launcher) stands between a client and the server buffering its frame."""
+    path = "/ws/fleet/" if route == "fleet" else request.getfixturevalue("vision_job_path")
+    url = web.ws_url + path
 
     async def scenario() -> tuple[int | None, dict[str, Any], dict[str, Any]]:
         async with websockets.connect(url, additional_headers=bearer, open_timeout=5) as bystander:
