@@ -136,7 +136,7 @@ def node_register(
         created: list[str] = []
         live_status = _live_status(node)
         for report in reported.values():
-            gpu = existing.get(report.uuid)
+            found = existing.get(report.uuid)
             fields = {
                 "node": node,
                 "index": report.index,
@@ -146,11 +146,12 @@ def node_register(
                 "name": report.name,
                 "retired_at": None,
             }
-            if gpu is None:
+            if found is None:
                 gpu = Gpu(uuid=report.uuid, status=GpuStatus.OK, **fields)
                 gpu.save()
                 created.append(report.uuid)
             else:
+                gpu = found
                 for key, value in fields.items():
                     setattr(gpu, key, value)
                 if gpu.status in (GpuStatus.OFFLINE, GpuStatus.LOST):

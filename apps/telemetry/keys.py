@@ -133,7 +133,7 @@ def decode_latest(raw: bytes | str | None) -> LatestSample | None:
     return value if isinstance(value, dict) and "uuid" in value else None  # type: ignore[return-value]
 
 
-def decode_hist(items: list[bytes] | list[str]) -> list[dict[str, Any]]:
+def decode_hist(items: Any) -> list[dict[str, Any]]:
     """`LRANGE` of a history list as dicts keyed by HIST_FIELDS, oldest first."""
     out: list[dict[str, Any]] = []
     for raw in reversed(items):

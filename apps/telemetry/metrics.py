@@ -87,7 +87,7 @@ def render(*, now: float | None = None) -> str:
 
     series: list[tuple[list[tuple[str, str]], dict[str, Any]]] = []
     for gpu in gpus:
-        sample = latest.get(gpu.uuid)
+        sample: Any = latest.get(gpu.uuid)
         if sample is None or is_stale(sample, now=now):
             continue
         label_pairs = [

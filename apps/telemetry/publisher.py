@@ -48,11 +48,12 @@ class FleetPublisher:
 
     def refresh_directory(self) -> None:
         close_old_connections()
-        self._directory = list(
+        rows: Any = (
             Gpu.objects.filter(retired_at__isnull=True)
             .order_by("node__name", "index")
             .values("uuid", "index", "status", "model__name", "node__name", "node__status", "memory_mib")
         )
+        self._directory = list(rows)
         self._nodes = [
             {"name": n["name"], "status": n["status"], "last_heartbeat": _iso(n["last_heartbeat"])}
             for n in Node.objects.order_by("name").values("name", "status", "last_heartbeat")

@@ -34,7 +34,7 @@ def _closed_before(now: float) -> float:
     return now - 60 - settings.TELEMETRY_MAX_AGE_S - 5
 
 
-def accumulator_to_rows(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, dict[str, Any]]:
+def accumulator_to_rows(raw: Any) -> dict[str, dict[str, Any]]:
     """`HGETALL fleet:roll:<minute>` as {uuid: rollup figures} (pure; see keys.py for the field names)."""
     acc: dict[str, dict[str, float]] = defaultdict(dict)
     for key, value in raw.items():
@@ -75,7 +75,7 @@ def accumulator_to_rows(raw: dict[bytes, bytes] | dict[str, str]) -> dict[str, d
 def flush_rollups(*, now: float | None = None) -> int:
     """Upsert every closed minute's accumulator into GpuRollup; returns the number of rows written."""
     now = time.time() if now is None else now
-    redis = get_redis()
+    redis: Any = get_redis()
     minutes = [int(float(m)) for m in redis.zrangebyscore(keys.ROLLUP_PENDING, "-inf", _closed_before(now))]
     written = 0
     for minute in minutes:

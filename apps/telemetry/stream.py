@@ -41,7 +41,7 @@ def ensure_group(client: redis.Redis) -> None:
             raise
 
 
-def decode_entries(entries: list[tuple[Any, dict[bytes, bytes]]]) -> list[Any]:
+def decode_entries(entries: Any) -> list[Any]:
     """The JSON messages of stream entries; an undecodable entry becomes None (refused as malformed by ingest)."""
     out: list[Any] = []
     for _id, fields in entries:
@@ -58,7 +58,7 @@ class StreamIngestor:
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
         self.batch = batch
         self.block_ms = block_ms
-        self.redis = get_redis()
+        self.redis: Any = get_redis()
         self.totals = BatchResult()
         self._trimmed_at = 0.0
         self.failures = 0
