@@ -171,11 +171,13 @@ def job_submit(
     network: str | None = None,
     options: Mapping[str, Any] | None = None,
     idempotency_key: str = "",
+    check_fleet: bool = True,
 ) -> Job:
     """Validate, authorize and queue a job; counts its max duration against the team's quota.
 
     Refusals are ApplicationErrors (400 invalid, 403 forbidden/policy_violation/quota_exceeded, 404) and leave
     nothing behind. With `idempotency_key`, a second submission with the same key returns the first job.
+    `check_fleet=False` skips "could this ever fit the fleet" (demo data loaded before any agent registered).
     Locks: the team's quota usage row (booking's quota service), for the whole transaction.
     """
     if not user.is_staff and team.pk not in team_ids_of(user):
@@ -209,7 +211,8 @@ def job_submit(
         raise _field_error("name", f"name must be at most {conf.MAX_NAME_CHARS} characters.")
     container_image = _check_image(image)
     clean_mounts = validation.check_mounts(mounts, container_image.allowed_mounts)
-    _check_fleet_shape(gpu_count, models)
+    if check_fleet:
+        _check_fleet_shape(gpu_count, models)
     reservation = None
     if reservation_id is not None:
         reservation = _check_reservation(
