@@ -3,4 +3,7 @@ from django.urls import path
 from apps.fleet import views
 
 app_name = "fleet"
-urlpatterns = [path("", views.fleet_page, name="index")]
+urlpatterns = [
+    path("", views.fleet_page, name="index"),
+    path("gpus/<str:uuid>/", views.gpu_page, name="gpu"),
+]
