@@ -8,6 +8,9 @@ import itertools
 import json
 import socket
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -19,8 +22,11 @@ from django.test import Client
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from apps.core.redis import get_redis
+from apps.telemetry import keys
 from bench.fleet_fanout import SyntheticPublisher, synthetic_fleet, synthetic_snapshot
-from tests.factories import UserFactory
+from tests.conftest import REPO, subprocess_env
+from tests.factories import GpuFactory, GpuModelFactory, NodeFactory, UserFactory
 
 pytestmark = [pytest.mark.slow]
 
@@ -279,3 +285,61 @@ def test_a_stalled_client_does_not_delay_a_fast_one_and_skips_ahead(
     assert p95 < 1.0  # generous: a shared 2-core machine; the point is that it is not blocked for seconds
     assert gaps, f"the stalled client got every snapshot: {stalled_seqs[:10]}..."
     assert stalled_seqs[-1] >= fast_seqs[-1]  # and it caught up with the present
+
+
+def test_the_real_fleet_publisher_drives_the_socket(live_portal: Any, bob: Any) -> None:
+    """`manage.py fleet_publisher` (the ingest side's process) reads the database and `fleet:latest`; the socket
+    gets its snapshots once a second with the figures the samples carry."""
+    node = NodeFactory(name="pub-node")
+    model = GpuModelFactory(name="H100-80GB", memory_mib=81559)
+    gpus = [GpuFactory(node=node, model=model, index=i, uuid=f"GPU-pub-{i}") for i in range(2)]
+    stop = threading.Event()
+
+    def samples() -> None:
+        # What ingest writes (apps/telemetry/keys.py LatestSample), with a figure that changes every 0.25 s.
+        r = get_redis()
+        k = 0
+        while not stop.is_set():
+            k += 1
+            for g in gpus:
+                sample = {
+                    "uuid": g.uuid, "node": node.name, "index": g.index, "model": model.name, "util": k % 100,
+                    "mem_used": 1000 + k, "mem_total": 81559, "temp": 40, "power": 100.0, "sm_clock": 1500,
+                    "tensor": 0.0, "ts": time.time(),
+                }  # fmt: skip
+                r.hset(keys.LATEST, g.uuid, json.dumps(sample))
+            stop.wait(0.25)
+
+    writer = threading.Thread(target=samples, daemon=True)
+    writer.start()
+    publisher = subprocess.Popen([sys.executable, "manage.py", "fleet_publisher"], cwd=REPO, env=subprocess_env())
+    headers = _auth(user=bob)
+
+    async def run() -> list[tuple[float, dict[str, Any]]]:
+        got: list[tuple[float, dict[str, Any]]] = []
+        async with _ws(live_portal, headers) as ws:
+            while len(got) < 5:
+                doc = await _recv_json(ws, timeout=15)
+                if [g["uuid"] for g in doc["gpus"]] == [g.uuid for g in gpus]:
+                    got.append((time.monotonic(), doc))
+        return got
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        stop.set()
+        publisher.terminate()
+        publisher.wait(15)
+        writer.join(5)
+    live = got[1:]  # the first may be the last snapshot, sent on connect
+    seqs = [d["seq"] for _, d in live]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    for _, doc in got:
+        assert doc["type"] == "fleet" and datetime.fromisoformat(doc["ts"]).tzinfo is not None
+        assert doc["nodes"][0]["name"] == "pub-node"
+        for gpu in doc["gpus"]:
+            assert gpu.keys() >= SAMPLE_FIELDS | STATE_FIELDS
+            assert gpu["stale"] is False and gpu["util"] is not None
+    assert len({d["gpus"][0]["util"] for _, d in got}) > 1  # the figures move
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(live)]
+    assert all(0.6 < g < 1.4 for g in gaps), gaps
