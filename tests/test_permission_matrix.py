@@ -71,6 +71,13 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/jobs/<int:job_id>/": {"GET": (401, 404, 200, 200, 200, 200)},
     "api/v1/jobs/<int:job_id>/cancel/": {"POST": (401, 404, 202, 202, 202, 403)},
     "api/v1/jobs/<int:job_id>/logs/": {"GET": (401, 404, 200, 200, 200, 200)},
+    "api/v1/usage/": {"GET": (401, 200, 200, 200, 200, 200)},
+    # Reports are for managers (their teams) and admins; asked about team vision (not the outsider's: 404).
+    "api/v1/reports/monthly/": {"GET": (401, 404, 403, 200, 200, 403)},
+    "api/v1/prices/": {
+        "GET": (401, 200, 200, 200, 200, 200),
+        "POST": (401, 403, 403, 403, 400, 403),
+    },
     "api/schema/": {"GET": (200, 200, 200, 200, 200, 200)},
     "api/docs/": {"GET": (200, 200, 200, 200, 200, 200)},
 }
@@ -221,11 +228,42 @@ def _window_query(cast: Cast) -> str:
     return f"?start={start.isoformat()}&end={(start + timedelta(hours=2)).isoformat()}".replace("+", "%2B")
 
 
+def _usage_row(cast: Cast) -> int:
+    from decimal import Decimal
+
+    from apps.billing.models import UsageRecord
+
+    gpu = _gpu()
+    start = (timezone.now() - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    row = UsageRecord.objects.create(
+        team=cast.vision, user=cast.users["member"], gpu=gpu, gpu_model=gpu.model, source="reservation",
+        source_id=987654, start=start, end=start + timedelta(hours=1), day=start.date(),
+        month=start.date().replace(day=1), gpu_seconds=3600, hourly_price=Decimal("2.5"), cost=Decimal("2.5"),
+    )  # fmt: skip
+    return int(row.pk)
+
+
+# List route -> maker of one row of team vision (returns its id; tokens: bob's own): the outsider's list must not
+# contain it and the member's (bob's) must, so the probe is known to work.
+LIST_PROBES: dict[str, Callable[[Cast], int]] = {
+    "api/v1/tokens/": lambda cast: int(_obj_token(cast)["token_id"]),
+    "api/v1/reservations/": lambda cast: int(_obj_reservation(cast)["pk"]),
+    "api/v1/jobs/": lambda cast: int(_obj_job(cast)["job_id"]),
+    "api/v1/usage/": _usage_row,
+}
+
+
+def _ids_in(body: Any) -> set[Any]:
+    items = body.get("results", body) if isinstance(body, dict) else body
+    return {item.get("id") for item in items if isinstance(item, dict)} if isinstance(items, list) else set()
+
+
 # Route pattern -> maker of a query string (for reads that need one to get past validation).
 QUERIES: dict[str, Callable[[Cast], str]] = {
     "api/v1/availability/": _window_query,
     "api/v1/booking/timeline/": _window_query,
     "api/v1/booking/quota/": lambda cast: f"?team={cast.vision.slug}",
+    "api/v1/reports/monthly/": lambda cast: f"?team={cast.vision.slug}",
 }
 
 # Route pattern -> maker of the URL kwargs for an object of team vision. A route with parameters and no maker
@@ -276,6 +314,7 @@ def test_route_answers_role_as_expected(route: Route, method: str, role: str, ca
         assert maker is not None, f"/{route.pattern} takes {route.params}: add an OBJECT_MAKERS entry"
         kwargs = maker(cast)
     client = cast.client(role)
+    probe_id = LIST_PROBES[route.pattern](cast) if method == "GET" and route.pattern in LIST_PROBES else None
     url = _url(route.pattern, kwargs)
     if route.pattern in QUERIES:
         url += QUERIES[route.pattern](cast)
@@ -295,6 +334,12 @@ def test_route_answers_role_as_expected(route: Route, method: str, role: str, ca
         _assert_error_shape(resp, where)
     if role in {"outsider", "anonymous"} and resp.status_code < 300 and not route.pattern.startswith("api/schema"):
         assert MARKER not in resp.content.decode(errors="replace"), f"{where}: leaks team vision's object"
+    if probe_id is not None and resp.status_code == 200:
+        listed = probe_id in _ids_in(resp.json())
+        if role == "outsider":
+            assert not listed, f"{where}: lists team vision's row {probe_id}"
+        elif role == "member":
+            assert listed, f"{where}: does not list the team's own row {probe_id} (probe broken?)"
 
 
 @pytest.mark.django_db
