@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "apps.telemetry",
     "apps.booking",
     "apps.jobs",
+    "apps.billing",
 ]
 
 MIDDLEWARE = [

@@ -15,6 +15,7 @@ api_v1 = [
     path("", include("apps.fleet.api.urls")),
     path("", include("apps.booking.api.urls")),
     path("", include("apps.jobs.api.urls")),
+    path("", include("apps.billing.api.urls")),
 ]
 
 urlpatterns = [
@@ -23,6 +24,7 @@ urlpatterns = [
     path("fleet/", include("apps.fleet.urls")),
     path("book/", include("apps.booking.urls")),
     path("jobs/", include("apps.jobs.urls")),
+    path("costs/", include("apps.billing.urls")),
     path("admin/", admin.site.urls),
     path("metrics", telemetry_views.metrics, name="metrics"),
     path("api/v1/", include(api_v1)),

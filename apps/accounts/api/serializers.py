@@ -58,9 +58,15 @@ class TeamDetailOutput(TeamOutput):
     members = serializers.SerializerMethodField()
     my_role = serializers.SerializerMethodField()
     quota = serializers.SerializerMethodField(help_text="this month's quota, booked and month-to-date GPU-hours")
+    usage = serializers.SerializerMethodField(help_text="month-to-date usage and cost, live (apps.billing)")
 
     class Meta(TeamOutput.Meta):
-        fields = [*TeamOutput.Meta.fields, "members", "my_role", "quota"]
+        fields = [*TeamOutput.Meta.fields, "members", "my_role", "quota", "usage"]
+
+    def get_usage(self, obj: Team) -> dict[str, Any]:
+        from apps.billing.selectors import usage_summary
+
+        return usage_summary(team=obj)
 
     def get_quota(self, obj: Team) -> dict[str, Any]:
         from apps.booking.selectors import quota_summary

@@ -1,0 +1,228 @@
+"""Demo cost history (embedded default only): a price history, two months and the current month so far of
+reservations on the fleet's GPUs, hourly telemetry rollups shaped by the real per-container duty cycles of the
+Alibaba GenAI trace (workers/gpu/profiles/alibaba_genai_2026.json), the ledger rows the closer writes for them, and
+the past months closed. Idempotent: the history is added once (marked by its reservations' note); prices and
+month closes are get-or-create. A few seconds: everything is bulk-inserted.
+
+Before the local agent has ever registered, there are no GPUs: the history is then put on the GPUs the simulated
+local agent will register (node "local", the agent's default 8 x A100-80GB, the simulator's stable uuids), which
+registration adopts by uuid; with real GPUs those rows are retired on registration and keep the history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.models import Team
+from apps.billing import costing, selectors, services
+from apps.billing.models import Price
+from apps.booking.models import Allocation, AllocationKind, Reservation, ReservationStatus
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
+
+logger = logging.getLogger(__name__)
+
+HISTORY_NOTE = "demo history"
+SEED = 2026
+# Who books, how much: (team, user, share of bookings).
+BOOKERS = [("vision", "alice", 0.42), ("vision", "bob", 0.36), ("nlp", "carol", 0.22)]
+LOCAL_NODE = "local"
+LOCAL_GPUS = 8
+LOCAL_MODEL = ("A100-80GB", "NVIDIA A100 80GB", 81920, Decimal("2.2000"))
+# The A100 used to cost more: a price change in the middle of the month before last.
+PREVIOUS_PRICE_FACTOR = Decimal("1.15")
+NO_TELEMETRY_SHARE = 0.05  # bookings whose node agent was down: utilization unknown, flagged in reports
+
+
+def _profiles() -> list[list[int]]:
+    from workers.gpu.simulated import PROFILE_FILE
+
+    try:
+        data = json.loads(PROFILE_FILE.read_text())
+        return [p["util"] for p in data["profiles"].values() if p.get("util")]
+    except (OSError, ValueError, KeyError):
+        return [[10, 40, 0, 70, 5, 0, 25]]
+
+
+def _gpus() -> list[Gpu]:
+    """The GPUs to put history on: every live GPU; without any, the simulated local agent's future ones."""
+    gpus = list(Gpu.objects.filter(retired_at__isnull=True).select_related("model").order_by("node__name", "index"))
+    if gpus:
+        return gpus
+    from workers.gpu.simulated import simulated_uuid
+
+    name, display, memory, price = LOCAL_MODEL
+    model, _ = GpuModel.objects.get_or_create(
+        name=name, defaults={"display_name": display, "memory_mib": memory, "hourly_price": price}
+    )
+    node, _ = Node.objects.get_or_create(name=LOCAL_NODE, defaults={"status": NodeStatus.OFFLINE})
+    for index in range(LOCAL_GPUS):
+        Gpu.objects.get_or_create(
+            uuid=simulated_uuid(LOCAL_NODE, index, 0),
+            defaults={
+                "node": node,
+                "index": index,
+                "model": model,
+                "memory_mib": memory,
+                "status": GpuStatus.OFFLINE,
+            },
+        )
+    return list(Gpu.objects.filter(node=node, retired_at__isnull=True).select_related("model").order_by("index"))
+
+
+def _prices(models: Sequence[GpuModel], history_start: datetime) -> None:
+    """A price timeline per model: the current list price, and for the A100 a higher price before mid-month."""
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    tz = selectors.local_tz()
+    change = costing.local_midnight(history_start.astimezone(tz).date().replace(day=15), tz)
+    for model in models:
+        if Price.objects.filter(gpu_model=model).exists():
+            continue
+        if model.name.startswith("A100"):
+            Price.objects.create(
+                gpu_model=model,
+                valid_from=epoch,
+                hourly_price=(model.hourly_price * PREVIOUS_PRICE_FACTOR).quantize(Decimal("0.0001")),
+                note="demo: the old A100 price",
+            )
+            Price.objects.create(gpu_model=model, valid_from=change, hourly_price=model.hourly_price, note="demo")
+        else:
+            Price.objects.create(gpu_model=model, valid_from=epoch, hourly_price=model.hourly_price, note="demo")
+
+
+def _plan(gpus: Sequence[Gpu], start: datetime, end: datetime, rng: random.Random) -> list[tuple[int, int, Any, Any]]:
+    """(gpu index in `gpus`, booker index, start, end): back-to-back bookings with gaps, busier on weekdays."""
+    out = []
+    tz = selectors.local_tz()
+    for g in range(len(gpus)):
+        t = start + timedelta(hours=rng.uniform(0, 24))
+        while True:
+            local = t.astimezone(tz)
+            weekend = local.weekday() >= 5
+            gap_h = rng.expovariate(1 / (60 if weekend else 32))
+            t = (t + timedelta(hours=gap_h)).replace(second=0, microsecond=0)
+            t = t - timedelta(minutes=t.minute % 15)
+            length = timedelta(minutes=15 * rng.randint(8, 4 * 36))  # 2 h to 36 h
+            if t + length >= end:
+                break
+            booker = rng.choices(range(len(BOOKERS)), weights=[share for _, _, share in BOOKERS])[0]
+            out.append((g, booker, t, t + length))
+            t += length
+    return out
+
+
+def _hourly_rollups(gpu_id: int, start: datetime, end: datetime, profile: list[int], offset: int) -> list[Any]:
+    """Hourly rollups over [start, end): the hour's mean of the profile's 57-second points, from `offset`."""
+    from apps.telemetry.models import GpuHourlyRollup
+
+    rows = []
+    hour = start.replace(minute=0, second=0, microsecond=0)
+    step_per_hour = 3600 / 57
+    i = 0
+    while hour < end:
+        lo = int(offset + i * step_per_hour)
+        points = [profile[(lo + k) % len(profile)] for k in range(int(step_per_hour))]
+        mean = sum(points) / len(points)
+        rows.append(
+            GpuHourlyRollup(
+                gpu_id=gpu_id,
+                hour=hour,
+                samples=3600,
+                util_min=min(points),
+                util_mean=round(mean, 2),
+                util_max=max(points),
+            )
+        )
+        hour += timedelta(hours=1)
+        i += 1
+    return rows
+
+
+def _history(now: datetime) -> int:
+    if Reservation.objects.filter(note=HISTORY_NOTE).exists():
+        return 0
+    users = {u.username: u for u in get_user_model().objects.filter(username__in=[u for _, u, _ in BOOKERS])}
+    teams = {t.slug: t for t in Team.objects.filter(slug__in=[t for t, _, _ in BOOKERS])}
+    if len(users) < len(BOOKERS) or len(teams) < 2:
+        logger.info("billing demo: the demo teams and users are missing; no history")
+        return 0
+    gpus = _gpus()
+    tz = selectors.local_tz()
+    this_month = selectors.current_month(now=now)
+    first = costing.month_bounds(costing.previous_month(costing.previous_month(this_month)), tz)[0]
+    until = now - timedelta(hours=2)
+    _prices(sorted({g.model for g in gpus}, key=lambda m: m.name), first)
+    rng = random.Random(SEED)
+    plan = _plan(gpus, first, until, rng)
+    busy = {
+        (gpu_id, s, e)
+        for gpu_id, s, e in Allocation.objects.filter(active=True, start__lt=until, end__gt=first).values_list(
+            "gpu_id", "start", "end"
+        )
+    }
+    plan = [p for p in plan if not any(b[0] == gpus[p[0]].pk and b[1] < p[3] and b[2] > p[2] for b in busy)]
+    reservations = Reservation.objects.bulk_create(
+        [
+            Reservation(
+                team=teams[BOOKERS[b][0]],
+                user=users[BOOKERS[b][1]],
+                gpu_model=gpus[g].model,
+                gpu_count=1,
+                start=s,
+                end=e,
+                booked_end=e,
+                status=ReservationStatus.RELEASED,
+                note=HISTORY_NOTE,
+                activated_at=s,
+                ended_at=e,
+            )
+            for g, b, s, e in plan
+        ]
+    )
+    Allocation.objects.bulk_create(
+        [
+            Allocation(
+                gpu=gpus[g],
+                team=r.team,
+                user=r.user,
+                kind=AllocationKind.RESERVATION,
+                reservation=r,
+                start=s,
+                end=e,
+                ended_at=e,
+            )
+            for (g, _, s, e), r in zip(plan, reservations, strict=True)
+        ]
+    )
+    profiles = _profiles()
+    rollups: list[Any] = []
+    for g, _, s, e in plan:
+        if rng.random() < NO_TELEMETRY_SHARE:
+            continue
+        profile = profiles[rng.randrange(len(profiles))]
+        rollups += _hourly_rollups(gpus[g].pk, s, e, profile, rng.randrange(len(profile)))
+    from apps.telemetry.models import GpuHourlyRollup
+
+    GpuHourlyRollup.objects.bulk_create(rollups, batch_size=2000, ignore_conflicts=True)
+    return len(plan)
+
+
+def load(*, now: datetime | None = None) -> None:
+    now = now or timezone.now()
+    with transaction.atomic():
+        added = _history(now)
+    # The closer and the month close, as the beat tasks would have run them.
+    services.ledger_close(now=now)
+    services.close_due_months(now=now)
+    services.list_prices_sync(now=now)
+    if added:
+        logger.info("billing demo: %s bookings of history", added)

@@ -1,0 +1,124 @@
+"""The Costs pages and the PDF statements: who sees what, and that the PDFs open with a page per team."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from pypdf import PdfReader
+
+pytestmark = pytest.mark.django_db
+
+
+def _get(client, user, url):
+    if user is not None:
+        client.force_login(user)
+    return client.get(url)
+
+
+def test_admin_sees_the_fleet_report_with_charts(october, client, admin):
+    resp = _get(client, admin, "/costs/?month=2026-10")
+    assert resp.status_code == 200
+    html = resp.content.decode()
+    for marker in ('id="chart-team-model"', 'id="chart-daily"', 'id="chart-idle"', 'id="heatmap"', 'id="comparison"'):
+        assert marker in html
+    assert "/api/v1/reports/monthly/?month=2026-10&amp;format=csv" in html
+    assert "/costs/report/2026-10.pdf" in html
+    assert 'class="nav-disabled"' not in html.split("Costs</a>")[0][-300:]  # the nav link is live
+    data = json.loads(html.split('id="costs-data" type="application/json">')[1].split("</script>")[0])
+    assert data["cost_by_team_model"]["teams"] == ["nlp", "vision"]
+    assert len(data["daily"]["days"]) == 31 and len(data["heatmap"]["gpus"]) == 3  # the GPU without telemetry is blank
+    assert "65.80" in html
+
+
+def test_a_manager_sees_her_teams_report(october, client, alice):
+    html = _get(client, alice, "/costs/?month=2026-10").content.decode()
+    assert 'id="report-teams"' in html and "53.30" in html and "12.50" not in html
+
+
+def test_a_member_sees_his_teams_cost_but_no_report(october, client, bob):
+    resp = _get(client, bob, "/costs/?month=2026-10")
+    assert resp.status_code == 200
+    html = resp.content.decode()
+    assert 'id="report-forbidden"' in html and 'id="report-teams"' not in html
+    assert "/costs/teams/vision/" in html
+
+
+def test_anonymous_is_sent_to_sign_in(client):
+    resp = client.get("/costs/")
+    assert resp.status_code == 302 and "/accounts/login/" in resp["Location"]
+
+
+def test_bad_month_is_400(client, admin):
+    assert _get(client, admin, "/costs/?month=2026-99").status_code == 400
+
+
+@pytest.mark.parametrize("who,status", [("bob", 200), ("alice", 200), ("admin", 200), ("charlie", 404)])
+def test_team_page(october, client, alice, bob, charlie, admin, who, status):
+    user = {"alice": alice, "bob": bob, "charlie": charlie, "admin": admin}[who]
+    resp = _get(client, user, "/costs/teams/vision/")
+    assert resp.status_code == status
+    if status == 200:
+        html = resp.content.decode()
+        assert 'id="chart-burn"' in html and 'id="burn-data"' in html and 'id="quota"' in html
+
+
+def _pdf(resp) -> PdfReader:
+    assert resp.status_code == 200, resp.content[:200]
+    assert resp["Content-Type"] == "application/pdf"
+    return PdfReader(io.BytesIO(resp.content))
+
+
+def test_fleet_pdf_has_a_summary_then_one_page_per_team(october, client, admin):
+    reader = _pdf(_get(client, admin, "/costs/report/2026-10.pdf"))
+    texts = [page.extract_text() for page in reader.pages]
+    assert len(texts) == 1 + 2
+    assert "Monthly GPU cost report" in texts[0] and "65.80" in texts[0]
+    assert "Statement for NLP (nlp)" in texts[1] and "12.50" in texts[1]
+    assert "Statement for Computer Vision (vision)" in texts[2] and "53.30" in texts[2] and "bob" in texts[2]
+
+
+def test_team_pdf_is_one_page(october, client, alice):
+    reader = _pdf(_get(client, alice, "/costs/report/2026-10/vision.pdf"))
+    assert len(reader.pages) == 1
+    assert "Amount due: 53.30 EUR" in reader.pages[0].extract_text()
+
+
+def test_a_team_with_many_users_still_fits_one_page(october, client, admin, vision):
+    from datetime import timedelta
+
+    from apps.billing import services
+    from tests.billing import helpers
+    from tests.factories import UserFactory
+
+    gpu = helpers.gpus(1, node="many-users")[0]
+    start = october["job"].start + timedelta(days=1)
+    for i in range(60):
+        user = UserFactory(username=f"user-{i:02d}")
+        helpers.run_job(vision, user, gpu, start + timedelta(hours=i), start + timedelta(hours=i, minutes=30))
+    from datetime import UTC, datetime
+
+    services.ledger_close(now=datetime(2026, 11, 6, tzinfo=UTC))
+    reader = _pdf(_get(client, admin, "/costs/report/2026-10/vision.pdf"))
+    assert len(reader.pages) == 1
+    assert "more users are included in the total" in reader.pages[0].extract_text()
+
+
+@pytest.mark.parametrize(
+    "who,url,status",
+    [
+        ("bob", "/costs/report/2026-10.pdf", 403),
+        ("bob", "/costs/report/2026-10/vision.pdf", 403),
+        ("charlie", "/costs/report/2026-10/vision.pdf", 404),
+        ("admin", "/costs/report/2099-01.pdf", 400),
+    ],
+)
+def test_pdf_refusals(october, client, admin, bob, charlie, who, url, status):
+    user = {"admin": admin, "bob": bob, "charlie": charlie}[who]
+    assert _get(client, user, url).status_code == status
+
+
+def test_manager_fleet_pdf_has_only_her_team(october, client, alice):
+    reader = _pdf(_get(client, alice, "/costs/report/2026-10.pdf"))
+    assert len(reader.pages) == 2
