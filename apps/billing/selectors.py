@@ -429,6 +429,35 @@ def team_month_cost(*, team_id: int, month: date | None = None, now: datetime | 
     return team_month_usage(team_id=team_id, month=month, now=now).cost
 
 
+def team_month_costs(*, team_id: int, months: Sequence[date], now: datetime | None = None) -> dict[date, Decimal]:
+    """`team_month_cost` for several months at once (a booking across a month boundary checks each month)."""
+    now = now or timezone.now()
+    return {m: teams_month_usage(team_ids=[team_id], month=m, now=now)[team_id].cost for m in months}
+
+
+def source_usage(*, source: str, source_id: int, now: datetime | None = None) -> tuple[int, Decimal]:
+    """(GPU-seconds, cost) of one job or reservation so far, every month, ledger plus live pieces (full
+    precision). For job and reservation pages."""
+    now = now or timezone.now()
+    with _snapshot():
+        agg = UsageRecord.objects.filter(source=source, source_id=source_id).aggregate(
+            seconds=Sum("gpu_seconds"), cost=Sum("cost")
+        )
+        seconds, cost = int(agg["seconds"] or 0), Decimal(agg["cost"] or 0)
+        kind_filter = (
+            Q(kind=AllocationKind.RESERVATION, reservation_id=source_id)
+            if source == SourceKind.RESERVATION
+            else Q(kind=AllocationKind.JOB, job_id=source_id)
+        )
+        ids = billable_allocations().filter(kind_filter).values_list("pk", flat=True)
+        allocations = unbilled_allocations(now=now, allocation_ids=list(ids))
+        book = price_book(gpu_model_ids={a.gpu_model_id for a in allocations})
+        for _, piece in unbilled_pieces(allocations, book=book):
+            seconds += piece.seconds
+            cost += piece.cost
+    return seconds, cost
+
+
 def teams_with_unbilled_time(*, now: datetime) -> list[int]:
     """Teams whose month-to-date figures move: a running allocation, or one not fully written yet."""
     first, _after = costing.month_bounds(current_month(now=now), local_tz())

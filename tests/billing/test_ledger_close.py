@@ -229,3 +229,20 @@ def test_reconciliation_over_a_month_of_generated_activity(vision, nlp, bob, cha
         )
         assert usage.live_gpu_seconds == 0
         assert usage.gpu_seconds == sum(rows.filter(team=team).values_list("gpu_seconds", flat=True))
+
+
+def test_selectors_for_booking_and_jobs(vision, bob):
+    """team_month_costs (budget checks across months) and source_usage (a job's cost so far) agree with the
+    ledger plus what accrues live."""
+    [gpu] = helpers.gpus(1)
+    job = helpers.run_job(vision, bob, gpu, berlin(2026, 9, 30, 20), berlin(2026, 10, 2, 8))
+    now = berlin(2026, 10, 1, 12)
+    services.ledger_close(now=now)
+    costs = selectors.team_month_costs(
+        team_id=vision.pk, months=[datetime(2026, 9, 1).date(), datetime(2026, 10, 1).date()], now=now
+    )
+    assert costs == {datetime(2026, 9, 1).date(): Decimal("10"), datetime(2026, 10, 1).date(): Decimal("30")}
+    assert selectors.source_usage(source="job", source_id=job.job_id, now=now) == (16 * 3600, Decimal("40"))
+    assert selectors.estimate_cost(
+        gpu_model_id=gpu.model_id, start=berlin(2026, 10, 1), end=berlin(2026, 10, 1, 2), gpu_count=3
+    ) == Decimal("15")
