@@ -109,3 +109,14 @@ def test_broadcast_pushes_changed_figures_and_fires_alerts(spending, django_capt
     assert services.broadcast_team_costs(now=at_cost(86)) == [spending.pk]
     assert [m["data"]["cost"] for m in listener.drain()] == ["86.00"]
     listener.loop.close()
+
+
+def test_header_badge_shows_recent_notifications(spending, alice, charlie, django_capture_on_commit_callbacks):
+    from django.template import Context, Template
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.budget_check(team_id=spending.pk)  # now: nothing spent this month, no alert
+    Notification.objects.create(team=spending, level="danger", title="vision has used its whole budget")
+    tmpl = Template("{% load billing_tags %}{% billing_notifications %}")
+    assert "⚠ 1" in tmpl.render(Context({"user": alice})) and "whole budget" in tmpl.render(Context({"user": alice}))
+    assert tmpl.render(Context({"user": charlie})).strip() == ""
