@@ -94,10 +94,10 @@ class TotalsOutput(FigureOutput):
 class MonthlyReportOutput(serializers.Serializer):
     month = serializers.CharField()
     currency = serializers.CharField()
-    status = serializers.ChoiceField(choices=["open", "closed", "reopened"])
+    status = serializers.CharField(help_text="open | closed (frozen figures) | reopened")
     closed_at = serializers.CharField(allow_null=True)
     generated_at = serializers.CharField()
-    scope = serializers.ChoiceField(choices=["fleet", "teams"])
+    scope = serializers.CharField(help_text="fleet (admins, no team filter) | teams")
     teams = TeamReportOutput(many=True)
     totals = TotalsOutput()
 
