@@ -379,11 +379,13 @@ def run_stage(env: Environment, clients: int, seconds: float, gpus: int, procs: 
         )
         for n in share
     ]
+    t_connect = time.monotonic()
     with SyntheticPublisher(env.redis_url, lambda seq, t: synthetic_snapshot(fleet, seq, t=t)) as pub:
         connected = 0
         for child in children:
             assert child.stdout is not None
             connected += json.loads(child.stdout.readline())["connected"]
+        connect_s = time.monotonic() - t_connect
         cpu0, wall0, pub0 = _cpu_seconds(env.web.pid), time.monotonic(), pub.published
         for child in children:
             assert child.stdin is not None
@@ -402,6 +404,9 @@ def run_stage(env: Environment, clients: int, seconds: float, gpus: int, procs: 
     return {
         "clients": clients,
         "connected": connected,
+        "connect_s": connect_s,
+        # PUBLISH replies with the number of subscribers: one web process, one subscription, however many sockets.
+        "channel_subscribers": max(pub.receivers[pub0:pub1], default=0),
         "message_bytes": size,
         "published": pub1 - pub0,
         "messages": messages,
@@ -499,7 +504,8 @@ def main() -> None:
                     f"{r['clients']:>5} clients ({r['connected']} connected): p50 {r['p50_ms']:.1f} ms, "
                     f"p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms, lost {r['lost']}, "
                     f"{r['messages']} messages of {r['message_bytes']} B from {r['published']} snapshots, "
-                    f"web CPU {r['web_cpu_pct']:.0f}% ({r['cpu_per_delivery_us']:.0f} µs per delivery)"
+                    f"web CPU {r['web_cpu_pct']:.0f}% ({r['cpu_per_delivery_us']:.0f} µs per delivery), "
+                    f"{r['channel_subscribers']} Redis subscriber(s), connected in {r['connect_s']:.1f} s"
                     + (f", {r['error_count']} client errors e.g. {r['errors']}" if r["error_count"] else ""),
                     flush=True,
                 )
