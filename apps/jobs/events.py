@@ -6,7 +6,10 @@ reconnect), a lost wake-up costs at most one scheduler interval (the leader pass
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -45,17 +48,48 @@ def state_message(job: Any) -> dict[str, Any]:
     }
 
 
-def _group_send(job_id: int, message: dict[str, Any]) -> None:
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
+class _Broadcaster:
+    """One event loop thread per process sends the group messages, so a write never waits for Redis.
 
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(group_name(job_id), {"type": "job.message", "message": message})
-    except Exception as exc:  # a live view missing a message must never fail the write that caused it
-        logger.warning("broadcast to job %s failed: %s", job_id, exc)
+    async_to_sync per message would build a loop and block the writer (~3 ms each); the scheduler starting fifty
+    jobs, or the worker applying a burst of reports, would pay that fifty times. The channel layer is bound to the
+    loop that uses it, so all sends go through this one loop. Recreated after a fork (Celery's prefork pool).
+    """
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.lock = threading.Lock()
+
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        with self.lock:
+            if self.loop is None or self.pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="job-broadcasts", daemon=True).start()
+                self.loop, self.pid = loop, os.getpid()
+            return self.loop
+
+    def send(self, job_id: int, message: dict[str, Any]) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+
+        async def deliver() -> None:
+            try:
+                await layer.group_send(group_name(job_id), {"type": "job.message", "message": message})
+            except Exception as exc:  # a live view missing a message must never fail anything
+                logger.warning("broadcast to job %s failed: %s", job_id, exc)
+
+        asyncio.run_coroutine_threadsafe(deliver(), self._ensure())
+
+
+_broadcaster = _Broadcaster()
+
+
+def _group_send(job_id: int, message: dict[str, Any]) -> None:
+    _broadcaster.send(job_id, message)
 
 
 def broadcast_state_on_commit(job: Any) -> None:

@@ -8,6 +8,7 @@ Lock order (booking's): the team's QuotaUsage rows first, then the GPUs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -16,7 +17,7 @@ from typing import Any
 from django.db.models import Max
 
 from apps.booking import services as booking
-from apps.booking.models import Allocation, AllocationKind
+from apps.booking.models import Allocation, AllocationKind, Quota
 from apps.fleet.models import GpuModel
 
 
@@ -25,10 +26,28 @@ def allocate(*, job: Any, gpus: Sequence[Any], start: datetime, end: datetime) -
 
     Raises Conflict if any GPU is already held then (savepoint: the caller may go on), QuotaExceeded if the team
     would hold more GPUs at once than its quota allows."""
-    booking.quota_concurrency_check(team=job.team, start=start, end=end, gpu_count=len(gpus))
+    if team_limits_concurrency(job.team_id):
+        booking.quota_concurrency_check(team=job.team, start=start, end=end, gpu_count=len(gpus))
     booking.allocations_create(
         gpus=list(gpus), team=job.team, user=job.user, kind=AllocationKind.JOB, job_id=job.pk, start=start, end=end
     )
+
+
+_CONCURRENCY_TTL_S = 5.0
+_concurrency_cache: dict[int, tuple[float, bool]] = {}
+
+
+def team_limits_concurrency(team_id: int) -> bool:
+    """Whether any quota of the team caps concurrent GPUs (cached a few seconds: the scheduler asks per start).
+
+    Teams without such a cap skip booking's concurrency check, which locks the team's usage rows."""
+    now = time.monotonic()
+    hit = _concurrency_cache.get(team_id)
+    if hit is not None and now - hit[0] < _CONCURRENCY_TTL_S:
+        return hit[1]
+    value = Quota.objects.filter(team_id=team_id, max_concurrent_gpus__isnull=False).exists()
+    _concurrency_cache[team_id] = (now, value)
+    return value
 
 
 def release(*, job: Any, end: datetime) -> None:
@@ -72,3 +91,8 @@ def quota_settle(*, job: Any, start: datetime | None, end: datetime | None) -> N
         booking.quota_hold_release(job_id=job.pk)
     else:
         booking.quota_hold_update(job_id=job.pk, start=start, end=end)
+
+
+def forget_caches() -> None:
+    """Drop this process's cached quota facts (tests; an admin change is otherwise seen within seconds)."""
+    _concurrency_cache.clear()

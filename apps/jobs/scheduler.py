@@ -354,7 +354,11 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
                 )
             )
 
-    pending_rows = list(Job.objects.filter(state=JobState.QUEUED).order_by("submitted_at", "id")[:MAX_PENDING])
+    pending_rows = list(
+        Job.objects.filter(state=JobState.QUEUED)
+        .select_related("team", "user")
+        .order_by("submitted_at", "id")[:MAX_PENDING]
+    )
     ctx.pending = {str(j.pk): j for j in pending_rows}
     pending = [
         CorePending(

@@ -315,13 +315,16 @@ def job_transition(
                     fields["started_at"] = job.scheduled_at
             if Job.objects.filter(pk=job.pk, state=current).update(**fields) == 1:
                 break
-            fresh = Job.objects.filter(pk=job.pk).values_list("state", flat=True).first()
-            if fresh is None:
-                raise NotFound(f"Job {job.pk} no longer exists.")
-            current = fresh
+            # Someone else moved it: re-read the whole row (the next attempt computes from fresh values).
+            try:
+                job.refresh_from_db()
+            except Job.DoesNotExist:
+                raise NotFound(f"Job {job.pk} no longer exists.") from None
+            current = job.state
         else:
             raise TransitionRefused(f"Job {job.pk} changed state concurrently; try again.")
-        job.refresh_from_db()
+        for name, value in fields.items():
+            setattr(job, name, value)
         JobEvent.objects.create(
             job=job, at=now, from_state=current, to_state=to_state, reason=reason, message=message[:4000]
         )
@@ -379,7 +382,7 @@ def job_start(*, job: Job, node: Node, gpus: Sequence[Gpu], now: datetime) -> Jo
                 "pending_message": "",
             },
         )
-        job.gpus.set(gpus)
+        Job.gpus.through.objects.bulk_create([Job.gpus.through(job_id=job.pk, gpu_id=g.pk) for g in gpus])
         if job.reservation_id is None:
             end = now + timedelta(seconds=job.max_duration_s + conf.ALLOCATION_SLACK_S)
             occupancy.allocate(job=job, gpus=gpus, start=now, end=end)
@@ -488,15 +491,24 @@ def job_report_exit(
     job = _job_on_node(job_id, node_id)
     if job is None:
         return False
-    if log_total is not None:
-        Job.objects.filter(pk=job.pk).update(log_expected=log_total)
-        job.log_expected = log_total
     if job.state not in ON_NODE_STATES:
+        if log_total is not None and job.log_expected != log_total:
+            Job.objects.filter(pk=job.pk).update(log_expected=log_total)
         return False
     final, final_reason = final_state_of(job, state, reason)
     try:
-        job_transition(job, final, reason=final_reason, exit_code=exit_code, message=message, at=finished_at)
+        job_transition(
+            job,
+            final,
+            reason=final_reason,
+            exit_code=exit_code,
+            message=message,
+            at=finished_at,
+            update={"log_expected": log_total} if log_total is not None else None,
+        )
     except TransitionRefused:
+        if log_total is not None:
+            Job.objects.filter(pk=job.pk).update(log_expected=log_total)
         return False
     return True
 

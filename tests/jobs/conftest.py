@@ -19,6 +19,13 @@ BUSYBOX = "portal-test/busybox:latest"
 PROCESS_IMAGE = "local/process"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_quota_cache() -> None:
+    from apps.jobs import occupancy
+
+    occupancy.forget_caches()
+
+
 @pytest.fixture
 def fleet(db: Any) -> dict[str, Any]:
     a100 = GpuModelFactory(name="A100-80GB", memory_mib=81920, hourly_price=Decimal("2.5000"))
