@@ -193,6 +193,39 @@ def test_redis_restart_keeps_pages_and_api_answering(portal_db: Portal) -> None:
         redis_server.destroy()
 
 
+def test_hung_redis_costs_requests_seconds_not_minutes(portal_db: Portal) -> None:
+    """A Redis that stops answering (SIGSTOP: connections open, no replies) instead of refusing connections:
+    the rate limiter stops asking it after one timeout, and health says so in about a second."""
+    redis_server = PrivateRedis()
+    redis_server.start()
+    server = start_web(database_url=portal_db.url, env={"REDIS_URL": redis_server.url()})
+    assert redis_server.proc is not None
+    try:
+        api, bearer = server.url + "/api/v1", portal_db.bearer
+        assert requests.get(api + "/me", headers=bearer, timeout=10).status_code == 200
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            timings = []
+            for _ in range(3):
+                began = time.monotonic()
+                assert requests.get(api + "/me", headers=bearer, timeout=30).status_code == 200
+                timings.append(time.monotonic() - began)
+            began = time.monotonic()
+            health = requests.get(api + "/health", timeout=30)
+            health_s = time.monotonic() - began
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        assert timings[0] < 3.5, timings  # one cache timeout (2 s), not one per throttle per request
+        assert max(timings[1:]) < 1.0, timings
+        assert health.status_code == 503 and health.json()["broker"] == "down", health.text
+        assert health_s < 2.5, health_s
+        _until(lambda: requests.get(api + "/health", timeout=10).status_code == 200, 30)
+        print(f"/me while Redis hung: {[round(t, 2) for t in timings]} s; health answered in {health_s:.2f}s")
+    finally:
+        server.stop()
+        redis_server.destroy()
+
+
 # --- Web process killed mid-burst -------------------------------------------------------------------------
 
 

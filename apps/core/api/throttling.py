@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from rest_framework.throttling import SimpleRateThrottle
@@ -14,15 +15,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# After a cache failure, skip rate limiting in this process for this long: a Redis that hangs (rather than refusing
+# connections) would otherwise cost every request the cache's socket timeout, twice (token and address).
+CACHE_RETRY_AFTER_S = 5.0
+_cache_down_until = 0.0
+
+
 class _FailOpenThrottle(SimpleRateThrottle):
     """A cache (Redis) outage must not take the API down with it: fail open; health reports the outage."""
 
     def allow_request(self, request: Request, view: APIView) -> bool:
-        if getattr(view, "throttle_exempt", False):
+        global _cache_down_until
+        if getattr(view, "throttle_exempt", False) or time.monotonic() < _cache_down_until:
             return True
         try:
             return super().allow_request(request, view)
-        except Exception as exc:  # redis.ConnectionError and friends
+        except Exception as exc:  # redis.ConnectionError, TimeoutError and friends
+            _cache_down_until = time.monotonic() + CACHE_RETRY_AFTER_S
             logger.warning("rate limiting skipped, cache unavailable: %s", exc.__class__.__name__)
             return True
 
