@@ -90,6 +90,7 @@ _sqlite_path = VAR_DIR / "portal.sqlite3"
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_sqlite_path}")
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    VAR_DIR.mkdir(parents=True, exist_ok=True)  # SQLite cannot create the folder of its file
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
         # WAL + a busy timeout let the web server, Celery and the scheduler share one file; IMMEDIATE
