@@ -288,6 +288,7 @@ function put(r, key, value, write) {
 function bindNode(r, entry) {
   const n = entry.node;
   put(r, "kind", "node", () => r.row.classList.add("is-node"));
+  put(r, "uuid", null, () => delete r.row.dataset.uuid); // only rows showing a GPU carry its uuid
   put(r, "nodeName", n.name, (v) => (r.nodeName.nodeValue = v));
   put(r, "nodeStatus", n.status, (v) => {
     r.nodeBadgeText.nodeValue = v;
@@ -356,6 +357,7 @@ function renderRows(scrollTop, height) {
     const entry = idx < state.items.length && i < want ? state.items[idx] : null;
     if (!entry) {
       put(r, "hidden", true, () => (r.row.style.display = "none"));
+      put(r, "uuid", null, () => delete r.row.dataset.uuid);
       r.item = null;
       continue;
     }
@@ -547,6 +549,7 @@ function frame() {
     spacer.style.height = `${state.items.length * ROW_H}px`;
     $("f-count").textContent = filtering() ? `${state.shown} of ${state.gpus.length} GPUs` : `${state.gpus.length} GPUs`;
     $("fleet-empty").hidden = state.shown > 0 || !state.gpus.length;
+    if (state.gpus.length && $("fleet-none")) $("fleet-none").hidden = true; // the first GPUs just registered
     dirty.items = false;
     dirty.map = true;
   }
