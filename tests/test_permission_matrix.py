@@ -12,7 +12,9 @@ that no longer exists fails `test_expectations_name_only_existing_routes`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -283,12 +285,45 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
 
 
 def _url(pattern: str, kwargs: dict[str, Any]) -> str:
-    import re
-
     def sub(match: re.Match[str]) -> str:
         return str(kwargs[match.group(2)])
 
     return "/" + re.sub(r"<(?:(\w+):)?(\w+)>", sub, pattern)
+
+
+# --- The OpenAPI schema, to check that each real answer is documented -----------------------------------
+
+
+@functools.cache
+def _openapi() -> Any:
+    import schemathesis
+    from drf_spectacular.generators import SchemaGenerator
+    from rest_framework.renderers import JSONRenderer
+
+    raw = SchemaGenerator().get_schema(request=None, public=True)
+    return schemathesis.openapi.from_dict(json.loads(JSONRenderer().render(raw)))
+
+
+def _assert_documented(method: str, url: str, resp: Any) -> None:
+    """The status is one the schema declares for this operation, and the body matches its schema."""
+    import requests
+    from schemathesis.core.transport import Response as SResponse
+
+    schema = _openapi()
+    path = url.split("?")[0]
+    for template in schema.raw_schema["paths"]:
+        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), path):
+            break
+    else:
+        raise AssertionError(f"{method} {path}: not in the OpenAPI schema")
+    operation = schema[template][method]
+    declared = set(operation.definition.raw["responses"])
+    assert str(resp.status_code) in declared or "default" in declared, (
+        f"{method} {url}: answered {resp.status_code}, the schema declares only {sorted(declared)}"
+    )
+    prepared = requests.Request(method, "http://testserver" + url).prepare()
+    headers = {k: [v] for k, v in resp.items()}
+    operation.validate_response(SResponse(resp.status_code, headers, resp.content, prepared, elapsed=0.0, verify=False))
 
 
 # --- HTTP matrix ---------------------------------------------------------------------------------------
@@ -302,12 +337,8 @@ def _assert_error_shape(resp: Any, where: str) -> None:
     assert isinstance(body, dict) and {"code", "detail", "fields"} <= set(body), f"{where}: not the error shape: {body}"
 
 
-@pytest.mark.django_db
-@pytest.mark.parametrize(
-    ("route", "method", "role"), _CASES, ids=[f"{m} /{r.pattern} as {role}" for r, m, role in _CASES]
-)
-def test_route_answers_role_as_expected(route: Route, method: str, role: str, cast: Cast) -> None:
-    table = EXPECTATIONS.get(route.pattern, {})
+def _call(route: Route, method: str, role: str, cast: Cast) -> tuple[str, Any, int | None]:
+    """Make the route's object (and list probe), call it as `role`: (url, response, probe id)."""
     kwargs: dict[str, Any] = {}
     if route.params:
         maker = OBJECT_MAKERS.get(route.pattern)
@@ -323,6 +354,16 @@ def test_route_answers_role_as_expected(route: Route, method: str, role: str, ca
         resp = client.generic(method, url)
     else:
         resp = client.generic(method, url, json.dumps(body), content_type="application/json")
+    return url, resp, probe_id
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("route", "method", "role"), _CASES, ids=[f"{m} /{r.pattern} as {role}" for r, m, role in _CASES]
+)
+def test_route_answers_role_as_expected(route: Route, method: str, role: str, cast: Cast) -> None:
+    table = EXPECTATIONS.get(route.pattern, {})
+    url, resp, probe_id = _call(route, method, role, cast)
     where = f"{method} {url} as {role}"
     # The observed status is in the message so the reviewer can check it and copy it into the table.
     assert method in table, (
@@ -340,6 +381,21 @@ def test_route_answers_role_as_expected(route: Route, method: str, role: str, ca
             assert not listed, f"{where}: lists team vision's row {probe_id}"
         elif role == "member":
             assert listed, f"{where}: does not list the team's own row {probe_id} (probe broken?)"
+
+
+_DOC_CASES = [(r, m, role) for r, m, role in _CASES if role in {"outsider", "member", "admin"}]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("route", "method", "role"), _DOC_CASES, ids=[f"{m} /{r.pattern} as {role}" for r, m, role in _DOC_CASES]
+)
+def test_answer_is_what_the_openapi_schema_documents(route: Route, method: str, role: str, cast: Cast) -> None:
+    """On real objects (which the fuzz test rarely finds): the status is declared and the body matches."""
+    if not route.pattern.startswith("api/v1/"):
+        pytest.skip("not an API v1 operation")
+    url, resp, _ = _call(route, method, role, cast)
+    _assert_documented(method, url, resp)
 
 
 @pytest.mark.django_db
