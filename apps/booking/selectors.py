@@ -48,6 +48,16 @@ def policy_cache_clear() -> None:
     _policy_cache = None
 
 
+def team_for_booking(*, slug: str, user: Any) -> Team | None:
+    """The team by slug, annotated with `is_member` (whether `user` belongs to it), in one query."""
+    from django.db.models import Exists, OuterRef
+
+    from apps.accounts.models import Membership
+
+    member = Membership.objects.filter(team=OuterRef("pk"), user_id=getattr(user, "pk", None))
+    return Team.objects.filter(slug=slug).annotate(is_member=Exists(member)).first()
+
+
 def local_tz() -> ZoneInfo:
     return ZoneInfo(settings.TIME_ZONE)
 

@@ -28,8 +28,9 @@ from django.utils import timezone
 from apps.accounts.models import Role, Team
 from apps.accounts.scoping import team_ids_of
 from apps.audit.services import audit_record
-from apps.booking import hooks, selectors
+from apps.booking import fastpath, hooks, selectors
 from apps.booking import quota as quota_math
+from apps.booking.fastpath import GpuInfo, gpu_info
 from apps.booking.models import (
     Allocation,
     AllocationKind,
@@ -70,45 +71,73 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def describe_slots(
-    allocations: Iterable[Allocation], *, team_id: int | None, viewer: Any = None
-) -> list[dict[str, Any]]:
+def describe_slots(slots: Iterable[Slot], *, team_id: int | None, viewer: Any = None) -> list[dict[str, Any]]:
     """Clashing slots as shown to a client: the requesting team's own with details, other teams' with the team
-    only (admins see details). Needs `gpu__node` and `team` (and `user`) loaded."""
+    only (admins see details)."""
     is_admin = bool(getattr(viewer, "is_staff", False))
     out: list[dict[str, Any]] = []
-    for a in allocations:
+    for a in slots:
         slot: dict[str, Any] = {
-            "gpu": a.gpu.uuid,
-            "node": a.gpu.node.name,
-            "gpu_index": a.gpu.index,
+            "gpu": a.gpu_uuid,
+            "node": a.node,
+            "gpu_index": a.gpu_index,
             "start": _iso(a.start),
             "end": _iso(a.end),
-            "team": a.team.slug,
+            "team": a.team,
         }
         if a.team_id == team_id or is_admin:
-            slot.update(
-                {
-                    "kind": a.kind,
-                    "reservation_id": a.reservation_id,
-                    "job_id": a.job_id,
-                    "user": a.user.username if a.user else None,
-                }
-            )
+            slot.update({"kind": a.kind, "reservation_id": a.reservation_id, "job_id": a.job_id, "user": a.user})
         out.append(slot)
         if len(out) >= MAX_CONFLICTS_SHOWN:
             break
     return out
 
 
-def _clashes(gpu_ids: Collection[int], start: datetime, end: datetime) -> list[Allocation]:
-    return list(
-        Allocation.objects.active()
-        .filter(gpu_id__in=list(gpu_ids))
-        .overlapping(start, end)
-        .select_related("gpu__node", "team", "user")
-        .order_by("gpu_id", "start")[:MAX_CONFLICTS_SHOWN]
-    )
+@dataclass(frozen=True)
+class Slot:
+    """An allocation as a conflict report needs it."""
+
+    gpu_id: int
+    gpu_uuid: str
+    gpu_index: int
+    node: str
+    team_id: int
+    team: str
+    start: datetime
+    end: datetime
+    kind: str
+    reservation_id: int | None
+    job_id: int | None
+    user: str | None
+
+
+_CLASHES_SQL = """
+SELECT a.gpu_id, g.uuid, g."index", n.name, a.team_id, t.slug, a.start, a."end", a.kind, a.reservation_id, a.job_id,
+       u.username
+FROM booking_allocation a
+JOIN fleet_gpu g ON g.id = a.gpu_id JOIN fleet_node n ON n.id = g.node_id JOIN accounts_team t ON t.id = a.team_id
+LEFT JOIN auth_user u ON u.id = a.user_id
+WHERE a.active AND a.gpu_id IN ({ids}) AND a.start < %s AND a."end" > %s
+ORDER BY a.gpu_id, a.start
+LIMIT {limit}
+"""
+
+
+def _clashes(gpu_ids: Collection[int], start: datetime, end: datetime) -> list[Slot]:
+    """Active allocations of these GPUs overlapping [start, end) (one plain query, for conflict reports)."""
+    ids = [int(i) for i in gpu_ids]
+    if not ids:
+        return []
+    sql = _CLASHES_SQL.format(ids=", ".join(["%s"] * len(ids)), limit=MAX_CONFLICTS_SHOWN)
+    with connection.cursor() as cursor:
+        adapt = connection.ops.adapt_datetimefield_value  # SQLite stores naive UTC text
+        cursor.execute(sql, [*ids, adapt(end), adapt(start)])
+        rows = cursor.fetchall()
+    out = []
+    for r in rows:
+        lo, hi = (v if timezone.is_aware(v) else timezone.make_aware(v, UTC) for v in (r[6], r[7]))
+        out.append(Slot(r[0], r[1], r[2], r[3], r[4], r[5], lo, hi, r[8], r[9], r[10], r[11]))
+    return out
 
 
 def _is_exclusion_violation(exc: IntegrityError) -> bool:
@@ -303,44 +332,17 @@ def _quota_check_and_hold(
         quotas = quotas if quotas is not None else selectors.quotas_for(team_id=team.pk, months=months)
         if gpu_model_ids:
             quota_models_check(team=team, months=months, gpu_model_ids=gpu_model_ids, quotas=quotas)
-        warnings: list[dict[str, Any]] = []
-        team_intervals: list[tuple[datetime, datetime, int]] | None = None
-        for month in months:
-            limits = selectors.limits_of(quotas[month])
-            peak: int | None = None
-            if check_concurrency and limits.max_concurrent_gpus is not None:
-                if team_intervals is None:
-                    team_intervals = [
-                        (lo, hi, 1)
-                        for lo, hi in Allocation.objects.active()
-                        .filter(team_id=team.pk)
-                        .overlapping(start, end)
-                        .values_list("start", "end")
-                    ]
-                first, after = quota_math.month_bounds(month, tz)
-                peak = quota_math.peak_concurrency(team_intervals, max(start, first), min(end, after))
-            used = quota_math.Amount(usage[month].gpu_hours, usage[month].cost)
-            verdict = quota_math.evaluate(
-                limits=limits, used=used, add=amounts[month], peak=peak, add_gpus=gpu_count if peak is not None else 0
-            )
-            body = {
-                "month": _month_label(month),
-                "currency": settings.PORTAL_CURRENCY,
-                "remaining": {k: _fmt(v) for k, v in verdict.remaining.items()},
-                "requested": {
-                    "gpu_hours": _fmt(amounts[month].gpu_hours),
-                    "cost": _fmt(amounts[month].cost),
-                    "gpus": gpu_count,
-                },
-            }
-            if not verdict.ok:
-                raise QuotaExceeded(
-                    f"This would exceed team {team.slug}'s quota for {_month_label(month)}: "
-                    f"{', '.join(verdict.exceeded)}.",
-                    extra={**body, "exceeded": list(verdict.exceeded)},
-                )
-            for warning in verdict.warnings:
-                warnings.append({"code": f"{warning}_exceeded", **body})
+        limits = {m: selectors.limits_of(quotas[m]) for m in months}
+        warnings = _quota_verdicts(
+            team=team,
+            limits=limits,
+            used={m: quota_math.Amount(usage[m].gpu_hours, usage[m].cost) for m in months},
+            amounts=amounts,
+            start=start,
+            end=end,
+            gpu_count=gpu_count,
+            check_concurrency=check_concurrency,
+        )
         _apply_usage(team.pk, amounts, usage)
         hold = QuotaHold.objects.create(
             team=team,
@@ -491,10 +493,11 @@ def _transition(reservation_id: int, to: str, **changes: Any) -> bool:
 
 @dataclass(frozen=True)
 class BookingResult:
-    """A new reservation and the soft-limit warnings to show with it."""
+    """A new reservation, the GPUs it holds and the soft-limit warnings to show with it."""
 
     reservation: Reservation
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[GpuInfo] = field(default_factory=list)
 
 
 def _aligned(moment: datetime, minutes: int) -> bool:
@@ -537,7 +540,11 @@ def check_window(*, start: datetime, end: datetime, policy: BookingPolicy, now: 
 def _check_member(user: Any, team: Team) -> None:
     if getattr(user, "is_staff", False):
         return
-    if team.pk not in team_ids_of(user):
+    # `is_member`: annotated by selectors.team_for_booking, which saves the membership query.
+    member = getattr(team, "is_member", None)
+    if member is None:
+        member = team.pk in team_ids_of(user)
+    if not member:
         raise Forbidden(f"You are not a member of team {team.slug}.", code="not_a_member")
 
 
@@ -554,15 +561,20 @@ def _resolve_model(gpu_model: str | GpuModel | None) -> GpuModel:
     return model
 
 
-def _resolve_gpus(gpus: Sequence[str | Gpu]) -> list[Gpu]:
+def _resolve_gpus(gpus: Sequence[str | Gpu], start: datetime, end: datetime) -> list[GpuInfo]:
+    """The GPUs named, in order; 404 for unknown ones, 400 for ones that cannot be booked. On PostgreSQL one
+    query that also says whether each is held or under maintenance in [start, end)."""
     wanted = [g.uuid if isinstance(g, Gpu) else str(g) for g in gpus]
     if len(set(wanted)) != len(wanted):
         raise ValidationFailed("A GPU is named twice.", fields={"gpus": ["Name each GPU once."]})
-    rows = {g.uuid: g for g in Gpu.objects.filter(uuid__in=wanted).select_related("node", "model")}
+    if connection.vendor == "postgresql":
+        rows = fastpath.gpus_by_uuid(wanted, start, end)
+    else:
+        rows = {g.uuid: gpu_info(g) for g in Gpu.objects.filter(uuid__in=wanted).select_related("node", "model")}
     unknown = [u for u in wanted if u not in rows]
     if unknown:
         raise NotFound(f"Unknown GPU(s): {', '.join(unknown)}.", fields={"gpus": [f"Unknown: {', '.join(unknown)}."]})
-    down = [u for u in wanted if rows[u].status != GpuStatus.OK or rows[u].node.status != NodeStatus.ONLINE]
+    down = [u for u in wanted if rows[u].status != GpuStatus.OK or rows[u].node_status != NodeStatus.ONLINE]
     if down:
         raise ValidationFailed(
             f"GPU(s) not available for booking (offline, lost or node not online): {', '.join(down)}.",
@@ -572,17 +584,28 @@ def _resolve_gpus(gpus: Sequence[str | Gpu]) -> list[Gpu]:
     return [rows[u] for u in wanted]
 
 
-def _maintenance_conflict(gpus: Sequence[Gpu], start: datetime, end: datetime) -> None:
-    blocked = selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in gpus])
+def _precheck(gpus: Sequence[GpuInfo], start: datetime, end: datetime, *, team: Team, user: Any) -> None:
+    """409 before any lock when a named GPU is under maintenance or already held (the locked check repeats it)."""
+    if gpus and gpus[0].maintenance is not None:
+        blocked = {g.id for g in gpus if g.maintenance}
+        busy = any(g.busy for g in gpus)
+    else:
+        blocked = selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=[g.id for g in gpus])
+        busy = True  # not known: look
     if blocked:
         raise Conflict(
             "A maintenance window blocks some of these GPUs in that time.",
             extra={
-                "conflicts": [
-                    {"gpu": g.uuid, "node": g.node.name, "maintenance": True} for g in gpus if g.pk in blocked
-                ]
+                "conflicts": [{"gpu": g.uuid, "node": g.node, "maintenance": True} for g in gpus if g.id in blocked]
             },
         )
+    if busy:
+        clashes = _clashes([g.id for g in gpus], start, end)
+        if clashes:
+            raise Conflict(
+                "Some of these GPUs are already held in that time.",
+                extra={"conflicts": describe_slots(clashes, team_id=team.pk, viewer=user)},
+            )
 
 
 def _send_holds(reservation_id: int, *, until: datetime | None = None) -> None:
@@ -643,7 +666,7 @@ def _lock_model(model_id: int) -> None:
 
 def _place_locked(
     *, model: GpuModel, count: int, start: datetime, end: datetime, policy: BookingPolicy, team: Team, user: Any
-) -> list[Gpu]:
+) -> list[GpuInfo]:
     """Pick `count` free GPUs of `model` for [start, end) under the model's placement lock (inside the
     caller's transaction); 409 when there are not enough."""
     _lock_model(model.pk)
@@ -666,7 +689,7 @@ def _place_locked(
             },
         )
     by_id = {g.pk: g for g in free}
-    return [by_id[i] for i in picked]
+    return [gpu_info(by_id[i]) for i in picked]
 
 
 def reservation_create(
@@ -702,10 +725,10 @@ def reservation_create(
     if len(note) > 500:
         raise ValidationFailed("The note is too long.", fields={"note": ["At most 500 characters."]})
 
-    explicit: list[Gpu] | None = None
+    explicit: list[GpuInfo] | None = None
     model: GpuModel | None = None
     if gpus:
-        explicit = _resolve_gpus(gpus)
+        explicit = _resolve_gpus(gpus, start, end)
         if gpu_count is not None and gpu_count != len(explicit):
             raise ValidationFailed(
                 "gpu_count does not match the GPUs named.", fields={"gpu_count": ["Equals the number of GPUs."]}
@@ -715,9 +738,8 @@ def reservation_create(
             if any(g.model_id != model.pk for g in explicit):
                 raise ValidationFailed("The GPUs named are not all of that model.", fields={"gpus": ["Wrong model."]})
         count = len(explicit)
-        models = {g.model_id for g in explicit}
-        model_obj = explicit[0].model if len(models) == 1 else None
-        model_ids: set[int] = models
+        model_ids = {g.model_id for g in explicit}
+        model_id = explicit[0].model_id if len(model_ids) == 1 else None
     else:
         model = _resolve_model(gpu_model)
         if gpu_count is None or gpu_count <= 0:
@@ -733,26 +755,22 @@ def reservation_create(
                 f"No {where} has {count} bookable {model.name} GPUs (at most {most}).",
                 fields={"gpu_count": [f"At most {most}."]},
             )
-        model_obj = model
+        model_id = model.pk
         model_ids = {model.pk}
-    if count <= 0:
-        raise ValidationFailed("Book at least one GPU.", fields={"gpu_count": ["At least 1."]})
 
     tz = selectors.local_tz()
     months = [m for m, _ in quota_math.split_by_month(start, end, tz)]
-    quotas = selectors.quotas_for(team_id=team.pk, months=months)
-    quota_models_check(team=team, months=months, gpu_model_ids=model_ids, quotas=quotas)
-
+    pg = connection.vendor == "postgresql"
+    quotas = None
+    if not pg:  # PostgreSQL reads the limits with the quota row lock (fastpath.lock_usage)
+        quotas = selectors.quotas_for(team_id=team.pk, months=months)
+        _models_allowed(team=team, limits={m: selectors.limits_of(quotas[m]) for m in months}, model_ids=model_ids)
     if explicit is not None:
-        _maintenance_conflict(explicit, start, end)
-        clashes = _clashes([g.pk for g in explicit], start, end)
-        if clashes:
-            raise Conflict(
-                "Some of these GPUs are already held in that time.",
-                extra={"conflicts": describe_slots(clashes, team_id=team.pk, viewer=user)},
-            )
+        _precheck(explicit, start, end, team=team, user=user)
 
     status = ReservationStatus.ACTIVE if start <= now else ReservationStatus.BOOKED
+    activated_at = now if status == ReservationStatus.ACTIVE else None
+    user_obj = user if getattr(user, "is_authenticated", False) else None
     for attempt in range(PLACEMENT_ATTEMPTS):
         try:
             with transaction.atomic():
@@ -763,61 +781,195 @@ def reservation_create(
                     chosen = _place_locked(
                         model=model, count=count, start=start, end=end, policy=policy, team=team, user=user
                     )
-                rate = sum((g.model.hourly_price for g in chosen), Decimal("0"))
-                reservation = Reservation.objects.create(
-                    team=team,
-                    user=user if getattr(user, "is_authenticated", False) else None,
-                    gpu_model=model_obj,
-                    gpu_count=count,
-                    start=start,
-                    end=end,
-                    booked_end=end,
-                    status=status,
-                    note=note,
-                    activated_at=now if status == ReservationStatus.ACTIVE else None,
-                )
-                check = _quota_check_and_hold(
-                    team=team,
-                    gpu_count=count,
-                    start=start,
-                    end=end,
-                    hourly_rate=rate,
-                    kind=AllocationKind.RESERVATION,
-                    reservation=reservation,
-                    quotas=quotas,
-                )
-                _insert_allocations(
-                    gpu_ids=[g.pk for g in chosen],
-                    team=team,
-                    user=user,
-                    start=start,
-                    end=end,
-                    kind=AllocationKind.RESERVATION,
-                    reservation=reservation,
-                    job_id=None,
-                    viewer=user,
-                )
-                audit_record(
-                    actor=user,
-                    action="reservation.create",
-                    target=reservation,
-                    data={
-                        "gpus": [g.uuid for g in chosen],
-                        "start": _iso(start),
-                        "end": _iso(end),
-                        "status": status,
-                        "gpu_hours": str(sum((a.gpu_hours for a in _amounts(check.hold).values()), Decimal(0))),
-                    },
-                )
+                rate = sum((g.hourly_price for g in chosen), Decimal("0"))
+                audit_data = {
+                    "gpus": [g.uuid for g in chosen],
+                    "start": _iso(start),
+                    "end": _iso(end),
+                    "status": status,
+                }
+                if pg:
+                    reservation, warnings = _book_pg(
+                        team=team, user=user_obj, model_id=model_id, model_ids=model_ids, chosen=chosen, start=start,
+                        end=end, status=status, note=note, now=now, activated_at=activated_at, rate=rate,
+                        audit_data=audit_data,
+                    )  # fmt: skip
+                else:
+                    reservation = Reservation.objects.create(
+                        team=team,
+                        user=user_obj,
+                        gpu_model_id=model_id,
+                        gpu_count=count,
+                        start=start,
+                        end=end,
+                        booked_end=end,
+                        status=status,
+                        note=note,
+                        activated_at=activated_at,
+                    )
+                    check = _quota_check_and_hold(
+                        team=team,
+                        gpu_count=count,
+                        start=start,
+                        end=end,
+                        hourly_rate=rate,
+                        kind=AllocationKind.RESERVATION,
+                        reservation=reservation,
+                        quotas=quotas,
+                    )
+                    warnings = check.warnings
+                    _insert_allocations(
+                        gpu_ids=[g.id for g in chosen],
+                        team=team,
+                        user=user,
+                        start=start,
+                        end=end,
+                        kind=AllocationKind.RESERVATION,
+                        reservation=reservation,
+                        job_id=None,
+                        viewer=user,
+                    )
+                    audit_record(actor=user, action="reservation.create", target=reservation, data=audit_data)
                 if status == ReservationStatus.ACTIVE:
                     _send_holds(reservation.pk)
-            reservation._chosen_gpus = chosen  # type: ignore[attr-defined]
-            return BookingResult(reservation=reservation, warnings=check.warnings)
+            return BookingResult(reservation=reservation, warnings=warnings, gpus=list(chosen))
         except Conflict as exc:
             # Retry only a placement that lost a GPU to a booking naming it (those skip the model lock).
             if explicit is not None or "free" in exc.extra or attempt == PLACEMENT_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _models_allowed(*, team: Team, limits: dict[date, quota_math.Limits], model_ids: Collection[int]) -> None:
+    for month, lim in limits.items():
+        refused = [mid for mid in model_ids if not lim.allows_model(mid)]
+        if refused:
+            names = sorted(GpuModel.objects.filter(pk__in=refused).values_list("name", flat=True))
+            allowed = sorted(GpuModel.objects.filter(pk__in=lim.allowed_model_ids or []).values_list("name", flat=True))
+            raise Forbidden(
+                f"Team {team.slug} may not use {', '.join(names)} in {_month_label(month)}.",
+                code="model_not_allowed",
+                extra={"allowed_models": allowed},
+            )
+
+
+def _quota_verdicts(
+    *,
+    team: Team,
+    limits: dict[date, quota_math.Limits],
+    used: dict[date, quota_math.Amount],
+    amounts: dict[date, quota_math.Amount],
+    start: datetime,
+    end: datetime,
+    gpu_count: int,
+    check_concurrency: bool = True,
+) -> list[dict[str, Any]]:
+    """Refuse (QuotaExceeded) or return soft warnings, month by month; the caller holds the usage row locks."""
+    tz = selectors.local_tz()
+    warnings: list[dict[str, Any]] = []
+    intervals: list[tuple[datetime, datetime, int]] | None = None
+    for month in sorted(amounts):
+        lim = limits[month]
+        peak: int | None = None
+        if check_concurrency and lim.max_concurrent_gpus is not None:
+            if intervals is None:
+                intervals = [
+                    (lo, hi, 1)
+                    for lo, hi in Allocation.objects.active()
+                    .filter(team_id=team.pk)
+                    .overlapping(start, end)
+                    .values_list("start", "end")
+                ]
+            first, after = quota_math.month_bounds(month, tz)
+            peak = quota_math.peak_concurrency(intervals, max(start, first), min(end, after))
+        verdict = quota_math.evaluate(
+            limits=lim, used=used[month], add=amounts[month], peak=peak, add_gpus=gpu_count if peak is not None else 0
+        )
+        body = {
+            "month": _month_label(month),
+            "currency": settings.PORTAL_CURRENCY,
+            "remaining": {k: _fmt(v) for k, v in verdict.remaining.items()},
+            "requested": {
+                "gpu_hours": _fmt(amounts[month].gpu_hours),
+                "cost": _fmt(amounts[month].cost),
+                "gpus": gpu_count,
+            },
+        }
+        if not verdict.ok:
+            raise QuotaExceeded(
+                f"This would exceed team {team.slug}'s quota for {_month_label(month)}: {', '.join(verdict.exceeded)}.",
+                extra={**body, "exceeded": list(verdict.exceeded)},
+            )
+        warnings.extend({"code": f"{w}_exceeded", **body} for w in verdict.warnings)
+    return warnings
+
+
+def _book_pg(
+    *,
+    team: Team,
+    user: Any,
+    model_id: int | None,
+    chosen: Sequence[GpuInfo],
+    start: datetime,
+    end: datetime,
+    status: str,
+    note: str,
+    now: datetime,
+    activated_at: datetime | None,
+    rate: Decimal,
+    model_ids: Collection[int],
+    audit_data: dict[str, Any],
+) -> tuple[Reservation, list[dict[str, Any]]]:
+    """The PostgreSQL write path of `reservation_create`, inside its transaction: lock the quota rows, check,
+    lock the GPUs, write everything in one statement (apps.booking.fastpath)."""
+    amounts = quota_math.hold_amounts(
+        start=start, end=end, gpu_count=len(chosen), hourly_rate=rate, tz=selectors.local_tz()
+    )
+    usage, limits = fastpath.lock_usage(team.pk, list(amounts))
+    _models_allowed(team=team, limits=limits, model_ids=model_ids)
+    warnings = _quota_verdicts(
+        team=team,
+        limits=limits,
+        used={m: u.used for m, u in usage.items()},
+        amounts=amounts,
+        start=start,
+        end=end,
+        gpu_count=len(chosen),
+    )
+    gpu_ids = [g.id for g in chosen]
+    _lock_gpus(gpu_ids)
+    try:
+        rid = fastpath.insert_booking(
+            team_id=team.pk, user_id=getattr(user, "pk", None), model_id=model_id, gpus=gpu_ids, start=start, end=end,
+            status=status, note=note, now=now, activated_at=activated_at, rate=rate, usage=usage, amounts=amounts,
+            audit_data=audit_data,
+        )  # fmt: skip
+    except IntegrityError as exc:
+        if _is_exclusion_violation(exc):
+            raise Conflict("Some of these GPUs are already held in that time.", extra={"conflicts": []}) from exc
+        raise
+    if rid is None:
+        raise Conflict(
+            "Some of these GPUs are already held in that time.",
+            extra={"conflicts": describe_slots(_clashes(gpu_ids, start, end), team_id=team.pk, viewer=user)},
+        )
+    reservation = Reservation(
+        pk=rid,
+        team=team,
+        user=user,
+        gpu_model_id=model_id,
+        gpu_count=len(chosen),
+        start=start,
+        end=end,
+        booked_end=end,
+        status=status,
+        note=note,
+        created_at=now,
+        activated_at=activated_at,
+    )
+    reservation._state.adding = False
+    reservation._state.db = "default"
+    return reservation, warnings
 
 
 def _amounts(hold: QuotaHold) -> dict[date, quota_math.Amount]:

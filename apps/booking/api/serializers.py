@@ -116,3 +116,33 @@ class QuotaPreviewInput(serializers.Serializer):
     end = serializers.DateTimeField(required=False)
     gpu_count = serializers.IntegerField(min_value=1, max_value=1024, required=False)
     gpu_model = serializers.CharField(required=False, max_length=64)
+
+
+def booking_created_payload(result: Any) -> dict[str, Any]:
+    """The 201 body of a new booking, from the service's result (no second read of what was just written);
+    the same fields as ReservationCreatedOutput."""
+    r = result.reservation
+    when = serializers.DateTimeField()
+
+    def dt(value: Any) -> Any:
+        return when.to_representation(value) if value is not None else None
+
+    gpus = sorted(result.gpus, key=lambda g: (g.node, g.index))
+    models = {g.model for g in gpus}
+    return {
+        "id": r.pk,
+        "team": r.team.slug,
+        "user": r.user.username if r.user else None,
+        "gpu_model": models.pop() if len(models) == 1 else None,
+        "gpu_count": r.gpu_count,
+        "gpus": [{"uuid": g.uuid, "node": g.node, "index": g.index, "model": g.model} for g in gpus],
+        "start": dt(r.start),
+        "end": dt(r.end),
+        "booked_end": dt(r.booked_end),
+        "status": r.status,
+        "note": r.note,
+        "created_at": dt(r.created_at),
+        "activated_at": dt(r.activated_at),
+        "ended_at": dt(r.ended_at),
+        "warnings": list(result.warnings),
+    }

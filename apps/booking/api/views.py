@@ -19,6 +19,7 @@ from apps.booking.api.serializers import (
     ReservationInput,
     ReservationOutput,
     WindowInput,
+    booking_created_payload,
 )
 from apps.booking.models import Reservation
 from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveAPIView
@@ -27,8 +28,8 @@ from apps.core.idempotency import idempotent
 from apps.fleet.models import GpuModel
 
 
-def _team_by_slug(slug: str) -> Team:
-    team = Team.objects.filter(slug=slug).first()
+def _team_by_slug(slug: str, user: Any) -> Team:
+    team = selectors.team_for_booking(slug=slug, user=user)
     if team is None:
         raise NotFound(f"No team {slug!r}.", fields={"team": ["Unknown team."]})
     return team
@@ -92,7 +93,7 @@ class ReservationListCreateView(ScopedListAPIView):
         data = payload.validated_data
         result = services.reservation_create(
             user=request.user,
-            team=_team_by_slug(data["team"]),
+            team=_team_by_slug(data["team"], request.user),
             start=data["start"],
             end=data["end"],
             gpu_count=data.get("gpu_count"),
@@ -100,9 +101,7 @@ class ReservationListCreateView(ScopedListAPIView):
             gpus=data.get("gpus") or None,
             note=data.get("note", ""),
         )
-        reservation = selectors.reservations_visible_to(user=request.user).get(pk=result.reservation.pk)
-        body = ReservationCreatedOutput(reservation, context={"warnings": result.warnings}).data
-        return Response(body, status=status.HTTP_201_CREATED)
+        return Response(booking_created_payload(result), status=status.HTTP_201_CREATED)
 
 
 class ReservationDetailView(ScopedRetrieveAPIView):
