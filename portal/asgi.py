@@ -18,14 +18,14 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from apps.accounts.ws_auth import PortalWebsocketAuthMiddleware  # noqa: E402
 from apps.core.body_limit import BodySizeLimit  # noqa: E402
 from apps.core.concurrency import ConcurrencyGate  # noqa: E402
-from apps.core.websocket import AllowedHostsOrNoOriginValidator  # noqa: E402
+from apps.core.websocket import AllowedHostsOrNoOriginValidator, DatabaseUnavailableGuard  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": BodySizeLimit(ConcurrencyGate(django_asgi_app)),
         "websocket": AllowedHostsOrNoOriginValidator(
-            PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))
+            DatabaseUnavailableGuard(PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)))
         ),
     }
 )

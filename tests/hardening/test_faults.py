@@ -22,6 +22,7 @@ from bench.load_test import Connection, HttpError, audit, run_seed
 from tests.conftest import REPO, LiveServer, subprocess_env
 from tests.hardening.conftest import start_web
 from tests.support.private_services import PrivatePostgres, PrivateRedis, can_run_private_postgres
+from tests.test_permission_matrix import ws_outcome
 
 pytestmark = [
     pytest.mark.slow,
@@ -129,6 +130,11 @@ def test_database_outage_is_503_in_shape_and_recovers_without_restart(portal_db:
         assert page.status_code == 503, page.status_code
         _no_traceback(page)
         assert "text/html" in page.headers["Content-Type"]
+        # A websocket needs the database to authenticate: refused promptly, not left hanging.
+        began = time.monotonic()
+        outcome = asyncio.run(ws_outcome(web.ws_url + "/ws/fleet/", portal_db.bearer))
+        assert outcome == "refused (HTTP 503)", outcome
+        assert time.monotonic() - began < 10
     finally:
         portal_db.pg.start()
 
@@ -136,6 +142,7 @@ def test_database_outage_is_503_in_shape_and_recovers_without_restart(portal_db:
     assert requests.get(web.url + "/api/v1/health", timeout=10).status_code == 200
     assert browser.get(web.url + "/", timeout=10).status_code == 200
     assert web.proc.poll() is None  # the same web process
+    assert asyncio.run(ws_outcome(web.ws_url + "/ws/fleet/", portal_db.bearer)) == "accepted"
     print(f"recovered {took:.2f}s after PostgreSQL came back")
 
 
