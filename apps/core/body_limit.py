@@ -18,7 +18,7 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]  # Django's handler types receive/send with Mapping
 
 _BODY = json.dumps(
     {"code": "payload_too_large", "detail": "The request body is too large.", "fields": {}}, separators=(",", ":")
