@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.accounts.models import Team
@@ -68,6 +68,7 @@ USAGE_REFRESH_S = 30.0
 MAINTENANCE_TEAM = "__maintenance__"
 SWEEP_EVERY_S = 2.0
 STOP_RESEND_S = 30.0
+WAKE_BATCH_S = 0.02
 
 
 def epoch(moment: datetime) -> float:
@@ -496,6 +497,7 @@ def run_pass(
         last_pass_ms=result.ms,
         last_started=len(result.started),
         pending=result.pending - len(result.started),
+        passes=F("passes") + 1,
     )
     return result
 
@@ -528,6 +530,7 @@ class SchedulerLoop:
         self.leading = False
         self.usage = UsageCache()
         self.last_sweep = 0.0
+        self.batch_s = WAKE_BATCH_S
 
     def stop(self) -> None:
         self.stopping = True
@@ -538,7 +541,10 @@ class SchedulerLoop:
             return
         try:
             if self.redis.blpop([WAKE_KEY], timeout=max(0.01, timeout)):
-                self.redis.delete(WAKE_KEY)  # one pass answers every wake-up queued so far
+                # Woken: gather what else arrives in the next few milliseconds, so a burst of submissions costs
+                # one pass (snapshot + apply) instead of one per job; then one pass answers them all.
+                time.sleep(min(self.batch_s, max(0.0, timeout)))
+                self.redis.delete(WAKE_KEY)
         except Exception as exc:
             logger.warning("scheduler wake list: %s", exc)
             time.sleep(min(timeout, 1.0))

@@ -446,7 +446,10 @@ def job_cancel(*, job: Job, user: Any) -> Job:
 
 def _job_on_node(job_id: int, node_id: int) -> Job | None:
     """The job, if the portal placed it on this node (a node may only report on its own jobs)."""
-    return Job.objects.select_related("node").filter(pk=job_id, node_id=node_id).first()
+    try:
+        return Job.objects.select_related("node").get(pk=job_id, node_id=node_id)
+    except Job.DoesNotExist:
+        return None
 
 
 def job_report_started(*, node_id: int, job_id: int, handle: str, at: datetime | None) -> bool:

@@ -8,4 +8,5 @@ urlpatterns = [
     path("new/", views.submit, name="submit"),
     path("<int:job_id>/", views.detail, name="detail"),
     path("<int:job_id>/cancel/", views.cancel, name="cancel"),
+    path("cli/gpuportal.py", views.cli_download, name="cli"),
 ]

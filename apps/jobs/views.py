@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -23,6 +26,15 @@ def _form_for(request: HttpRequest) -> JobForm:
     images = list(selectors.images_visible_to(user=request.user).values_list("name", flat=True))
     models = list(GpuModel.objects.order_by("name").values_list("name", flat=True))
     return JobForm(request.POST or None, teams=teams, images=images, models=models)
+
+
+def cli_download(request: HttpRequest) -> HttpResponse:
+    """The `gpuportal` client as one file (it needs only `requests`), for CI images: no login, nothing secret."""
+    path = Path(settings.BASE_DIR) / "cli" / "gpuportal.py"
+    response = HttpResponse(path.read_bytes(), content_type="text/x-python; charset=utf-8")
+    response["Content-Disposition"] = 'inline; filename="gpuportal.py"'
+    response["Cache-Control"] = "public, max-age=300"
+    return response
 
 
 @login_required

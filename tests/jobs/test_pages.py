@@ -150,3 +150,11 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             page.wait_for_function("document.getElementById('job-state').textContent === 'running'", timeout=10000)
         finally:
             browser.close()
+
+
+@pytest.mark.django_db
+def test_the_cli_is_served_as_one_file_without_login() -> None:
+    response = Client().get("/jobs/cli/gpuportal.py")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/x-python")
+    assert b"def main(" in response.content and b"import requests" in response.content

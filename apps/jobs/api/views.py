@@ -102,7 +102,6 @@ class JobListCreateView(ScopedListAPIView):
             network=v.get("network"),
             idempotency_key=request.META.get("HTTP_IDEMPOTENCY_KEY", "")[:255],
         )
-        job = selectors.job_get(user=request.user, job_id=job.pk)
         body = JobDetailOutput(job, context={"user": request.user}).data
         return Response(body, status=status.HTTP_201_CREATED)
 
