@@ -16,10 +16,12 @@ Reports (queue `control`, through agent.link; node and token added there):
 
 | task | when | body |
 |---|---|---|
-| `jobs.report_started` | the container/process runs | job_id, handle, at |
+| `jobs.report_started` | with the next flush after the job starts | job_id, handle, at |
 | `jobs.report_logs` | every 200 ms or 50 lines | batches [{job_id, epoch, first, lines [[stream, text, ts]]}] |
-| `jobs.report_exit` | once per job | job_id, state, reason, exit_code, message, finished_at, log_total |
+| `jobs.report_exit` | once per job | job_id, state, reason, exit_code, message, finished_at, log_total (*) |
 | `jobs.report_inventory` | at start (after adopting) and every 30 s | jobs [{job_id, status: running/launching}] |
+
+(*) plus handle and started_at when the job ended before its start was reported (one message for a short job).
 
 Reconciliation: at start the runner lists the jobs its runtime finds (containers labelled for this agent, or the
 process runtime's state files) and adopts them all: running ones are watched again, ended ones report their exit.
@@ -150,6 +152,7 @@ class JobRunner:
         self._running: set[int] = set()
         self._gpus: dict[int, list[str]] = {}
         self._cancelled_early: set[int] = set()
+        self._started: dict[int, tuple[str, float]] = {}  # started, not reported yet: (handle, time)
         self._reported: set[int] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -248,10 +251,13 @@ class JobRunner:
     # -- runtime callbacks (watcher threads) ---------------------------------------------------------------
 
     def _on_started(self, job_id: int, handle: str) -> None:
+        # Reported with the next flush (at most FLUSH_INTERVAL_S later): a job that ends before then carries its
+        # start in the exit report instead, one message to the portal rather than two.
         with self._lock:
             self._launching.discard(job_id)
             self._running.add(job_id)
-        self.sender.send("jobs.report_started", {"job_id": job_id, "handle": handle[:200], "at": time.time()})
+            self._started[job_id] = (handle[:200], time.time())
+        self._wake.set()
 
     def _on_log(self, job_id: int, stream: LogStream, line: str) -> None:
         with self._lock:
@@ -271,8 +277,9 @@ class JobRunner:
             self._wake.set()
 
     def _on_exit(self, outcome: JobOutcome) -> None:
-        self.flush(outcome.job_id)
+        self.flush(outcome.job_id, started=False)
         with self._lock:
+            started = self._started.pop(outcome.job_id, None)
             state = self._logs.pop(outcome.job_id, None)
             self._launching.discard(outcome.job_id)
             self._running.discard(outcome.job_id)
@@ -290,6 +297,7 @@ class JobRunner:
                 "message": outcome.message[:8000],
                 "finished_at": finished,
                 "log_total": total,
+                **({"handle": started[0], "started_at": started[1]} if started else {}),
             },
         )
         if self.on_gpus is not None and gpus:
@@ -320,10 +328,19 @@ class JobRunner:
 
     # -- logs ----------------------------------------------------------------------------------------------
 
-    def flush(self, job_id: int | None = None) -> int:
-        """Send buffered lines (of one job, or all) as one `jobs.report_logs`; returns how many lines."""
+    def flush(self, job_id: int | None = None, *, started: bool = True) -> int:
+        """Send pending start reports, then buffered lines (of one job, or all) as one `jobs.report_logs`.
+
+        Returns how many lines were sent."""
         batches: list[dict[str, Any]] = []
+        starts: list[tuple[int, str, float]] = []
         with self._lock:
+            if started:
+                wanted = [job_id] if job_id is not None else list(self._started)
+                for jid in wanted:
+                    if jid in self._started:
+                        handle, at = self._started.pop(jid)
+                        starts.append((jid, handle, at))
             items = [(job_id, self._logs.get(job_id))] if job_id is not None else list(self._logs.items())
             for jid, state in items:
                 if state is None or not state.buffer:
@@ -333,6 +350,8 @@ class JobRunner:
                 )
                 state.buffer = []
                 state.first_buffered = state.next_seq
+        for jid, handle, at in starts:
+            self.sender.send("jobs.report_started", {"job_id": jid, "handle": handle, "at": at})
         if batches:
             self.sender.send("jobs.report_logs", {"batches": batches})
         return sum(len(b["lines"]) for b in batches)

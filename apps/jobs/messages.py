@@ -5,7 +5,8 @@ like every agent message (apps/fleet/messages.py). Refused as a whole on the fir
 
 - jobs.report_started   {"job_id", "handle", "at"}
 - jobs.report_logs      {"batches": [{"job_id", "epoch", "first", "lines": [[stream, text, ts], ...]}, ...]}
-- jobs.report_exit      {"job_id", "state", "reason", "exit_code", "message", "finished_at", "log_total"}
+- jobs.report_exit      {"job_id", "state", "reason", "exit_code", "message", "finished_at", "log_total",
+                         and "handle", "started_at" when the job ended before its start was reported}
 - jobs.report_inventory {"jobs": [{"job_id", "status"}], "complete": bool}
 """
 
@@ -121,6 +122,8 @@ class Exit:
     message: str
     finished_at: datetime | None
     log_total: int | None
+    started_at: datetime | None = None
+    handle: str = ""
 
 
 def check_exit(payload: Any) -> Exit:
@@ -138,6 +141,8 @@ def check_exit(payload: Any) -> Exit:
         message=check_str(payload.get("message"), "message", max_len=8000, blank=True),
         finished_at=_time(payload.get("finished_at"), "finished_at"),
         log_total=check_int(payload.get("log_total"), "log_total", 0, 2**62, nullable=True),
+        started_at=_time(payload.get("started_at"), "started_at"),
+        handle=check_str(payload.get("handle"), "handle", max_len=200, blank=True),
     )
 
 

@@ -325,6 +325,10 @@ def job_transition(
             raise TransitionRefused(f"Job {job.pk} changed state concurrently; try again.")
         for name, value in fields.items():
             setattr(job, name, value)
+        if current == JobState.STARTING and to_state in TERMINAL_STATES and job.started_at is not None:
+            # It ran (briefly) before anyone heard it had started: the timeline says so.
+            JobEvent.objects.create(job=job, at=job.started_at, from_state=current, to_state=JobState.RUNNING)
+            current = JobState.RUNNING
         JobEvent.objects.create(
             job=job, at=now, from_state=current, to_state=to_state, reason=reason, message=message[:4000]
         )
@@ -452,17 +456,22 @@ def _job_on_node(job_id: int, node_id: int) -> Job | None:
         return None
 
 
-def job_report_started(*, node_id: int, job_id: int, handle: str, at: datetime | None) -> bool:
-    """The node started the job. False when the portal no longer expects it (the caller then stops it)."""
+def job_report_started(*, node_id: int, job_id: int, handle: str, at: datetime | None) -> str:
+    """The node started the job: "running" (applied, or already so), "ignored" (the node's own exit report got
+    there first, or the job is not this node's), or "stop" (the portal ended it meanwhile: the caller stops it)."""
     job = _job_on_node(job_id, node_id)
     if job is None:
-        return False
+        return "ignored"
     if job.state == JobState.STARTING:
         try:
             job_transition(job, JobState.RUNNING, at=at, update={"handle": handle[:128]})
         except TransitionRefused:
             job.refresh_from_db()
-    return job.state in ON_NODE_STATES
+    if job.state in ON_NODE_STATES:
+        return "running"
+    # Ended by the portal (lost, or cancelled before the node said anything): the process must not run on.
+    # Ended by the node's own exit report (it always carries log_total): nothing runs any more.
+    return "stop" if job.log_expected is None else "ignored"
 
 
 OUTCOME_STATES = {"succeeded": JobState.SUCCEEDED, "failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
@@ -489,8 +498,13 @@ def job_report_exit(
     message: str,
     finished_at: datetime | None,
     log_total: int | None = None,
+    started_at: datetime | None = None,
+    handle: str = "",
 ) -> bool:
-    """The node says the job ended. Idempotent: a second copy of the report changes nothing."""
+    """The node says the job ended. Idempotent: a second copy of the report changes nothing.
+
+    `started_at`/`handle` come with it when the job ended before its start was reported (short jobs): the job goes
+    from starting straight to its final state, and the timeline still shows when it ran."""
     job = _job_on_node(job_id, node_id)
     if job is None:
         return False
@@ -507,13 +521,24 @@ def job_report_exit(
             exit_code=exit_code,
             message=message,
             at=finished_at,
-            update={"log_expected": log_total} if log_total is not None else None,
+            update=_exit_update(job, log_total, started_at, handle),
         )
     except TransitionRefused:
         if log_total is not None:
             Job.objects.filter(pk=job.pk).update(log_expected=log_total)
         return False
     return True
+
+
+def _exit_update(job: Job, log_total: int | None, started_at: datetime | None, handle: str) -> dict[str, Any]:
+    update: dict[str, Any] = {}
+    if log_total is not None:
+        update["log_expected"] = log_total
+    if job.state == JobState.STARTING and started_at is not None:
+        update["started_at"] = _clamp(started_at, job.scheduled_at, timezone.now())
+        if handle:
+            update["handle"] = handle[:128]
+    return update
 
 
 @dataclass(frozen=True)

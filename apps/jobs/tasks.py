@@ -39,11 +39,11 @@ def report_started(payload: dict[str, Any]) -> bool:
     except MessageRejected as exc:
         logger.warning("jobs.report_started refused: %s", exc)
         return False
-    if not services.job_report_started(node_id=node.id, job_id=msg.job_id, handle=msg.handle, at=msg.at):
+    verdict = services.job_report_started(node_id=node.id, job_id=msg.job_id, handle=msg.handle, at=msg.at)
+    if verdict == "stop":
         # The portal ended the job meanwhile (cancelled while starting, lost): nothing may run for it.
         _stop_on_node(node.id, msg.job_id)
-        return False
-    return True
+    return verdict == "running"
 
 
 @shared_task(name="jobs.report_logs", queue="control", time_limit=60, soft_time_limit=50, acks_late=True)
@@ -80,6 +80,8 @@ def report_exit(payload: dict[str, Any]) -> bool:
         message=msg.message,
         finished_at=msg.finished_at,
         log_total=msg.log_total,
+        started_at=msg.started_at,
+        handle=msg.handle,
     )
 
 

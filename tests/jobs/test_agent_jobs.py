@@ -95,8 +95,11 @@ def test_a_job_reports_started_logs_in_order_and_its_exit(make_runner):
 
     exit_report = sender.exit_of(11)
     assert (exit_report["state"], exit_report["reason"], exit_report["exit_code"]) == ("failed", "exit_code", 3)
+    # The start is reported on its own, or (a job this short) inside the exit report.
     started = sender.of("jobs.report_started")
-    assert started and started[0]["job_id"] == 11 and started[0]["handle"].startswith("pid:")
+    handle = started[0]["handle"] if started else exit_report["handle"]
+    assert handle.startswith("pid:")
+    assert started or exit_report["started_at"] <= exit_report["finished_at"]
     lines = sender.lines_of(11)
     stdout = [text for _, s, text in lines if s == "stdout"]
     assert stdout == [f"line-{i}" for i in range(1, 121)]
@@ -105,6 +108,15 @@ def test_a_job_reports_started_logs_in_order_and_its_exit(make_runner):
     assert exit_report["log_total"] == 121
     # Batched: 121 lines went out in a handful of messages, not one per line.
     assert len(sender.of("jobs.report_logs")) < 20
+
+
+def test_a_longer_job_reports_its_start_before_its_end(make_runner):
+    runner, sender = make_runner()
+    runner.launch(request(19, "sh", "-c", "sleep 0.6"))
+    sender.wait(lambda: sender.of("jobs.report_started"))
+    assert not sender.of("jobs.report_exit")
+    report = sender.exit_of(19)
+    assert "started_at" not in report
 
 
 def test_cancel_sends_sigterm_then_reports_cancelled(make_runner):

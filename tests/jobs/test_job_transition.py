@@ -151,3 +151,30 @@ def test_racing_transitions_on_postgres_have_exactly_one_winner(alice, vision, f
     job.refresh_from_db()
     assert job.state == wins[0]
     assert JobEvent.objects.filter(job=job, from_state="running").count() == 1
+
+
+@pytest.mark.django_db
+def test_an_exit_that_carries_the_start_goes_straight_to_the_end_with_a_full_timeline(alice, vision, fleet, submit):
+    job = _start(submit(alice, vision), fleet)
+    began = timezone.now()
+    assert services.job_report_exit(
+        node_id=fleet["node01"].pk, job_id=job.pk, state="succeeded", reason="exit_code", exit_code=0,
+        message="", finished_at=timezone.now(), log_total=0, started_at=began, handle="pid:42",
+    )  # fmt: skip
+    job.refresh_from_db()
+    assert (job.state, job.handle, job.started_at) == ("succeeded", "pid:42", began)
+    assert list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True)) == [
+        "queued", "starting", "running", "succeeded",
+    ]  # fmt: skip
+    # The separate start report, arriving late, changes nothing and stops nothing.
+    assert services.job_report_started(node_id=fleet["node01"].pk, job_id=job.pk, handle="pid:42", at=began) == (
+        "ignored"
+    )
+
+
+@pytest.mark.django_db
+def test_a_start_report_for_a_job_the_portal_lost_asks_to_stop_it(alice, vision, fleet, submit):
+    job = _start(submit(alice, vision), fleet)
+    services.job_mark_lost(job=job, message="gone", allocation_end=timezone.now())
+    verdict = services.job_report_started(node_id=fleet["node01"].pk, job_id=job.pk, handle="c1", at=None)
+    assert verdict == "stop"
