@@ -1,4 +1,5 @@
-"""Celery tasks of the jobs app: agent reports (queue `control`) and the portal's own (queue `portal`).
+"""Celery tasks of the jobs app: agent reports (agents send them to queue `control`) and the portal's own (the
+default queue `portal`). Queues are chosen by the sender, not declared here (Celery deprecates task queues).
 
 Tasks take plain JSON, authenticate the node, and call services; a refused message is logged and dropped (a
 retry would be refused again). Every report is idempotent, so at-least-once delivery is fine.
@@ -31,7 +32,7 @@ def _stop_on_node(node_id: int, job_id: int) -> None:
         agent_send(node=node, task="agent.cancel_job", body={"job_id": job_id, "grace_s": float(conf.CANCEL_GRACE_S)})
 
 
-@shared_task(name="jobs.report_started", queue="control", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_started", time_limit=60, soft_time_limit=50, acks_late=True)
 def report_started(payload: dict[str, Any]) -> bool:
     try:
         msg = messages.check_started(payload)
@@ -46,7 +47,7 @@ def report_started(payload: dict[str, Any]) -> bool:
     return verdict == "running"
 
 
-@shared_task(name="jobs.report_logs", queue="control", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_logs", time_limit=60, soft_time_limit=50, acks_late=True)
 def report_logs(payload: dict[str, Any]) -> int:
     try:
         msg = messages.check_logs(payload)
@@ -63,7 +64,7 @@ def report_logs(payload: dict[str, Any]) -> int:
     return stored
 
 
-@shared_task(name="jobs.report_exit", queue="control", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_exit", time_limit=60, soft_time_limit=50, acks_late=True)
 def report_exit(payload: dict[str, Any]) -> bool:
     try:
         msg = messages.check_exit(payload)
@@ -85,7 +86,7 @@ def report_exit(payload: dict[str, Any]) -> bool:
     )
 
 
-@shared_task(name="jobs.report_inventory", queue="control", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_inventory", time_limit=60, soft_time_limit=50, acks_late=True)
 def report_inventory(payload: dict[str, Any]) -> dict[str, list[int]]:
     try:
         msg = messages.check_inventory(payload)
@@ -98,11 +99,11 @@ def report_inventory(payload: dict[str, Any]) -> dict[str, list[int]]:
     return services.node_reconcile(node=node, items=items, complete=msg.complete)
 
 
-@shared_task(name="jobs.sweep", queue="portal", time_limit=60, soft_time_limit=50)
+@shared_task(name="jobs.sweep", time_limit=60, soft_time_limit=50)
 def sweep() -> dict[str, int]:
     return services.jobs_sweep()
 
 
-@shared_task(name="jobs.stop_for_reservation", queue="portal", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.stop_for_reservation", time_limit=60, soft_time_limit=50, acks_late=True)
 def stop_for_reservation(reservation_id: int, team_id: int, gpu_ids: list[int]) -> list[int]:
     return services.jobs_stop_for_reservation(reservation_id=reservation_id, team_id=team_id, gpu_ids=gpu_ids)
