@@ -6,6 +6,8 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
@@ -27,24 +29,72 @@ class AnyValueField(serializers.Field):
         return value
 
 
+@extend_schema_field({"type": "array", "items": {"type": "string"}, "minItems": 1})
+class ArgvField(AnyValueField):
+    pass
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
+class EnvField(AnyValueField):
+    pass
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "host_path": {"type": "string"},
+                "container_path": {"type": "string"},
+                "read_only": {"type": "boolean", "default": True},
+            },
+            "required": ["host_path"],
+        },
+    }
+)
+class MountsField(AnyValueField):
+    pass
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class IntValueField(AnyValueField):
+    pass
+
+
+@extend_schema_field(OpenApiTypes.NUMBER)
+class NumberValueField(AnyValueField):
+    pass
+
+
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})
+class ModelsField(AnyValueField):
+    pass
+
+
+@extend_schema_field({"type": "string", "enum": ["none"]})
+class NetworkField(AnyValueField):
+    pass
+
+
 class JobInput(serializers.Serializer):
     """A job to submit. Types are checked by the service (one place for the messages)."""
 
     team = serializers.CharField(required=False, help_text="team slug; optional if you are in one team")
     name = serializers.CharField(required=False, allow_blank=True, max_length=200)
-    image = serializers.CharField()
-    command = AnyValueField(help_text='argv list, e.g. ["python", "train.py"]; never a shell string')
-    env = AnyValueField(required=False)
-    mounts = AnyValueField(required=False)
-    gpu_count = AnyValueField(required=False, help_text="whole GPUs on one node (default 1)")
-    gpu_model = AnyValueField(required=False, help_text="a model name, or a list of acceptable models")
-    gpu_models = AnyValueField(required=False)
-    cpus = AnyValueField(required=False)
-    memory_mib = AnyValueField(required=False)
-    max_duration_s = AnyValueField(required=False)
-    priority = AnyValueField(required=False)
-    reservation = AnyValueField(required=False, help_text="id of a reservation of the same team")
-    network = AnyValueField(required=False)
+    image = serializers.CharField(help_text="a name from GET /api/v1/images/")
+    command = ArgvField(help_text='argv list, e.g. ["python", "train.py"]; never a shell string')
+    env = EnvField(required=False, help_text="environment variables (POSIX names)")
+    mounts = MountsField(required=False, help_text="only mounts the image's allow-list names")
+    gpu_count = IntValueField(required=False, help_text="whole GPUs on one node (default 1)")
+    gpu_model = ModelsField(required=False, help_text="a model name, or a list of acceptable models")
+    gpu_models = ModelsField(required=False, help_text="acceptable models (alternative spelling)")
+    cpus = NumberValueField(required=False)
+    memory_mib = IntValueField(required=False)
+    max_duration_s = IntValueField(required=False, help_text="the job is stopped after this many seconds")
+    priority = IntValueField(required=False, help_text="within your team's allowance")
+    reservation = IntValueField(required=False, help_text="id of a reservation of the same team")
+    network = NetworkField(required=False, help_text="jobs run without a network")
 
 
 class JobGpuOutput(serializers.Serializer):
@@ -161,3 +211,12 @@ class LogLineOutput(serializers.ModelSerializer):
     class Meta:
         model = JobLogLine
         fields = ["seq", "stream", "at", "line"]
+
+
+class LogsOutput(serializers.Serializer):
+    job = serializers.IntegerField()
+    state = serializers.CharField()
+    lines = LogLineOutput(many=True)
+    last_seq = serializers.IntegerField(help_text="pass it as ?after= to get the next lines")
+    more = serializers.BooleanField(help_text="more lines are stored after these")
+    logs_complete = serializers.BooleanField(help_text="the job has ended and every line it printed is here")

@@ -16,7 +16,7 @@ from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveA
 from apps.core.errors import NotFound, ValidationFailed
 from apps.core.idempotency import idempotent
 from apps.jobs import selectors, services, validation
-from apps.jobs.api.serializers import ImageOutput, JobDetailOutput, JobInput, JobOutput, LogLineOutput
+from apps.jobs.api.serializers import ImageOutput, JobDetailOutput, JobInput, JobOutput, LogLineOutput, LogsOutput
 from apps.jobs.models import ContainerImage, Job
 
 MAX_LOG_LIMIT = 5000
@@ -141,7 +141,7 @@ class JobLogsView(PortalAPIView):
             OpenApiParameter("after", int, description="only lines with seq greater than this"),
             OpenApiParameter("limit", int, description=f"at most this many lines (max {MAX_LOG_LIMIT})"),
         ],
-        responses=LogLineOutput(many=True),
+        responses=LogsOutput,
     )
     def get(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get(user=request.user, job_id=job_id)
