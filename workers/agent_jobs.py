@@ -124,6 +124,22 @@ def make_runtime(kind: str, *, agent_name: str, events: RuntimeEvents, state_dir
 # --- The runner ----------------------------------------------------------------------------------------------
 
 
+class _RecentIds:
+    """A set of job ids that forgets the oldest beyond `limit` (an agent runs for months)."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self.limit = limit
+        self._ids: dict[int, None] = {}
+
+    def add(self, job_id: int) -> None:
+        self._ids[job_id] = None
+        if len(self._ids) > self.limit:
+            del self._ids[next(iter(self._ids))]
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._ids
+
+
 @dataclass
 class _LogState:
     epoch: str
@@ -151,9 +167,9 @@ class JobRunner:
         self._launching: set[int] = set()
         self._running: set[int] = set()
         self._gpus: dict[int, list[str]] = {}
-        self._cancelled_early: set[int] = set()
+        self._cancelled_early = _RecentIds()
         self._started: dict[int, tuple[str, float]] = {}  # started, not reported yet: (handle, time)
-        self._reported: set[int] = set()
+        self._reported = _RecentIds()  # ended here: a launch re-sent after the end must not run it again
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
