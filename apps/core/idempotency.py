@@ -1,9 +1,10 @@
 """`Idempotency-Key` for POSTs: a retried request gets the first answer, never a second write.
 
-The key is claimed by inserting a row under a unique constraint *before* the work runs (its own autocommit
-statement), so two concurrent requests with one key cannot both do the work: the loser sees the row and gets
-409 `idempotency_in_progress`, or the stored response once the first has finished. A key reused with a
-different body is refused (`idempotency_key_reused`). Server errors release the key so the client can retry.
+The key is claimed by inserting a row under a unique constraint before the work runs, in the same transaction
+as the work: two concurrent requests with one key cannot both do the work (the second waits on the claimed row,
+then gets the stored answer; `idempotency_in_progress` only where the database cannot make it wait), and a process
+killed mid-request leaves neither claim nor work, so the client's retry does it. A key reused with a different
+body is refused (`idempotency_key_reused`). Server errors leave no claim either: the client may retry.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.errors import Conflict, ValidationFailed
+from apps.core.errors import ApplicationError, Conflict, ValidationFailed
 from apps.core.models import IdempotencyRecord
 
 HEADER = "HTTP_IDEMPOTENCY_KEY"
@@ -32,6 +33,25 @@ Handler = Callable[..., Response]
 def _fingerprint(request: Request) -> str:
     body = json.dumps(request.data, sort_keys=True, default=str) if request.data is not None else ""
     return hashlib.sha256(f"{request.method} {request.path}\n{body}".encode()).hexdigest()
+
+
+class _Taken(Exception):
+    """Another request holds (or held) this key."""
+
+
+def _replay(
+    view: Any, request: Request, key: str, fingerprint: str, wrapper: Handler, *args: Any, **kwargs: Any
+) -> Response:
+    existing = IdempotencyRecord.objects.filter(user=request.user, key=key).first()
+    if existing is None:  # deleted between our insert and read: the first request failed; retry once
+        return wrapper(view, request, *args, **kwargs)
+    if existing.fingerprint != fingerprint:
+        raise Conflict("This Idempotency-Key was used with a different request.", code="idempotency_key_reused")
+    if existing.status_code is None:
+        raise Conflict("A request with this Idempotency-Key is still in progress.", code="idempotency_in_progress")
+    response = Response(existing.response_body, status=existing.status_code)
+    response["Idempotent-Replayed"] = "true"
+    return response
 
 
 def idempotent(handler: Handler) -> Handler:
@@ -46,49 +66,45 @@ def idempotent(handler: Handler) -> Handler:
             raise ValidationFailed("Idempotency-Key must be at most 255 characters.")
         fingerprint = _fingerprint(request)
         IdempotencyRecord.objects.filter(user=request.user, key=key, created_at__lt=timezone.now() - KEY_TTL).delete()
+        refusal: ApplicationError | None = None
         try:
+            # The claim and the work commit together: a process killed mid-request leaves neither (the retry
+            # does the work), never a claim stuck "in progress" or a write without its stored answer. A
+            # concurrent request with the same key waits on the claim's row until this one ends.
             with transaction.atomic():
-                record = IdempotencyRecord.objects.create(
-                    user=request.user,
-                    key=key,
-                    method=request.method or "POST",
-                    path=request.path,
-                    fingerprint=fingerprint,
-                )
-        except IntegrityError:
-            existing = IdempotencyRecord.objects.filter(user=request.user, key=key).first()
-            if existing is None:  # deleted between our insert and read: the first request failed; retry once
-                return wrapper(view, request, *args, **kwargs)
-            if existing.fingerprint != fingerprint:
-                raise Conflict(
-                    "This Idempotency-Key was used with a different request.", code="idempotency_key_reused"
-                ) from None
-            if existing.status_code is None:
-                raise Conflict(
-                    "A request with this Idempotency-Key is still in progress.", code="idempotency_in_progress"
-                ) from None
-            response = Response(existing.response_body, status=existing.status_code)
-            response["Idempotent-Replayed"] = "true"
-            return response
-
-        try:
-            response = handler(view, request, *args, **kwargs)
-        except Exception as exc:
-            from apps.core.errors import ApplicationError
-
-            if isinstance(exc, ApplicationError) and exc.status < 500:
-                IdempotencyRecord.objects.filter(pk=record.pk).update(
-                    status_code=exc.status, response_body=exc.as_body()
-                )
-            else:
-                IdempotencyRecord.objects.filter(pk=record.pk).delete()
-            raise
-        if response.status_code >= 500:
-            IdempotencyRecord.objects.filter(pk=record.pk).delete()
-        else:
-            IdempotencyRecord.objects.filter(pk=record.pk).update(
-                status_code=response.status_code, response_body=response.data
-            )
+                try:
+                    with transaction.atomic():
+                        record = IdempotencyRecord.objects.create(
+                            user=request.user,
+                            key=key,
+                            method=request.method or "POST",
+                            path=request.path,
+                            fingerprint=fingerprint,
+                        )
+                except IntegrityError:
+                    raise _Taken from None
+                try:
+                    with transaction.atomic():
+                        response = handler(view, request, *args, **kwargs)
+                except ApplicationError as exc:
+                    if exc.status >= 500:
+                        raise
+                    # The work was rolled back (its savepoint); the refusal is the stored answer.
+                    IdempotencyRecord.objects.filter(pk=record.pk).update(
+                        status_code=exc.status, response_body=exc.as_body()
+                    )
+                    refusal = exc
+                else:
+                    if response.status_code >= 500:
+                        transaction.set_rollback(True)  # nothing kept: the client may retry
+                    else:
+                        IdempotencyRecord.objects.filter(pk=record.pk).update(
+                            status_code=response.status_code, response_body=response.data
+                        )
+        except _Taken:
+            return _replay(view, request, key, fingerprint, wrapper, *args, **kwargs)
+        if refusal is not None:
+            raise refusal
         return response
 
     return wrapper

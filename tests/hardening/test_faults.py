@@ -236,12 +236,16 @@ def test_hung_redis_costs_requests_seconds_not_minutes(portal_db: Portal) -> Non
 # --- Web process killed mid-burst -------------------------------------------------------------------------
 
 
-async def _burst(url: str, users: list[dict[str, Any]], models: list[str], seconds: float) -> list[tuple[int, int]]:
-    """Clients booking as fast as they can until the server goes away; (id, gpu_count) of every 201."""
+async def _burst(
+    url: str, users: list[dict[str, Any]], models: list[str], seconds: float
+) -> tuple[list[tuple[int, int]], list[tuple[dict[str, str], dict[str, Any]]]]:
+    """Clients booking as fast as they can, each request with its own Idempotency-Key (also its note), until the
+    server goes away: (id, gpu_count) of every 201, and (headers, body) of every request left unanswered."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     booked: list[tuple[int, int]] = []
+    unanswered: list[tuple[dict[str, str], dict[str, Any]]] = []
 
     async def one(n: int) -> None:
         import json
@@ -250,21 +254,26 @@ async def _burst(url: str, users: list[dict[str, Any]], models: list[str], secon
         rng = random.Random(n)
         user = users[n % len(users)]
         conn = Connection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=10)
-        headers = {"Authorization": f"Bearer {user['token']}"}
         deadline = time.monotonic() + seconds
+        i = 0
         while time.monotonic() < deadline:
+            i += 1
+            key = f"kill-{n}-{i}"
+            headers = {"Authorization": f"Bearer {user['token']}", "Idempotency-Key": key}
             body = _booking(user["teams"][0], rng.choice(models), rng.randrange(1, 20))
             body["gpu_count"] = rng.choice((1, 2, 3))
+            body["note"] = key
             try:
                 status, content = await conn.request("POST", "/api/v1/reservations/", body=body, headers=headers)
             except HttpError:
+                unanswered.append((headers, body))
                 return  # the server is gone
             if status == 201:
                 doc = json.loads(content)
                 booked.append((int(doc["id"]), body["gpu_count"]))
 
     await asyncio.gather(*(one(n) for n in range(24)))
-    return booked
+    return booked, unanswered
 
 
 def test_web_killed_mid_booking_burst_leaves_only_whole_bookings(portal_db: Portal) -> None:
@@ -272,13 +281,13 @@ def test_web_killed_mid_booking_burst_leaves_only_whole_bookings(portal_db: Port
     users = [u for u in portal_db.seeded["users"] if not u["is_staff"]]
     try:
 
-        async def scenario() -> list[tuple[int, int]]:
+        async def scenario() -> tuple[list[tuple[int, int]], list[tuple[dict[str, str], dict[str, Any]]]]:
             burst = asyncio.ensure_future(_burst(server.url, users, portal_db.seeded["models"], 20))
             await asyncio.sleep(2.5)
             os.kill(server.proc.pid, signal.SIGKILL)
             return await burst
 
-        booked = asyncio.run(scenario())
+        booked, unanswered = asyncio.run(scenario())
         server.proc.wait(10)
     finally:
         server.stop()
@@ -300,6 +309,24 @@ def test_web_killed_mid_booking_burst_leaves_only_whole_bookings(portal_db: Port
             timeout=30,
         )
         assert resp.status_code == 201, resp.text[:300]
+        # The requests the kill left unanswered, retried with their Idempotency-Key as a client would: each is
+        # done now or was done before (replayed), never stuck "in progress", never done twice.
+        retried: dict[int, int] = {}
+        for headers, body in unanswered:
+            again_resp = requests.post(again.url + "/api/v1/reservations/", json=body, headers=headers, timeout=30)
+            retried[again_resp.status_code] = retried.get(again_resp.status_code, 0) + 1
+            if again_resp.status_code != 201:
+                assert again_resp.json()["code"] in {"conflict", "quota_exceeded"}, again_resp.text[:300]
+            else:
+                booked.append((int(again_resp.json()["id"]), body["gpu_count"]))
     finally:
         again.stop()
-    print(f"{len(booked)} bookings answered 201 before the kill; audit clean")
+    import psycopg
+
+    with psycopg.connect(portal_db.url) as conn:
+        twice = conn.execute(
+            "SELECT note, count(*) FROM booking_reservation WHERE note LIKE 'kill-%%' GROUP BY note HAVING count(*) > 1"
+        ).fetchall()
+    assert not twice, f"bookings done twice: {twice[:5]}"
+    assert not audit(portal_db.url, booked)
+    print(f"{len(booked)} bookings 201; {len(unanswered)} unanswered at the kill, retried: {retried}; audit clean")
