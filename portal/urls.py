@@ -32,5 +32,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
 
+handler400 = "apps.core.views.bad_request"
+handler403 = "apps.core.views.permission_denied"
 handler404 = "apps.core.views.not_found"
 handler500 = "apps.core.views.server_error"

@@ -14,6 +14,19 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "core/home.html", {"summary": selectors.home_summary(user=request.user)})
 
 
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's own 400s (a Host not in ALLOWED_HOSTS, other suspicious requests) never reach DRF."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "bad_request", "detail": "Bad request.", "fields": {}}, status=400)
+    return HttpResponse("Bad request.", status=400, content_type="text/plain")
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "forbidden", "detail": "Forbidden.", "fields": {}}, status=403)
+    return HttpResponse("Forbidden.", status=403, content_type="text/plain")
+
+
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse({"code": "not_found", "detail": "Not found.", "fields": {}}, status=404)

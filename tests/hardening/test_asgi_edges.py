@@ -7,6 +7,8 @@ import json
 from typing import Any
 from urllib.parse import urlparse
 
+import pytest
+
 from apps.core.body_limit import BodySizeLimit
 from apps.core.websocket import BrowserOriginValidator
 
@@ -95,3 +97,14 @@ def test_origin_check_admits_no_origin_and_own_hosts_only() -> None:
     assert validator.valid_origin(urlparse("http://127.0.0.1:8000"))
     assert not validator.valid_origin(urlparse("https://evil.example"))
     assert not validator.valid_origin(urlparse("https://portal.example.org.evil.example"))
+
+
+@pytest.mark.django_db
+def test_django_level_refusals_under_api_are_in_the_error_shape(settings: Any, client: Any) -> None:
+    """A Host that is not ours is refused by Django before DRF: production answers in the error shape too."""
+    settings.DEBUG = False
+    resp = client.get("/api/v1/me", HTTP_HOST="evil.example")
+    assert resp.status_code == 400
+    assert resp.json() == {"code": "bad_request", "detail": "Bad request.", "fields": {}}
+    page = client.get("/", HTTP_HOST="evil.example")
+    assert page.status_code == 400 and "Traceback" not in page.content.decode()
