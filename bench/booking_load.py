@@ -311,7 +311,7 @@ def audit(database_url: str, bookings: int) -> dict[str, Any]:
     return result
 
 
-def start_server(kind: str, workers: int, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_server(kind: str, workers: int, port: int, env: dict[str, str], quiet: bool) -> subprocess.Popen[bytes]:
     common = ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--no-access-log"]
     common += ["--log-level", "warning", "--http", "httptools", "--loop", "uvloop"]
     if kind == "asgi":
@@ -320,7 +320,29 @@ def start_server(kind: str, workers: int, port: int, env: dict[str, str]) -> sub
         argv = [PY, "-m", "uvicorn", "portal.wsgi:application", "--interface", "wsgi", *common]
     else:
         raise SystemExit(f"unknown server {kind!r}")
-    return subprocess.Popen(argv, cwd=REPO, env=env)
+    # Quiet: every 409 is logged as a warning by Django's request logger, which would flood the terminal.
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=out)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of a process and its children (uvicorn's workers), from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -352,6 +374,7 @@ def main() -> int:
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", DEFAULT_REDIS))
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     parser.add_argument("--json", action="store_true", help="print one JSON document at the end")
+    parser.add_argument("--verbose", action="store_true", help="show the server's log")
     args = parser.parse_args()
 
     if args.command == "seed":
@@ -363,8 +386,10 @@ def main() -> int:
         "DATABASE_URL": args.database_url,
         "REDIS_URL": args.redis_url,
         "DEBUG": "0",
-        "LOG_LEVEL": "ERROR",
-        "DB_CONN_MAX_AGE": "600",
+        "LOG_LEVEL": "WARNING" if args.verbose else "ERROR",
+        # Persistent connections for the threaded WSGI server; under ASGI every request runs on a new thread
+        # and would leave its connection open (Django's docs: no persistent connections under ASGI).
+        "DB_CONN_MAX_AGE": "600" if args.server == "wsgi" else "0",
         # The throttle would cap one client IP at 200 requests/s; this measures booking, not the throttle.
         "API_RATE_PER_IP": "10000000/min",
         "API_RATE_PER_TOKEN": "10000000/min",
@@ -389,7 +414,7 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(args.server, args.workers, port, env)
+    proc = start_server(args.server, args.workers, port, env, quiet=not args.verbose)
     try:
         wait_up(url, proc)
         print(
@@ -403,9 +428,15 @@ def main() -> int:
             uvloop.install()
         except ImportError:
             pass
+        server_cpu0, client_cpu0 = tree_cpu_seconds(proc.pid), time.process_time()
         result = asyncio.run(
             run_load(url, seeded, duration=args.duration, concurrency=args.concurrency, conflict=args.conflict)
         )
+        n = max(1, result["requests"])
+        result["cpu_ms_per_request"] = {
+            "server": round((tree_cpu_seconds(proc.pid) - server_cpu0) * 1000 / n, 2),
+            "client": round((time.process_time() - client_cpu0) * 1000 / n, 2),
+        }
     finally:
         proc.terminate()
         try:
@@ -424,6 +455,8 @@ def main() -> int:
         print(f"requests: {result['requests']}  statuses: {result['statuses']}  409 share: {result['conflict_share']}")
         for kind, v in lat.items():
             print(f"latency {kind:>3}: p50 {v['p50']} ms  p99 {v['p99']} ms")
+        cpu = result["cpu_ms_per_request"]
+        print(f"CPU per request: server {cpu['server']} ms, client {cpu['client']} ms (PostgreSQL not counted)")
         if result["unexpected"]:
             print(f"unexpected answers: {result['unexpected']}")
         print(f"audit: {json.dumps(result['audit'])}")

@@ -140,11 +140,12 @@ def _limits_from_json(rows: list[dict[str, Any]], months: Sequence[date]) -> dic
 def lock_usage(team_id: int, months: Sequence[date]) -> tuple[dict[date, UsageRow], dict[date, quota_math.Limits]]:
     """Lock the team's QuotaUsage rows of `months` (creating missing ones) in month order, and read the limits
     that apply to each month, in one statement; needs a transaction."""
-    params = {"team": team_id, "months": sorted(set(months))}
+    wanted = sorted(set(months))
+    params: dict[str, Any] = {"team": team_id, "months": wanted}
     with connection.cursor() as cursor:
         cursor.execute(_LOCK_USAGE_SQL, params)
         rows = cursor.fetchall()
-        if len(rows) < len(params["months"]):
+        if len(rows) < len(wanted):
             cursor.execute(_CREATE_USAGE_SQL, params)
             cursor.execute(_LOCK_USAGE_SQL, params)
             rows = cursor.fetchall()
@@ -152,7 +153,7 @@ def lock_usage(team_id: int, months: Sequence[date]) -> tuple[dict[date, UsageRo
     raw = rows[0][4] if rows else []
     if isinstance(raw, str):
         raw = json.loads(raw)
-    return usage, _limits_from_json(raw, params["months"])
+    return usage, _limits_from_json(raw, wanted)
 
 
 _INSERT_SQL = """

@@ -54,7 +54,7 @@ def team_for_booking(*, slug: str, user: Any) -> Team | None:
 
     from apps.accounts.models import Membership
 
-    member = Membership.objects.filter(team=OuterRef("pk"), user_id=getattr(user, "pk", None))
+    member = Membership.objects.filter(team=OuterRef("pk"), user_id=getattr(user, "pk", None) or 0)
     return Team.objects.filter(slug=slug).annotate(is_member=Exists(member)).first()
 
 

@@ -146,3 +146,111 @@ def booking_created_payload(result: Any) -> dict[str, Any]:
         "ended_at": dt(r.ended_at),
         "warnings": list(result.warnings),
     }
+
+
+# --- Output shapes of the read endpoints (for the OpenAPI schema; the views return selector dicts) -------------
+
+
+class AvailabilityModelOutput(serializers.Serializer):
+    model = serializers.CharField()
+    total = serializers.IntegerField()
+    free = serializers.IntegerField()
+    max_free_on_one_node = serializers.IntegerField()
+
+
+class CountsOutput(serializers.Serializer):
+    total = serializers.IntegerField()
+    free = serializers.IntegerField()
+
+
+class AvailabilityNodeOutput(serializers.Serializer):
+    node = serializers.CharField()
+    total = serializers.IntegerField()
+    free = serializers.IntegerField()
+    models = serializers.DictField(child=CountsOutput(), help_text="per GPU model on this node")
+
+
+class AvailabilityOutput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    models = AvailabilityModelOutput(many=True)
+    nodes = AvailabilityNodeOutput(many=True)
+
+
+class TimelineGpuOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    uuid = serializers.CharField()
+    node = serializers.CharField()
+    node_status = serializers.CharField()
+    index = serializers.IntegerField()
+    model = serializers.CharField()
+    status = serializers.CharField()
+    bookable = serializers.BooleanField()
+
+
+class TimelineSlotOutput(serializers.Serializer):
+    gpu_id = serializers.IntegerField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    team = serializers.CharField()
+    mine = serializers.BooleanField(help_text="held by one of your teams")
+    # Only for your teams' slots (and for admins):
+    kind = serializers.CharField(required=False)
+    reservation_id = serializers.IntegerField(required=False, allow_null=True)
+    job_id = serializers.IntegerField(required=False, allow_null=True)
+    user = serializers.CharField(required=False, allow_null=True)
+    note = serializers.CharField(required=False, allow_blank=True)
+    status = serializers.CharField(required=False, allow_null=True)
+
+
+class TimelineMaintenanceOutput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    gpu_id = serializers.IntegerField(allow_null=True)
+    node = serializers.CharField(allow_null=True)
+    reason = serializers.CharField(allow_blank=True)
+
+
+class TimelineOutput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    gpus = TimelineGpuOutput(many=True)
+    slots = TimelineSlotOutput(many=True)
+    maintenance = TimelineMaintenanceOutput(many=True)
+
+
+class QuotaLimitsOutput(serializers.Serializer):
+    gpu_hours = serializers.CharField(allow_null=True)
+    max_concurrent_gpus = serializers.IntegerField(allow_null=True)
+    allowed_models = serializers.ListField(child=serializers.CharField())
+    budget_soft = serializers.CharField(allow_null=True)
+    budget_hard = serializers.CharField(allow_null=True)
+
+
+class QuotaAmountOutput(serializers.Serializer):
+    gpu_hours = serializers.CharField(allow_null=True)
+    cost = serializers.CharField(allow_null=True)
+
+
+class QuotaRemainingOutput(serializers.Serializer):
+    gpu_hours = serializers.CharField(allow_null=True)
+    budget = serializers.CharField(allow_null=True)
+    budget_soft = serializers.CharField(allow_null=True)
+    concurrent_gpus = serializers.IntegerField(allow_null=True)
+
+
+class QuotaMonthOutput(serializers.Serializer):
+    month = serializers.CharField(help_text="YYYY-MM in the installation's time zone")
+    limits = QuotaLimitsOutput()
+    booked = QuotaAmountOutput()
+    remaining = QuotaRemainingOutput()
+    requested = QuotaAmountOutput()
+    exceeded = serializers.ListField(child=serializers.CharField())
+    warnings = serializers.ListField(child=serializers.CharField())
+
+
+class QuotaPreviewOutput(serializers.Serializer):
+    team = serializers.CharField()
+    currency = serializers.CharField()
+    fits = serializers.BooleanField()
+    months = QuotaMonthOutput(many=True)

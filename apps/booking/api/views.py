@@ -13,11 +13,14 @@ from rest_framework.response import Response
 from apps.accounts.models import Scope, Team
 from apps.booking import selectors, services
 from apps.booking.api.serializers import (
+    AvailabilityOutput,
     QuotaPreviewInput,
+    QuotaPreviewOutput,
     ReservationCreatedOutput,
     ReservationFilterInput,
     ReservationInput,
     ReservationOutput,
+    TimelineOutput,
     WindowInput,
     booking_created_payload,
 )
@@ -114,7 +117,7 @@ class ReservationDetailView(ScopedRetrieveAPIView):
     def base_queryset(self) -> QuerySet[Any]:
         return selectors.reservations_filter(Reservation.objects.all())
 
-    @extend_schema(responses=ReservationOutput)
+    @extend_schema(responses={200: ReservationOutput})
     def delete(self, request: Request, pk: int) -> Response:
         services.reservation_end(user=request.user, reservation_id=pk)
         reservation = selectors.reservations_visible_to(user=request.user).get(pk=pk)
@@ -124,7 +127,7 @@ class ReservationDetailView(ScopedRetrieveAPIView):
 class AvailabilityView(PortalAPIView):
     """Free and total bookable GPUs in [start, end), per model and per node."""
 
-    @extend_schema(parameters=[WindowInput])
+    @extend_schema(parameters=[WindowInput], responses=AvailabilityOutput)
     def get(self, request: Request) -> Response:
         payload = WindowInput(data=request.query_params)
         payload.is_valid(raise_exception=True)
@@ -136,7 +139,7 @@ class AvailabilityView(PortalAPIView):
 class TimelineView(PortalAPIView):
     """GPUs and who holds them in [start, end): your teams' slots in detail, other teams' by team name only."""
 
-    @extend_schema(parameters=[WindowInput])
+    @extend_schema(parameters=[WindowInput], responses=TimelineOutput)
     def get(self, request: Request) -> Response:
         payload = WindowInput(data=request.query_params)
         payload.is_valid(raise_exception=True)
@@ -148,7 +151,7 @@ class QuotaPreviewView(PortalAPIView):
     """A team's quota per month with what is booked and left; with start, end, gpu_count (and gpu_model), what
     such a booking would count and whether it fits."""
 
-    @extend_schema(parameters=[QuotaPreviewInput])
+    @extend_schema(parameters=[QuotaPreviewInput], responses=QuotaPreviewOutput)
     def get(self, request: Request) -> Response:
         payload = QuotaPreviewInput(data=request.query_params)
         payload.is_valid(raise_exception=True)
