@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-CHANNEL = "fleet:snapshots"  # apps.telemetry.keys.SNAPSHOTS_CHANNEL (imported lazily below: no Django needed here)
 SNAPSHOT_LAST = "fleet:snapshot:last"
 
 MODELS = (("H100-80GB", 81559, 700.0), ("A100-80GB", 81920, 400.0), ("L40S", 46068, 350.0))
@@ -124,16 +123,19 @@ class SyntheticPublisher:
         make: Callable[[int, float], dict[str, Any]],
         *,
         rate: float = 1.0,
-        channel: str = CHANNEL,
+        channel: str | None = None,
         last_key: str = SNAPSHOT_LAST,
         first_seq: int = 1,
     ) -> None:
         import redis
 
+        from apps.telemetry.keys import snapshots_channel_for_db  # no Django import at module level there
+        from portal.redis_url import RedisTarget
+
         self._redis = redis.Redis.from_url(redis_url)
         self._make = make
         self._period = 1.0 / rate
-        self._channel = channel
+        self._channel = channel or snapshots_channel_for_db(RedisTarget.parse(redis_url).db)
         self._last_key = last_key
         self.seq = first_seq - 1
         self.published = 0

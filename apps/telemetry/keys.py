@@ -33,7 +33,25 @@ HISTORY_TTL_S = 600
 # --- Snapshots published once a second -----------------------------------------------------------------------
 # Pub/sub channel. One JSON `Snapshot` message per second from `manage.py fleet_publisher`. Pub/sub has no replay:
 # a subscriber that reconnects reads SNAPSHOT_LAST to have something to show at once.
-SNAPSHOTS_CHANNEL = "fleet:snapshots"
+
+
+def snapshots_channel_for_db(db: int) -> str:
+    """Pub/sub ignores the database number, so two installations (or test runs) sharing one Redis server on
+    different databases would hear each other's snapshots: the channel name carries the database."""
+    return "fleet:snapshots" if db == 0 else f"fleet:snapshots:db{db}"
+
+
+def _snapshots_channel() -> str:
+    try:
+        from django.conf import settings
+
+        db = int(settings.REDIS.db)
+    except Exception:  # outside Django (benchmarks): the default database
+        db = 0
+    return snapshots_channel_for_db(db)
+
+
+SNAPSHOTS_CHANNEL = _snapshots_channel()
 SNAPSHOT_LAST = "fleet:snapshot:last"  # string: the last published snapshot (same JSON), SET with EX 10
 SNAPSHOT_SEQ = "fleet:snapshot:seq"  # INCR counter behind `seq`: monotonic across publisher restarts
 
