@@ -108,3 +108,21 @@ def test_django_level_refusals_under_api_are_in_the_error_shape(settings: Any, c
     assert resp.json() == {"code": "bad_request", "detail": "Bad request.", "fields": {}}
     page = client.get("/", HTTP_HOST="evil.example")
     assert page.status_code == 400 and "Traceback" not in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_session_writes_to_the_api_need_the_csrf_token(bob: Any) -> None:
+    """A signed-in browser's cookie alone cannot write through the API (cross-site request forgery)."""
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(bob)
+    body = json.dumps({"name": "forged", "scopes": ["read"]})
+    forged = browser.post("/api/v1/tokens/", body, content_type="application/json")
+    assert forged.status_code == 403
+    assert forged.json()["code"] == "forbidden"
+    assert browser.get("/api/v1/me").status_code == 200  # reads need no token
+    browser.get("/accounts/settings/")  # any page sets the CSRF cookie
+    token = browser.cookies["csrftoken"].value
+    made = browser.post("/api/v1/tokens/", body, content_type="application/json", HTTP_X_CSRFTOKEN=token)
+    assert made.status_code == 201, made.content[:200]
