@@ -11,6 +11,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 # next request, only left for the garbage collector (Django's docs: disable persistent connections under ASGI).
 # Celery workers and the scheduler, single-threaded and long-lived, keep theirs (DB_CONN_MAX_AGE).
 os.environ.setdefault("DB_CONN_MAX_AGE", "0")
+os.environ.setdefault("DB_STATEMENT_TIMEOUT_MS", "30000")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -105,6 +105,13 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {})
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 3)
+    # Longest statement (lock waits included) a process may run; 0 = no limit. The web process sets 30 s
+    # (portal/asgi.py): a request stuck behind a lock fails with 503 instead of holding its slot forever.
+    _statement_timeout_ms = env_int("DB_STATEMENT_TIMEOUT_MS", 0)
+    if _statement_timeout_ms > 0:
+        _pg_options = DATABASES["default"]["OPTIONS"].get("options", "")
+        _pg_options = f"{_pg_options} -c statement_timeout={_statement_timeout_ms}"
+        DATABASES["default"]["OPTIONS"]["options"] = _pg_options.strip()
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

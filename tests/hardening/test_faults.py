@@ -146,6 +146,28 @@ def test_database_outage_is_503_in_shape_and_recovers_without_restart(portal_db:
     print(f"recovered {took:.2f}s after PostgreSQL came back")
 
 
+def test_request_stuck_behind_a_lock_fails_after_the_statement_timeout(portal_db: Portal) -> None:
+    """Someone holds a lock the API needs (a long migration, a stuck admin session): requests answer 503 in the
+    error shape after DB_STATEMENT_TIMEOUT_MS instead of hanging, and carry on once the lock is gone."""
+    import psycopg
+
+    server = start_web(database_url=portal_db.url, env={"DB_STATEMENT_TIMEOUT_MS": "500"})
+    try:
+        me = server.url + "/api/v1/me"
+        assert requests.get(me, headers=portal_db.bearer, timeout=10).status_code == 200
+        with psycopg.connect(portal_db.url) as holder:
+            holder.execute("LOCK TABLE accounts_apitoken IN ACCESS EXCLUSIVE MODE")
+            began = time.monotonic()
+            stuck = requests.get(me, headers=portal_db.bearer, timeout=30)
+            waited = time.monotonic() - began
+            holder.rollback()
+        _assert_unavailable(stuck)
+        assert waited < 5, waited
+        assert requests.get(me, headers=portal_db.bearer, timeout=10).status_code == 200
+    finally:
+        server.stop()
+
+
 # --- Redis restart ----------------------------------------------------------------------------------------
 
 
