@@ -101,6 +101,7 @@ def _reservations() -> None:
                     gpu_count=count,
                     gpu_model=model,
                     note=DEMO_NOTE + note,
+                    include_offline=True,  # the local agent may not have connected yet
                 )
                 break
             except ApplicationError as exc:  # not enough of this model, or not allowed: try the next

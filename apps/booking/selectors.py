@@ -65,9 +65,13 @@ def local_tz() -> ZoneInfo:
 # --- GPUs: eligible, busy, free --------------------------------------------------------------------------
 
 
-def bookable_gpus(*, model: GpuModel | None = None) -> QuerySet[Gpu]:
-    """GPUs that can be booked at all: healthy, on an online node (optionally of one model)."""
-    qs = Gpu.objects.filter(status=GpuStatus.OK, node__status=NodeStatus.ONLINE)
+def bookable_gpus(*, model: GpuModel | None = None, include_offline: bool = False) -> QuerySet[Gpu]:
+    """GPUs that can be booked at all: healthy, on an online node (optionally of one model). `include_offline`:
+    also GPUs that are only offline (a node not connected yet), for loading data ahead; never lost ones."""
+    if include_offline:
+        qs = Gpu.objects.exclude(status=GpuStatus.LOST)
+    else:
+        qs = Gpu.objects.filter(status=GpuStatus.OK, node__status=NodeStatus.ONLINE)
     if model is not None:
         qs = qs.filter(model=model)
     return qs

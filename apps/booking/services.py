@@ -561,7 +561,9 @@ def _resolve_model(gpu_model: str | GpuModel | None) -> GpuModel:
     return model
 
 
-def _resolve_gpus(gpus: Sequence[str | Gpu], start: datetime, end: datetime) -> list[GpuInfo]:
+def _resolve_gpus(
+    gpus: Sequence[str | Gpu], start: datetime, end: datetime, *, include_offline: bool = False
+) -> list[GpuInfo]:
     """The GPUs named, in order; 404 for unknown ones, 400 for ones that cannot be booked. On PostgreSQL one
     query that also says whether each is held or under maintenance in [start, end)."""
     wanted = [g.uuid if isinstance(g, Gpu) else str(g) for g in gpus]
@@ -574,7 +576,10 @@ def _resolve_gpus(gpus: Sequence[str | Gpu], start: datetime, end: datetime) -> 
     unknown = [u for u in wanted if u not in rows]
     if unknown:
         raise NotFound(f"Unknown GPU(s): {', '.join(unknown)}.", fields={"gpus": [f"Unknown: {', '.join(unknown)}."]})
-    down = [u for u in wanted if rows[u].status != GpuStatus.OK or rows[u].node_status != NodeStatus.ONLINE]
+    if include_offline:
+        down = [u for u in wanted if rows[u].status == GpuStatus.LOST]
+    else:
+        down = [u for u in wanted if rows[u].status != GpuStatus.OK or rows[u].node_status != NodeStatus.ONLINE]
     if down:
         raise ValidationFailed(
             f"GPU(s) not available for booking (offline, lost or node not online): {', '.join(down)}.",
@@ -665,12 +670,24 @@ def _lock_model(model_id: int) -> None:
 
 
 def _place_locked(
-    *, model: GpuModel, count: int, start: datetime, end: datetime, policy: BookingPolicy, team: Team, user: Any
+    *,
+    model: GpuModel,
+    count: int,
+    start: datetime,
+    end: datetime,
+    policy: BookingPolicy,
+    team: Team,
+    user: Any,
+    include_offline: bool = False,
 ) -> list[GpuInfo]:
     """Pick `count` free GPUs of `model` for [start, end) under the model's placement lock (inside the
     caller's transaction); 409 when there are not enough."""
     _lock_model(model.pk)
-    pool = list(selectors.bookable_gpus(model=model).select_related("node", "model").order_by("node__name", "index"))
+    pool = list(
+        selectors.bookable_gpus(model=model, include_offline=include_offline)
+        .select_related("node", "model")
+        .order_by("node__name", "index")
+    )
     taken = selectors.busy_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in pool])
     taken |= selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in pool])
     sizes: dict[str, int] = {}
@@ -702,6 +719,7 @@ def reservation_create(
     gpu_model: str | GpuModel | None = None,
     gpus: Sequence[str | Gpu] | None = None,
     note: str = "",
+    include_offline: bool = False,
 ) -> BookingResult:
     """Book `gpu_count` GPUs of `gpu_model` (placed: one node where possible, best fit) or exactly `gpus`
     (uuids) for `team` over [start, end).
@@ -712,6 +730,8 @@ def reservation_create(
     `quota_exceeded`), the allocations (GPU locks + check + exclusion constraint; 409 `conflict`), the audit entry.
     A placed booking that loses its GPUs to a concurrent one is placed again (a few times) before 409.
     A booking starting now is active at once and its node agents are told after commit.
+    `include_offline` (not exposed over the API): also book GPUs that are merely offline, e.g. demo data loaded
+    before the node agent connects.
     """
     now = timezone.now()
     policy = selectors.booking_policy()
@@ -728,7 +748,7 @@ def reservation_create(
     explicit: list[GpuInfo] | None = None
     model: GpuModel | None = None
     if gpus:
-        explicit = _resolve_gpus(gpus, start, end)
+        explicit = _resolve_gpus(gpus, start, end, include_offline=include_offline)
         if gpu_count is not None and gpu_count != len(explicit):
             raise ValidationFailed(
                 "gpu_count does not match the GPUs named.", fields={"gpu_count": ["Equals the number of GPUs."]}
@@ -746,7 +766,9 @@ def reservation_create(
             raise ValidationFailed("Book at least one GPU.", fields={"gpu_count": ["At least 1."]})
         count = gpu_count
         per_node: dict[int, int] = {}
-        for node_id in selectors.bookable_gpus(model=model).values_list("node_id", flat=True):
+        for node_id in selectors.bookable_gpus(model=model, include_offline=include_offline).values_list(
+            "node_id", flat=True
+        ):
             per_node[node_id] = per_node.get(node_id, 0) + 1
         most = max(per_node.values(), default=0) if not policy.allow_multi_node else sum(per_node.values())
         if count > most:
@@ -779,7 +801,14 @@ def reservation_create(
                 else:
                     assert model is not None
                     chosen = _place_locked(
-                        model=model, count=count, start=start, end=end, policy=policy, team=team, user=user
+                        model=model,
+                        count=count,
+                        start=start,
+                        end=end,
+                        policy=policy,
+                        team=team,
+                        user=user,
+                        include_offline=include_offline,
                     )
                 rate = sum((g.hourly_price for g in chosen), Decimal("0"))
                 audit_data = {
