@@ -88,7 +88,9 @@ TEMPLATES = [
 # --- Database -----------------------------------------------------------------------------------------
 _sqlite_path = VAR_DIR / "portal.sqlite3"
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_sqlite_path}")
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+# Persistent connections stay off by default: under ASGI each request's sync code may run on a new thread, and
+# every thread would keep its own connection open until max_connections is exhausted (Django's docs say the same).
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # SQLite cannot create the folder of its file
     DATABASES["default"]["CONN_MAX_AGE"] = 0
