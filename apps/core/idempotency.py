@@ -42,7 +42,7 @@ class _Taken(Exception):
 def _replay(
     view: Any, request: Request, key: str, fingerprint: str, wrapper: Handler, *args: Any, **kwargs: Any
 ) -> Response:
-    existing = IdempotencyRecord.objects.filter(user_id=request.user.pk, key=key).first()
+    existing = IdempotencyRecord.objects.filter(user_id=int(request.user.pk or 0), key=key).first()
     if existing is None:  # deleted between our insert and read: the first request failed; retry once
         return wrapper(view, request, *args, **kwargs)
     if existing.fingerprint != fingerprint:
