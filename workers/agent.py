@@ -61,6 +61,7 @@ class AgentConfig:
     simulate_busy: int = 0  # simulated backend: GPUs given a trace workload at start (demos, benchmarks)
     concurrency: int = 4
     telemetry_via: str = "stream"  # stream (Redis stream fleet:ingest, batched by the portal) | celery
+    runtime: str = ""  # auto | docker | process; empty = GPUPORTAL_RUNTIME or auto (workers/agent_jobs.py)
 
 
 def choose_backend(cfg: AgentConfig) -> tuple[GpuBackend, str]:
@@ -275,6 +276,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         help="stream: Redis stream fleet:ingest, read in batches by manage.py ingest_telemetry (default); "
         "celery: one telemetry.ingest task per second on queue control",
     )
+    p.add_argument(
+        "--runtime",
+        choices=["auto", "docker", "process"],
+        default=os.environ.get("GPUPORTAL_RUNTIME", "auto"),
+        help="how jobs run: docker (the NVIDIA Container Toolkit on GPU nodes), process, or auto (docker if an "
+        "engine answers); also GPUPORTAL_RUNTIME",
+    )
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     if not a.token:
@@ -306,6 +314,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         simulate_busy=max(0, a.simulate_busy),
         concurrency=max(1, a.concurrency),
         telemetry_via=a.telemetry_via,
+        runtime=a.runtime,
     )
     return cfg, a.log_level
 
