@@ -20,26 +20,20 @@ def test_wrong_method_is_405_in_shape(alice, api_as):
     assert set(resp.json()) >= {"code", "detail", "fields"}
 
 
-def test_throttled_is_429_with_retry_after(alice, api_as, settings):
-    from rest_framework.settings import api_settings
-
-    rates = dict(settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], token="3/min")
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
-    api_settings.reload()
+def test_throttled_is_429_with_retry_after(alice, api_as, monkeypatch):
     from apps.core.api import throttling
 
-    throttling.TokenRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
-    try:
-        client = api_as(alice, ["read"])
-        statuses = [client.get("/api/v1/me").status_code for _ in range(5)]
-        assert statuses[:3] == [200, 200, 200]
-        resp = client.get("/api/v1/me")
-        assert resp.status_code == 429
-        assert resp.json()["code"] == "throttled"
-        assert int(resp["Retry-After"]) >= 1
-    finally:
-        throttling.TokenRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
-        api_settings.reload()
+    # SimpleRateThrottle reads THROTTLE_RATES from the class; monkeypatch restores the original after the test,
+    # so later tests keep the real rates.
+    rates = {**throttling.TokenRateThrottle.THROTTLE_RATES, "token": "3/min"}
+    monkeypatch.setattr(throttling.TokenRateThrottle, "THROTTLE_RATES", rates)
+    client = api_as(alice, ["read"])
+    statuses = [client.get("/api/v1/me").status_code for _ in range(3)]
+    assert statuses == [200, 200, 200]
+    resp = client.get("/api/v1/me")
+    assert resp.status_code == 429
+    assert resp.json()["code"] == "throttled"
+    assert int(resp["Retry-After"]) >= 1
 
 
 def test_unsupported_media_type_is_415_in_shape(alice, api_as):
