@@ -136,3 +136,15 @@ def test_without_a_month_it_is_the_current_one(october, api_as, admin):
     from apps.billing.selectors import current_month, month_label
 
     assert api_as(admin).get(URL).json()["month"] == month_label(current_month())
+
+
+@pytest.mark.django_db
+def test_csv_format_errors_and_options_answer_json_in_error_shape(admin, api_as):
+    client = api_as(admin)
+    bad = client.get("/api/v1/reports/monthly/?month=2020-13&format=csv")
+    assert bad.status_code == 400
+    assert bad["Content-Type"].startswith("application/json")
+    assert bad.json()["code"] == "invalid"
+    options = client.options("/api/v1/reports/monthly/?format=csv")
+    assert options.status_code == 200
+    assert options["Content-Type"].startswith("application/json")

@@ -100,6 +100,14 @@ class MonthlyReportView(PortalAPIView):
             response["Content-Disposition"] = f'attachment; filename="{name}"'
         return response
 
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        # Only a report is CSV: errors and OPTIONS metadata asked for with format=csv leave as JSON in the error
+        # shape (the CSV renderer would otherwise be handed a body that is not a report).
+        if request.method != "GET" or getattr(response, "status_code", 200) >= 300:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)
+
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         wanted = request.query_params.get("format")
         if wanted and wanted not in {"json", "csv"}:
@@ -107,13 +115,6 @@ class MonthlyReportView(PortalAPIView):
             request.accepted_media_type = "application/json"
             raise ValidationFailed("format must be json or csv.", fields={"format": ["json or csv."]})
         return super().perform_content_negotiation(request, force)
-
-    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
-        # Errors always leave as JSON in the error shape, whatever format was asked for.
-        if getattr(response, "status_code", 200) >= 400:
-            request.accepted_renderer = JSONRenderer()
-            request.accepted_media_type = "application/json"
-        return super().finalize_response(request, response, *args, **kwargs)
 
 
 class PriceListCreateView(ScopedListAPIView):
