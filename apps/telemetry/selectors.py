@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from apps.core.redis import get_redis
+from apps.core.redis import get_redis, get_request_redis
 from apps.telemetry import keys
 from apps.telemetry.models import GpuHourlyRollup, GpuRollup
 
@@ -33,7 +33,8 @@ def latest_samples(uuids: Iterable[str]) -> dict[str, keys.LatestSample]:
     if not uuids:
         return {}
     try:
-        raw = get_redis().hmget(keys.LATEST, uuids)
+        # The request path's client (short timeout, no retries): a hung Redis must not hold a page for 15 s.
+        raw = get_request_redis().hmget(keys.LATEST, uuids)
     except Exception:
         return {}
     out: dict[str, keys.LatestSample] = {}
@@ -64,7 +65,11 @@ def is_stale(sample: keys.LatestSample | None, *, now: float | None = None) -> b
 def raw_history(uuid: str, *, limit: int | None = None) -> list[dict[str, Any]]:
     """The last samples of a GPU (oldest first), from its Redis list."""
     n = limit or settings.TELEMETRY_HISTORY_SAMPLES
-    return keys.decode_hist(get_redis().lrange(keys.hist_key(uuid), 0, n - 1))
+    try:
+        raw = get_request_redis().lrange(keys.hist_key(uuid), 0, n - 1)
+    except Exception:  # Redis unreachable: no live history, the rollups still answer
+        return []
+    return keys.decode_hist(raw)
 
 
 def rollup_history(*, gpu_id: int, since: datetime, resolution: str) -> list[dict[str, Any]]:
