@@ -85,21 +85,55 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
                 rows = []
                 for uuid in node["gpus"]:
                     util = rng.randrange(101)
-                    rows.append([uuid, util, 1000 + util * 700, 81920, 30 + util // 3, round(60 + util * 3.4, 1),
-                                 1410 if util else 210, round(util / 250, 3)])
-                message = {"type": "telemetry", "v": 1, "node": node["name"], "token": node["token"],
-                           "ts": round(now, 3), "seq": seq, "f": fields, "g": rows}
+                    rows.append(
+                        [
+                            uuid,
+                            util,
+                            1000 + util * 700,
+                            81920,
+                            30 + util // 3,
+                            round(60 + util * 3.4, 1),
+                            1410 if util else 210,
+                            round(util / 250, 3),
+                        ]
+                    )
+                message = {
+                    "type": "telemetry",
+                    "v": 1,
+                    "node": node["name"],
+                    "token": node["token"],
+                    "ts": round(now, 3),
+                    "seq": seq,
+                    "f": fields,
+                    "g": rows,
+                }
                 if path == "stream":
-                    stream.xadd(TELEMETRY_STREAM, {"m": json.dumps(message, separators=(",", ":"))},
-                                maxlen=TELEMETRY_STREAM_MAXLEN, approximate=True)
+                    stream.xadd(
+                        TELEMETRY_STREAM,
+                        {"m": json.dumps(message, separators=(",", ":"))},
+                        maxlen=TELEMETRY_STREAM_MAXLEN,
+                        approximate=True,
+                    )
                 else:
-                    app.send_task("telemetry.ingest", args=[message], queue="control", expires=TELEMETRY_EXPIRES_S,
-                                  ignore_result=True, producer=producer)
+                    app.send_task(
+                        "telemetry.ingest",
+                        args=[message],
+                        queue="control",
+                        expires=TELEMETRY_EXPIRES_S,
+                        ignore_result=True,
+                        producer=producer,
+                    )
                 sent += 1
                 if k % hb_every == i % hb_every:
                     hb = {"node": node["name"], "token": node["token"], "ts": round(now, 3), "agent_version": "bench"}
-                    app.send_task("fleet.heartbeat", args=[hb], queue="control", expires=heartbeat_s * 3,
-                                  ignore_result=True, producer=producer)
+                    app.send_task(
+                        "fleet.heartbeat",
+                        args=[hb],
+                        queue="control",
+                        expires=heartbeat_s * 3,
+                        ignore_result=True,
+                        producer=producer,
+                    )
             seq += 1
             k += 1
     print(json.dumps({"sent_telemetry": sent}), flush=True)
@@ -126,8 +160,14 @@ def setup(nodes: int, gpus_per_node: int) -> list[dict[str, Any]]:
         name = f"bench-{i:03d}"
         node, token = services.node_token_issue(node_name=name)
         reports = [
-            GpuReport(uuid=f"GPU-bench-{i:03d}-{j}", index=j, model=spec.key, name=spec.nvml_names[0],
-                      memory_mib=spec.memory_mib, mig_mode=False)
+            GpuReport(
+                uuid=f"GPU-bench-{i:03d}-{j}",
+                index=j,
+                model=spec.key,
+                name=spec.nvml_names[0],
+                memory_mib=spec.memory_mib,
+                mig_mode=False,
+            )
             for j in range(gpus_per_node)
         ]
         services.node_register(node_id=node.pk, gpus=reports, agent_version="bench")
@@ -189,33 +229,75 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "control", "-P", "solo", "-n",
-         f"bench-ingest-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "-l",
-         "WARNING"],
-        cwd=REPO, env=env,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "-Q",
+            "control",
+            "-P",
+            "solo",
+            "-n",
+            f"bench-ingest-{os.getpid()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "WARNING",
+        ],
+        cwd=REPO,
+        env=env,
     )
     ingest = None
     if a.path == "stream":
-        ingest = subprocess.Popen([sys.executable, "manage.py", "ingest_telemetry"], cwd=REPO, env=env,
-                                  stdout=subprocess.DEVNULL)
+        ingest = subprocess.Popen(
+            [sys.executable, "manage.py", "ingest_telemetry"], cwd=REPO, env=env, stdout=subprocess.DEVNULL
+        )
     consumer = ingest or worker
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "nodes.json"
         spec.write_text(json.dumps({"nodes": nodes}))
         total = a.warmup + a.seconds + 2
         gen = subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet_ingest", "--generate", str(spec), "--seconds", str(total),
-             "--heartbeat", str(a.heartbeat), "--path", a.path],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "bench.fleet_ingest",
+                "--generate",
+                str(spec),
+                "--seconds",
+                str(total),
+                "--heartbeat",
+                str(a.heartbeat),
+                "--path",
+                a.path,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             time.sleep(a.warmup)
-            s0, c0, g0, h0, w0 = (stats(r), cpu_seconds(consumer.pid), cpu_seconds(gen.pid),
-                                  cpu_seconds(worker.pid), time.monotonic())
+            s0, c0, g0, h0, w0 = (
+                stats(r),
+                cpu_seconds(consumer.pid),
+                cpu_seconds(gen.pid),
+                cpu_seconds(worker.pid),
+                time.monotonic(),
+            )
             q0 = backlog(r, a.path)
             time.sleep(a.seconds)
-            s1, c1, g1, h1, w1 = (stats(r), cpu_seconds(consumer.pid), cpu_seconds(gen.pid),
-                                  cpu_seconds(worker.pid), time.monotonic())
+            s1, c1, g1, h1, w1 = (
+                stats(r),
+                cpu_seconds(consumer.pid),
+                cpu_seconds(gen.pid),
+                cpu_seconds(worker.pid),
+                time.monotonic(),
+            )
             q1 = backlog(r, a.path)
             from apps.telemetry.selectors import all_latest_samples
 

@@ -1,4 +1,3 @@
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -85,4 +84,3 @@ class GpuAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{gpu.uuid}: {exc.detail}", level=messages.ERROR)
         if sent:
             self.message_user(request, f"Probe requested on {sent} GPU(s); results appear on each GPU.")
-

@@ -4,7 +4,7 @@ conflict refused inline, pick a GPU by dragging on its row, cancel from "my rese
 from __future__ import annotations
 
 import shutil
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -109,22 +109,44 @@ def test_quota_refusal_is_shown_with_what_is_left(page, fleet, vision):
     assert "3.00 GPU-h left" in page.inner_text("#book-error")
 
 
-def test_drag_on_a_row_picks_that_gpu_and_cancel(page, fleet):
+def test_a_drag_over_past_hours_keeps_its_length_from_now(page, fleet):
+    # The browser's clock says 22:00 today; the drag covers 18:00 -> 21:00, all of it already past.
+    today = page.evaluate("(() => { const d = new Date(); d.setHours(22, 0, 0, 0); return d.getTime(); })()")
+    page.clock.set_fixed_time(today / 1000)
     page.select_option("#tl-days", "1")
     page.wait_for_timeout(300)
     track = page.locator('.tl-row[data-gpu-uuid="GPU-small-5"] .tl-track')
     box = track.bounding_box()
     y = box["y"] + box["height"] / 2
-    # Today 18:00 -> 21:00 on a one-day timeline (the page's default window starts at local midnight).
-    page.mouse.move(box["x"] + box["width"] * 18 / 24 + 2, y)
+    page.mouse.move(box["x"] + box["width"] * 18 / 24 + 1, y)
     page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] * 21 / 24 - 2, y, steps=5)
+    page.mouse.move(box["x"] + box["width"] * 21 / 24 - 1, y, steps=5)
+    page.mouse.up()
+    start_value, end_value = page.input_value("#book-start"), page.input_value("#book-end")
+    assert start_value.endswith("T22:00"), start_value
+    assert end_value.endswith("T01:00") and end_value > start_value, end_value
+
+
+def test_drag_on_a_row_picks_that_gpu_and_cancel(page, fleet):
+    page.select_option("#tl-days", "3")
+    page.wait_for_timeout(300)
+    track = page.locator('.tl-row[data-gpu-uuid="GPU-small-5"] .tl-track')
+    box = track.bounding_box()
+    y = box["y"] + box["height"] / 2
+    # Tomorrow 18:00 -> 21:00 on a three-day timeline (the page's window starts at local midnight
+    # today). Tomorrow, so that the drag is in the future whatever the time of day the test runs.
+    page.mouse.move(box["x"] + box["width"] * (24 + 18) / 72 + 1, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * (24 + 21) / 72 - 1, y, steps=5)
     page.mouse.up()
     assert not page.locator("#book-picked").is_hidden()
     assert "small/5" in page.inner_text("#book-picked")
     start_value = page.input_value("#book-start")
     end_value = page.input_value("#book-end")
-    assert start_value.endswith(("T18:00",)) or start_value < end_value
+    # The browser context runs in UTC (the page fixture), so tomorrow is tomorrow's UTC date.
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).date().isoformat()
+    assert start_value.startswith(f"{tomorrow}T18:") and end_value.startswith(f"{tomorrow}T2"), (start_value, end_value)
+    assert start_value < end_value
     page.click("#book-submit")
     page.wait_for_selector("#book-success:not([hidden])")
     r = Reservation.objects.get()

@@ -174,8 +174,10 @@ def start_stack(
     )
     try:
         wait_for(
-            lambda: Node.objects.filter(name__in=names, status=NodeStatus.ONLINE).count() == nodes
-            and Gpu.objects.filter(node__name__in=names, status="ok").count() == nodes * gpus,
+            lambda: (
+                Node.objects.filter(name__in=names, status=NodeStatus.ONLINE).count() == nodes
+                and Gpu.objects.filter(node__name__in=names, status="ok").count() == nodes * gpus
+            ),
             90,
             "the nodes online with their GPUs",
             stack.procs,

@@ -48,6 +48,9 @@ from .base import (
 
 logger = logging.getLogger(__name__)
 
+# How long a SIGKILLed, memory-limited container's OOM flag may lag its exit (see _settle_oom_flag).
+OOM_SETTLE_S = 3.0
+
 PullPolicy = Literal["never", "missing"]
 
 _RUNNING_STATES = frozenset({"running", "paused", "restarting"})
@@ -423,10 +426,30 @@ class DockerRuntime:
             pump.join(timeout=10)
         try:
             container.reload()
+            self._settle_oom_flag(job, container)
         except NotFound:
             self._finish(job, _vanished(job.job_id), None)
             return
         self._finish(job, self._outcome(job, container), container)
+
+    def _settle_oom_flag(self, job: _Job, container: Container) -> None:
+        """Give a late OOM event the time to land before the outcome is read.
+
+        dockerd records containerd's exit and OOM events on separate paths: when the exit is handled first, the
+        waiter wakes with ``OOMKilled`` still false and the flag is set a moment later (seen under load in CI on
+        dockerd 20.10). Only a SIGKILL exit (137) of a memory-limited container that we did not stop can be that
+        case, so only that case waits, and for at most ``OOM_SETTLE_S``.
+        """
+        state = container.attrs.get("State", {})
+        limited = bool(container.attrs.get("HostConfig", {}).get("Memory"))
+        if job.stop_reason is not None or state.get("OOMKilled") or state.get("ExitCode") != 137 or not limited:
+            return
+        deadline = time.monotonic() + OOM_SETTLE_S
+        while time.monotonic() < deadline and not self._closed.is_set():
+            self._closed.wait(0.1)
+            container.reload()
+            if container.attrs.get("State", {}).get("OOMKilled"):
+                return
 
     def _wait_exit(self, job: _Job, container: Container) -> bool:
         """Block until the container exits (True), vanishes (False) or the runtime closes."""

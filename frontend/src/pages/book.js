@@ -301,8 +301,14 @@ function startDrag(ev, gpu, track) {
     if (e.getTime() - s.getTime() < Math.max(GRAIN, cfg.policy.min_duration_minutes) * MINUTE) {
       e = new Date(s.getTime() + Math.max(HOUR, cfg.policy.min_duration_minutes * MINUTE));
     }
+    // A drag over time that has already passed keeps its length and moves to start now:
+    // clamping only the start would leave the end before it.
     const earliest = snap(new Date(), "floor");
-    if (s < earliest) s = earliest;
+    if (s < earliest) {
+      const length = e.getTime() - s.getTime();
+      s = earliest;
+      if (e <= s) e = new Date(s.getTime() + length);
+    }
     setWindow(s, e);
     pickGpu(gpu);
     clearMessages();
