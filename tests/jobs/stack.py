@@ -155,7 +155,8 @@ def start_stack(
     names = [f"jobnode{i}" for i in range(nodes)]
     tokens = {name: fleet.node_token_issue(node_name=name)[1] for name in names}
     server = start_live_server()
-    worker = start_portal_worker(tmp, FLEET_HEARTBEAT_TIMEOUT_S="4", FLEET_OFFLINE_CHECK_S="1", **(worker_env or {}))
+    worker_env = {"FLEET_HEARTBEAT_TIMEOUT_S": "4", "FLEET_OFFLINE_CHECK_S": "1", **(worker_env or {})}
+    worker = start_portal_worker(tmp, **worker_env)
     scheduler = start_scheduler(tmp, **(scheduler_env or {}))
     agents = {
         name: start_job_agent(tmp, name, tokens[name], runtime=runtime, docker_url=docker_url, gpus=gpus)
