@@ -251,6 +251,7 @@ async def client_loop(
     stop_at: float,
     stats: Stats,
     horizon_days: int,
+    think: float = 0.0,
 ) -> None:
     parsed = urllib.parse.urlsplit(url)
     conn = Connection(parsed.hostname or "127.0.0.1", parsed.port or 80)
@@ -266,6 +267,9 @@ async def client_loop(
         "reservations": "/api/v1/reservations/",
         "jobs": "/api/v1/jobs/",
     }
+    if think > 0:
+        # Clients start spread over one think time rather than all at once.
+        await asyncio.sleep(rng.uniform(0, think))
     while time.monotonic() < stop_at:
         kind = rng.choices(kinds, weights)[0]
         if kind in {"book", "submit"} and team is None:
@@ -298,18 +302,31 @@ async def client_loop(
             stats.booked.append((int(doc["id"]), int(doc.get("gpu_count") or len(doc.get("gpus") or []))))
         elif status in {201, 202} and kind == "submit":
             stats.submitted.append(int(json.loads(content)["id"]))
+        if think > 0:
+            # A person or a CI job between two calls: exponential, mean `think` s (locust's between-task wait).
+            await asyncio.sleep(min(rng.expovariate(1 / think), 10 * think))
     await conn.close()
 
 
 async def run_clients(
-    url: str, seeded: dict[str, Any], *, clients: int, duration: float, mix: dict[str, int], horizon_days: int
+    url: str,
+    seeded: dict[str, Any],
+    *,
+    clients: int,
+    duration: float,
+    mix: dict[str, int],
+    horizon_days: int,
+    think: float = 0.0,
 ) -> tuple[Stats, float]:
     stats = Stats()
     users = seeded["users"]
     began = time.monotonic()
     stop_at = began + duration
     await asyncio.gather(
-        *(client_loop(n, url, users[n % len(users)], seeded, mix, stop_at, stats, horizon_days) for n in range(clients))
+        *(
+            client_loop(n, url, users[n % len(users)], seeded, mix, stop_at, stats, horizon_days, think)
+            for n in range(clients)
+        )
     )
     return stats, time.monotonic() - began
 
@@ -340,6 +357,9 @@ def report(stats: Stats, elapsed: float) -> dict[str, Any]:
             f"{kind:<14}{len(lat):>8}{len(lat) / elapsed:>9.1f}{_pct(lat, 0.5) * 1000:>9.1f}"
             f"{_pct(lat, 0.99) * 1000:>9.1f}  {histogram}"
         )
+    reads = [x for kind, v in stats.latencies.items() if kind not in {"book", "submit"} for x in v]
+    print(f"{'reads':<14}{len(reads):>8}{len(reads) / elapsed:>9.1f}{_pct(reads, 0.5) * 1000:>9.1f}"
+          f"{_pct(reads, 0.99) * 1000:>9.1f}")  # fmt: skip
     everything = [x for v in stats.latencies.values() for x in v]
     print(
         f"{'all':<14}{total:>8}{total / elapsed:>9.1f}{_pct(everything, 0.5) * 1000:>9.1f}"
@@ -351,7 +371,14 @@ def report(stats: Stats, elapsed: float) -> dict[str, Any]:
         f"transport errors: {dict(stats.transport_errors)}"
     )
     print(f"bookings answered 201: {len(stats.booked)}; jobs accepted: {len(stats.submitted)}")
-    return {"requests": total, "rps": total / elapsed, "errors": errors, "five_xx": five_xx, "error_rate": rate}
+    return {
+        "requests": total,
+        "rps": total / elapsed,
+        "errors": errors,
+        "five_xx": five_xx,
+        "error_rate": rate,
+        "reads_p99_s": _pct(reads, 0.99),
+    }
 
 
 # --- Audit -----------------------------------------------------------------------------------------------
@@ -450,6 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--staff", type=int, default=1)
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--duration", type=float, default=300.0, help="seconds")
+    parser.add_argument(
+        "--think",
+        type=float,
+        default=0.0,
+        help="mean seconds a client waits between requests (exponential); 0: closed loop, each client sends its "
+        "next request as soon as the last is answered (the saturation test)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--teams", type=int, default=8)
     parser.add_argument("--users-per-team", type=int, default=4)
@@ -531,10 +565,19 @@ def main(argv: list[str] | None = None) -> int:
         web = subprocess.Popen(_web_argv(port, args.workers, var_dir), cwd=REPO, env=env, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, web)
-        print(f"web: {args.workers} uvicorn worker(s) at {url}; {args.clients} clients for {args.duration:.0f}s")
+        pacing = f"think time {args.think:g}s (mean)" if args.think > 0 else "closed loop"
+        print(
+            f"web: {args.workers} uvicorn worker(s) at {url}; {args.clients} clients for {args.duration:.0f}s, {pacing}"
+        )
         stats, elapsed = asyncio.run(
             run_clients(
-                url, seeded, clients=args.clients, duration=args.duration, mix=mix, horizon_days=args.horizon_days
+                url,
+                seeded,
+                clients=args.clients,
+                duration=args.duration,
+                mix=mix,
+                horizon_days=args.horizon_days,
+                think=args.think,
             )
         )
         summary = report(stats, elapsed)
