@@ -433,14 +433,15 @@ def audit(database_url: str, booked: list[tuple[int, int]]) -> list[str]:
 # --- Orchestration -------------------------------------------------------------------------------------
 
 
-def _web_argv(port: int, workers: int, var_dir: str) -> list[str]:
+def _web_command(port: int, workers: int, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The launcher's web process: its argv and its environment (the connection pool)."""
     from portal.launcher import services
 
-    web = next(s for s in services(port, {"PORTAL_VAR_DIR": var_dir, "HOST": "127.0.0.1"}) if s.name == "web")
+    web = next(s for s in services(port, {**env, "HOST": "127.0.0.1"}) if s.name == "web")
     argv = [*web.argv, "--log-level", "warning"]
     if workers > 1:
         argv += ["--workers", str(workers)]
-    return argv
+    return argv, {**env, **web.env}
 
 
 def _free_port() -> int:
@@ -545,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         "PORTAL_VAR_DIR": var_dir,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         "PYTHONUNBUFFERED": "1",
+        "DEBUG": os.environ.get("DEBUG", "0"),  # as in production: no debug cursor, no query log
         # The point is to measure the service, not the abuse limits.
         "API_RATE_PER_TOKEN": "1000000/min",
         "API_RATE_PER_IP": "1000000/min",
@@ -562,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(seeded['users'])} users, {len(seeded['gpus'])} GPUs)"
         )
         port = _free_port()
-        web = subprocess.Popen(_web_argv(port, args.workers, var_dir), cwd=REPO, env=env, start_new_session=True)
+        web_argv, web_env = _web_command(port, args.workers, env)
+        web = subprocess.Popen(web_argv, cwd=REPO, env=web_env, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, web)
         pacing = f"think time {args.think:g}s (mean)" if args.think > 0 else "closed loop"

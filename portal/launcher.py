@@ -34,6 +34,10 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def web_pool_size(env: dict[str, str]) -> int:
+    return int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 16) + 8
+
+
 def services(port: int, env: dict[str, str]) -> list[Service]:
     """The children, in start order (stopped in reverse)."""
     celery = [PY, "-m", "celery", "-A", "portal"]
@@ -59,6 +63,10 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
                 "--lifespan",
                 "off",
             ],
+            # A connection pool for the web process on PostgreSQL (ignored on SQLite): a connection per request
+            # otherwise, and connecting cost a third of the API's throughput (bench/load_test.py). Room for the
+            # WEB_MAX_CONCURRENT_REQUESTS requests plus websocket handshakes, which the limiter does not count.
+            env={"DB_POOL_MAX_SIZE": env.get("DB_POOL_MAX_SIZE") or str(web_pool_size(env))},
         ),
         Service(
             "worker",

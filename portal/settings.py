@@ -114,6 +114,23 @@ else:
         _pg_options = DATABASES["default"]["OPTIONS"].get("options", "")
         _pg_options = f"{_pg_options} -c statement_timeout={_statement_timeout_ms}"
         DATABASES["default"]["OPTIONS"]["options"] = _pg_options.strip()
+    # DB_POOL_MAX_SIZE > 0: a psycopg connection pool per process (Django's `pool` option) instead of a new
+    # connection per request. Under ASGI every request runs its sync code on a fresh thread, so persistent
+    # connections would pile up per thread; a pool hands a connection to the request and takes it back at the end.
+    # The web process sets it to WEB_MAX_CONCURRENT_REQUESTS (portal/launcher.py, docker-compose.yml).
+    _pool_max = env_int("DB_POOL_MAX_SIZE", 0)
+    if _pool_max > 0:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses persistent connections together with a pool
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 1,
+            "max_size": _pool_max,
+            "timeout": env_int("DB_POOL_TIMEOUT_S", 3),  # no connection in this long: 503 (database unavailable)
+            "max_idle": 300,
+            # A failed connection attempt is retried with exponential backoff until this many seconds; then the
+            # pool gives up and the next request starts a fresh attempt. Short, so that after a database outage
+            # the web process reconnects within seconds rather than at the end of a long backoff.
+            "reconnect_timeout": 2,
+        }
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
