@@ -72,6 +72,10 @@ class Connection:
             raise HttpError(f"{exc.__class__.__name__}: {exc}") from exc
 
     async def _request(self, method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self.reader is not None and self.reader.at_eof():
+            # The server closed the idle keep-alive connection (uvicorn: after 5 s): open a new one, as every
+            # HTTP client's pool does, rather than write into a closed socket and count an error.
+            await self.close()
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None and self.writer is not None
