@@ -46,10 +46,14 @@ class HttpError(Exception):
 class Connection:
     """One keep-alive connection; reconnects on the next request after any failure."""
 
-    def __init__(self, host: str, port: int, timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, timeout: float = 30.0, idle_close_s: float = 4.0) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        # uvicorn closes a keep-alive connection idle for 5 s; a request sent at that moment meets a reset. Like
+        # the idle timeout of HTTP client pools (Go's IdleConnTimeout, browsers), drop ours a second before.
+        self.idle_close_s = idle_close_s
+        self.last_used = 0.0
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -75,6 +79,8 @@ class Connection:
         if self.reader is not None and self.reader.at_eof():
             # The server closed the idle keep-alive connection (uvicorn: after 5 s): open a new one, as every
             # HTTP client's pool does, rather than write into a closed socket and count an error.
+            await self.close()
+        if self.writer is not None and time.monotonic() - self.last_used > self.idle_close_s:
             await self.close()
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -123,6 +129,7 @@ class Connection:
         else:
             content = await self.reader.read()
             close = True
+        self.last_used = time.monotonic()
         if close:
             await self.close()
         return status, content

@@ -1,21 +1,34 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels' router with portal authentication."""
+"""ASGI entry point: HTTP through Django's WSGI handler on a fixed thread pool, websockets through Channels' router
+with portal authentication.
+
+Why not Django's ASGI handler for HTTP: every view here is synchronous, and the ASGI handler runs each request's
+sync part through asgiref on a thread of a per-request executor, adapting the middleware chain between sync and
+async on the way; that cost more CPU and latency per request than the WSGI handler on the same server
+(bench/booking_load.py --server asgi|wsgi). a2wsgi runs the WSGI handler on a bounded pool of long-lived threads
+inside the same event loop, so one process and one port still serve pages, the API and websockets, and the ASGI
+middleware in front (body size limit, concurrency gate) still applies.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any, cast
 
-from django.core.asgi import get_asgi_application
+from a2wsgi import WSGIMiddleware
+from django.conf import settings
+from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 # Defaults for the web process only (the environment can still set them):
-# - each ASGI request runs its sync part in a thread of its own, so a persistent connection is never reused by
-#   the next request, only left for the garbage collector (Django's docs: disable persistent connections under
-#   ASGI); Celery workers and the scheduler, single-threaded and long-lived, keep theirs;
+# - no persistent connections: websocket consumers' database calls run on asgiref's threads, which come and go
+#   and would each keep a connection until the garbage collector finds it (Django's docs: disable persistent
+#   connections under ASGI); the launcher and compose give the web process a connection pool instead
+#   (DB_POOL_MAX_SIZE). Celery workers and the scheduler, single-threaded and long-lived, keep theirs;
 # - a statement (lock waits included) may run 30 s: a request stuck behind a lock answers 503, not never.
 _WEB_DEFAULTS = {"DB_CONN_MAX_AGE": "0", "DB_STATEMENT_TIMEOUT_MS": "30000"}
 _added = [name for name in _WEB_DEFAULTS if name not in os.environ]
 os.environ.update({name: _WEB_DEFAULTS[name] for name in _added})
-django_asgi_app = get_asgi_application()
+django_wsgi_app = get_wsgi_application()
 for _name in _added:  # read by settings by now; child processes (and tests importing this) keep their own
     os.environ.pop(_name, None)
 
@@ -27,9 +40,15 @@ from apps.core.concurrency import ConcurrencyGate  # noqa: E402
 from apps.core.websocket import AllowedHostsOrNoOriginValidator, DatabaseUnavailableGuard  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
+# The gate lets WEB_MAX_CONCURRENT_REQUESTS requests in at once; a few threads more serve what it does not count
+# (the health probe) without waiting behind them.
+_limit = int(settings.WEB_MAX_CONCURRENT_REQUESTS)
+# (The casts: Django's WSGIHandler and a2wsgi's ASGI app satisfy the protocols, their stubs spell them differently.)
+django_http_app: Any = WSGIMiddleware(cast(Any, django_wsgi_app), workers=(_limit if _limit > 0 else 64) + 4)
+
 application = ProtocolTypeRouter(
     {
-        "http": BodySizeLimit(ConcurrencyGate(django_asgi_app)),
+        "http": BodySizeLimit(ConcurrencyGate(django_http_app)),
         "websocket": AllowedHostsOrNoOriginValidator(
             DatabaseUnavailableGuard(PortalWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)))
         ),
