@@ -116,6 +116,7 @@ def prepare_environment(args: argparse.Namespace, tmp: Path, bench: Bench) -> No
     env["PYTHONUNBUFFERED"] = "1"
     env["LOG_LEVEL"] = "WARNING"
     env["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    env.setdefault("DEBUG", "0")  # as in production: no debug cursor, no query log in every process
     if args.database_url:
         env["DATABASE_URL"] = args.database_url
     else:
@@ -170,11 +171,11 @@ def seed(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
 
 def start_services(bench: Bench, args: argparse.Namespace, nodes: dict[str, str], port: int) -> None:
     env = bench.env
-    bench.spawn(
-        "web",
-        [PY, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--no-access-log", "--lifespan", "off", "--log-level", "warning"],
-    )  # fmt: skip
+    # The launcher's web process as `make run` starts it: its arguments and its environment (the connection pool).
+    from portal.launcher import services
+
+    web = next(s for s in services(port, {**env, "HOST": "127.0.0.1"}) if s.name == "web")
+    bench.spawn("web", [*web.argv, "--log-level", "warning"], env={**env, **web.env})
     bench.spawn(
         "worker",
         [PY, "-m", "celery", "-A", "portal", "worker", "-Q", "portal,control", "-c", str(args.workers), "-P",
