@@ -283,6 +283,15 @@ def limits_of(quota: Quota | None) -> quota_math.Limits:
     )
 
 
+def allowed_model_names(*, team_id: int, at: datetime | None = None) -> list[str]:
+    """The GPU models the team's quota allows in the month of `at` (default: now); [] when it allows every model."""
+    month = quota_math.month_of(at or timezone.now(), local_tz())
+    allowed = limits_of(quotas_for(team_id=team_id, months=[month])[month]).allowed_model_ids
+    if not allowed:
+        return []
+    return sorted(GpuModel.objects.filter(pk__in=allowed).values_list("name", flat=True))
+
+
 def team_peak_gpus(*, team_id: int, start: datetime, end: datetime) -> int:
     """The most GPUs the team holds at once during [start, end) (active allocations)."""
     rows = Allocation.objects.active().filter(team_id=team_id).overlapping(start, end).values_list("start", "end")

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.scoping import team_ids_of
+from apps.booking import selectors as booking_selectors
 from apps.core.errors import ApplicationError, Conflict, Forbidden, NotFound, ValidationFailed
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.jobs import conf, events, occupancy, validation
@@ -211,6 +212,11 @@ def job_submit(
         raise _field_error("name", f"name must be at most {conf.MAX_NAME_CHARS} characters.")
     container_image = _check_image(image)
     clean_mounts = validation.check_mounts(mounts, container_image.allowed_mounts)
+    if not models and reservation_id is None:
+        # "Any model" means any model the team may use: narrowed here, the scheduler never places the job on a
+        # model the quota excludes (an explicit model it excludes is refused by the quota hold below, 403).
+        # A job bound to a reservation runs on the reservation's GPUs, which the quota allowed when booked.
+        models = booking_selectors.allowed_model_names(team_id=team.pk)
     if check_fleet:
         _check_fleet_shape(gpu_count, models)
     reservation = None

@@ -91,6 +91,36 @@ def test_gang_goes_to_a_node_with_enough_gpus_and_models_are_respected(alice, vi
 
 
 @pytest.mark.django_db
+def test_a_job_for_any_model_runs_only_on_models_the_teams_quota_allows(alice, vision, fleet, submit, sent):
+    from apps.booking.models import Quota
+    from apps.core.errors import Forbidden
+
+    quota = Quota.objects.create(team=vision)
+    quota.allowed_models.set([fleet["h100"]])
+    # node01 (A100) is the best fit for one GPU, but the team may only use H100s.
+    jobs = [submit(alice, vision, gpu_count=1) for _ in range(3)]
+    assert all(job.gpu_models == ["H100-80GB"] for job in jobs)
+    with pytest.raises(Forbidden) as refused:
+        submit(alice, vision, gpu_count=1, gpu_model="A100-80GB")
+    assert refused.value.code == "model_not_allowed"
+    assert Job.objects.count() == 3
+    assert sorted(one_pass().started) == sorted(job.pk for job in jobs)
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.node.name == "node02"
+        assert {gpu.model.name for gpu in job.gpus.all()} == {"H100-80GB"}
+
+
+@pytest.mark.django_db
+def test_a_team_without_model_limits_keeps_any_model(alice, vision, submit, sent):
+    job = submit(alice, vision, gpu_count=1)
+    assert job.gpu_models == []
+    one_pass()
+    job.refresh_from_db()
+    assert job.node.name == "node01"  # best fit: the smaller node
+
+
+@pytest.mark.django_db
 def test_queued_jobs_wait_with_a_reason_when_the_fleet_is_full(alice, vision, submit, sent):
     first = submit(alice, vision, gpu_count=8, gpu_model="H100-80GB")
     second = submit(alice, vision, gpu_count=8, gpu_model="H100-80GB")
