@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from apps.booking import services
 from apps.booking.models import Reservation, ReservationStatus
@@ -48,9 +49,14 @@ def page(live_portal: Any, alice: Any, fleet: Any, monkeypatch: pytest.MonkeyPat
         page.wait_for_url(f"{live_portal.url}/")
         page.goto(f"{live_portal.url}/book/")
         page.wait_for_selector(".tl-row[data-gpu-uuid]")
-        yield page
-        assert not errors, errors
-        browser.close()
+        try:
+            yield page
+            assert not errors, errors
+        finally:
+            browser.close()
+            # The ORM calls made while Playwright's loop ran on this thread opened a connection that the test
+            # database teardown does not see; left open, it blocked DROP DATABASE ("accessed by other users").
+            connections.close_all()
 
 
 def _fill(page: Any, *, model: str, count: int, start: Any, end: Any, note: str = "") -> None:
