@@ -204,6 +204,12 @@ CELERY_BEAT_SCHEDULE.update(
             "options": {"expires": float(TELEMETRY_FLUSH_EVERY_S)},
         },
         "telemetry-rollup-hours": {"task": "telemetry.rollup_hours", "schedule": 300.0, "options": {"expires": 300.0}},
+        # Idempotency-Key records live 24 h (apps/core/idempotency.py); hourly is enough to bound the table.
+        "core-purge-idempotency-records": {
+            "task": "core.purge_idempotency_records",
+            "schedule": 3600.0,
+            "options": {"expires": 3600.0},
+        },
     }
 )
 

@@ -5,6 +5,11 @@ as the work: two concurrent requests with one key cannot both do the work (the s
 then gets the stored answer; `idempotency_in_progress` only where the database cannot make it wait), and a process
 killed mid-request leaves neither claim nor work, so the client's retry does it. A key reused with a different
 body is refused (`idempotency_key_reused`). Server errors leave no claim either: the client may retry.
+
+Keys live KEY_TTL (24 h): an expired claim met by a new request is dropped and the key claimed afresh, and a
+Celery beat task (`core.purge_idempotency_records`) deletes expired rows in batches, so the table holds about a
+day of POSTs. (Expiry used to be a DELETE in its own transaction before every keyed request: three round trips
+each, and rows whose key was never reused stayed forever.)
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from apps.core.models import IdempotencyRecord
 
 HEADER = "HTTP_IDEMPOTENCY_KEY"
 KEY_TTL = timedelta(hours=24)
+PURGE_BATCH = 5000
 
 Handler = Callable[..., Response]
 
@@ -44,6 +50,11 @@ def _replay(
 ) -> Response:
     existing = IdempotencyRecord.objects.filter(user_id=int(request.user.pk or 0), key=key).first()
     if existing is None:  # deleted between our insert and read: the first request failed; retry once
+        return wrapper(view, request, *args, **kwargs)
+    if existing.created_at < timezone.now() - KEY_TTL:
+        # An expired claim: the key is free again. Deleting by pk and age, so a fresh claim made meanwhile by a
+        # concurrent request is never removed; then claim it as a new request would.
+        IdempotencyRecord.objects.filter(pk=existing.pk, created_at__lt=timezone.now() - KEY_TTL).delete()
         return wrapper(view, request, *args, **kwargs)
     if existing.fingerprint != fingerprint:
         raise Conflict("This Idempotency-Key was used with a different request.", code="idempotency_key_reused")
@@ -65,7 +76,6 @@ def idempotent(handler: Handler) -> Handler:
         if len(key) > 255:
             raise ValidationFailed("Idempotency-Key must be at most 255 characters.")
         fingerprint = _fingerprint(request)
-        IdempotencyRecord.objects.filter(user=request.user, key=key, created_at__lt=timezone.now() - KEY_TTL).delete()
         refusal: ApplicationError | None = None
         try:
             # The claim and the work commit together: a process killed mid-request leaves neither (the retry
@@ -108,3 +118,14 @@ def idempotent(handler: Handler) -> Handler:
         return response
 
     return wrapper
+
+
+def idempotency_records_purge(*, now: Any = None, batch: int = PURGE_BATCH) -> int:
+    """Delete records older than KEY_TTL, `batch` rows per statement (short locks on a big table). Returns the count."""
+    cutoff = (now or timezone.now()) - KEY_TTL
+    deleted = 0
+    while True:
+        ids = list(IdempotencyRecord.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:batch])
+        if not ids:
+            return deleted
+        deleted += IdempotencyRecord.objects.filter(pk__in=ids).delete()[0]

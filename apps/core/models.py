@@ -20,6 +20,7 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_unique_user_key")]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_created_at")]  # the hourly purge
 
     def __str__(self) -> str:
         return f"{self.user_id}:{self.key}"

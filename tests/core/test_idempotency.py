@@ -68,3 +68,60 @@ def test_concurrent_requests_with_one_key_create_once(alice, make_token, live_po
     assert ApiToken.objects.filter(name="race").count() == 1
     assert set(results) <= {201, 409}
     assert 201 in results
+
+
+@pytest.mark.django_db
+def test_an_expired_key_is_claimed_afresh(alice, api_as):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.core.idempotency import KEY_TTL
+    from apps.core.models import IdempotencyRecord
+
+    client = api_as(alice, ["read"])
+    first = client.post(
+        "/api/v1/tokens/", {"name": "old", "scopes": ["read"]}, format="json", HTTP_IDEMPOTENCY_KEY="k-9"
+    )
+    assert first.status_code == 201
+    IdempotencyRecord.objects.filter(key="k-9").update(created_at=timezone.now() - KEY_TTL - timedelta(minutes=1))
+    # A day later the key is free: a different body is new work, not `idempotency_key_reused`.
+    second = client.post(
+        "/api/v1/tokens/", {"name": "new", "scopes": ["read"]}, format="json", HTTP_IDEMPOTENCY_KEY="k-9"
+    )
+    assert second.status_code == 201, second.json()
+    assert "Idempotent-Replayed" not in second
+    assert ApiToken.objects.filter(name="new").count() == 1
+    record = IdempotencyRecord.objects.get(key="k-9")
+    assert record.created_at > timezone.now() - timedelta(minutes=1) and record.status_code == 201
+    # And within the day it replays again.
+    third = client.post(
+        "/api/v1/tokens/", {"name": "new", "scopes": ["read"]}, format="json", HTTP_IDEMPOTENCY_KEY="k-9"
+    )
+    assert third["Idempotent-Replayed"] == "true" and third.json() == second.json()
+
+
+@pytest.mark.django_db
+def test_the_beat_task_purges_expired_records_in_batches(alice, bob):
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from apps.core import idempotency
+    from apps.core.models import IdempotencyRecord
+    from apps.core.tasks import purge_idempotency_records
+
+    def record(user, key: str, age: timedelta) -> None:
+        row = IdempotencyRecord.objects.create(user=user, key=key, method="POST", path="/x", fingerprint="f")
+        IdempotencyRecord.objects.filter(pk=row.pk).update(created_at=timezone.now() - age)
+
+    for i in range(7):
+        record(alice if i % 2 else bob, f"old-{i}", idempotency.KEY_TTL + timedelta(hours=1))
+    record(alice, "fresh", timedelta(hours=1))
+    assert idempotency.idempotency_records_purge(batch=3) == 7
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["fresh"]
+    record(bob, "old-again", idempotency.KEY_TTL + timedelta(minutes=5))
+    assert purge_idempotency_records.apply().get() == 1
+    schedule = settings.CELERY_BEAT_SCHEDULE["core-purge-idempotency-records"]
+    assert schedule["task"] == "core.purge_idempotency_records" and schedule["schedule"] == 3600.0
