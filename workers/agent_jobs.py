@@ -444,14 +444,16 @@ def install(app: Celery, agent: Agent) -> None:
     agent.job_runner = runner  # type: ignore[attr-defined]
     logger.info("jobs run with the %s runtime%s", kind, f" ({url})" if kind == "docker" else f" (state {state_dir})")
 
-    @app.task(name="agent.launch_job", ignore_result=True)
+    # shared=False: a shared task is added to every Celery app created later in the process, bound to this
+    # agent's runner; a second agent in one process (tests, a multi-node simulator) would run the first one's.
+    @app.task(name="agent.launch_job", ignore_result=True, shared=False)
     def launch_job(envelope: Any) -> bool:
         body = command_body(agent, "agent.launch_job", envelope)
         if body is None:
             return False
         return runner.launch(body)
 
-    @app.task(name="agent.cancel_job", ignore_result=True)
+    @app.task(name="agent.cancel_job", ignore_result=True, shared=False)
     def cancel_job(envelope: Any) -> bool:
         body = command_body(agent, "agent.cancel_job", envelope)
         if body is None:

@@ -118,6 +118,21 @@ def agent(tmp_path: Path) -> Agent:
     return Agent(cfg, backend=backend, backend_kind="simulated")
 
 
+def test_two_agents_in_one_process_each_run_their_own_job_tasks(tmp_path: Path, monkeypatch) -> None:
+    agents = []
+    for name in ("n1", "n2"):
+        cfg = AgentConfig(name=name, token=TOKEN, broker="redis://127.0.0.1:1/0", state_dir=tmp_path / name, gpus=2)
+        agents.append(Agent(cfg, backend=SimulatedBackend(name, ["A100-80GB"], seed=1), backend_kind="simulated"))
+    launched: dict[str, list[int]] = {"n1": [], "n2": []}
+    for agent in agents:
+        name = agent.cfg.name
+        monkeypatch.setattr(agent.job_runner, "launch", lambda body, name=name: launched[name].append(body["job_id"]))
+    for agent, job_id in zip(agents, (7, 8), strict=True):
+        task = agent.app.tasks["agent.launch_job"]
+        task(sign_command(node=agent.cfg.name, token=TOKEN, task="agent.launch_job", body={"job_id": job_id}))
+    assert launched == {"n1": [7], "n2": [8]}
+
+
 def test_hold_gpus_task_keeps_this_nodes_holds(agent: Agent, tmp_path: Path) -> None:
     uuids = [g.uuid for g in agent.gpus]
     body = {"holds": [_hold(uuids[0], 5), _hold("GPU-elsewhere", 6), {"gpu_uuid": uuids[1]}]}
