@@ -37,9 +37,7 @@ from apps.telemetry import keys
 
 logger = logging.getLogger(__name__)
 
-# Holder fields everyone may see; anything else (user, reservation/job id, until, future fields) only the holder's
-# own team and admins. A whitelist, so a field the publisher adds later is private until someone decides otherwise.
-PUBLIC_HOLDER_FIELDS: Final = ("kind", "team")
+PUBLIC_HOLDER_FIELDS: Final = keys.PUBLIC_HOLDER_FIELDS
 
 MAILBOX_SIZE: Final = 2  # newest snapshots kept per socket: one being sent + this many waiting ≈ 3 s of lag at most
 _FULL: Final = "*"  # visibility class "every holder's details" (admins, or a viewer in every holding team)

@@ -13,7 +13,7 @@ that was still accumulating is lost.
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
 # --- Latest sample per GPU ---------------------------------------------------------------------------------
 # Hash. Field: GPU uuid. Value: compact JSON `LatestSample` (below). One HSET per agent message (all GPUs of the
@@ -92,6 +92,13 @@ class LatestSample(TypedDict):
     sm_clock: int | None
     tensor: float | None  # tensor-pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE); null where unsupported
     ts: float
+
+
+# Holder fields everyone may see (the fleet websocket and GET /api/v1/gpus/ alike); anything else (user,
+# reservation/job id, until, future fields) only the holder's own team and admins. A whitelist, so a field the
+# publisher adds later is private until someone decides otherwise. Team names are public: the Book page shows
+# other teams' bookings by team name.
+PUBLIC_HOLDER_FIELDS: Final = ("kind", "team")
 
 
 class Holder(TypedDict, total=False):

@@ -82,7 +82,8 @@ def test_holders_are_shown_to_their_team_only(api_as, alice, charlie, admin, vis
 
     assert held(alice) == (holder, None)
     assert held(admin) == (holder, None)
-    assert held(charlie) == ({"kind": "reservation"}, None)
+    # Outsiders see what the fleet websocket shows them: that it is taken, and by which team.
+    assert held(charlie) == ({"kind": "reservation", "team": "vision"}, None)
 
 
 def test_history_serves_minute_and_hour_rollups(api_as, bob) -> None:

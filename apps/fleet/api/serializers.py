@@ -5,6 +5,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from apps.fleet.models import GpuModel
+from apps.telemetry.keys import PUBLIC_HOLDER_FIELDS
 from apps.telemetry.selectors import is_stale
 
 
@@ -115,10 +116,11 @@ class GpuOutput(serializers.Serializer):
         holder = self.context.get("holders", {}).get(gpu.uuid)
         if holder is None:
             return None
-        # Who holds a GPU is the holder's team's business: others see that it is taken, not by whom.
+        # Who holds a GPU is the holder's team's business: others see that it is taken and by which team, the
+        # same fields as on the fleet websocket (PUBLIC_HOLDER_FIELDS).
         if self.context.get("see_all") or holder.get("team_id") in self.context.get("team_ids", ()):
             return holder
-        return {"kind": holder.get("kind")}
+        return {k: holder[k] for k in PUBLIC_HOLDER_FIELDS if k in holder}
 
 
 class HistoryPointOutput(serializers.Serializer):
