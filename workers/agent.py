@@ -102,8 +102,10 @@ class Agent:
         self.gpus: list[GpuInfo] = backend.discover()
         self.gpu_by_uuid = {g.uuid: g for g in self.gpus}
         self.app = make_celery(cfg.broker, cfg.name)
-        stream = make_stream_client(cfg.broker) if cfg.telemetry_via == "stream" else None
-        self.link = PortalLink(self.app, node=cfg.name, token=cfg.token, stream=stream)
+        # A redis-py client on the broker: the telemetry stream, and the link's check for a restarted Redis.
+        redis_client = make_stream_client(cfg.broker) if cfg.broker.startswith(("redis", "unix")) else None
+        stream = redis_client if cfg.telemetry_via == "stream" else None
+        self.link = PortalLink(self.app, node=cfg.name, token=cfg.token, stream=stream, broker=redis_client)
         state_file = cfg.state_dir / "holds.json" if cfg.state_dir else None
         self.holds = HoldStore(state_file)
         self.sampler = Sampler(backend, self.link.telemetry, node=cfg.name, period_s=cfg.sample_period_s)

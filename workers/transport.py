@@ -20,6 +20,15 @@ SHA-256 of the node token (see apps/fleet/commands.py); `verify_command` checks 
 One sender thread (`PortalLink`) publishes everything, so a slow or absent broker never stalls the 1 Hz sampler:
 telemetry waits in a short queue and the oldest is dropped when it is full (a sample is worth a second), while
 registration and probe results wait until they are sent.
+
+Job reports are sent again after a broker outage. A message the broker accepted is not yet one the portal has
+processed: it may still wait in the `control` list, or sit prefetched in a portal worker, and a Redis that restarts
+without persistence (or a worker whose connection drops, which discards what it prefetched) loses it. There is no
+acknowledgement from the portal to the agent, so the link keeps the job reports it sent in the last
+REPLAY_WINDOW_S (bounded by REPLAY_MAX_WEIGHT characters) and publishes them once more, in their order, when the
+broker comes back after failing or when its `run_id` changes (a restart the link did not see fail). Every job
+report is idempotent on the portal (log lines are placed by the agent's own numbering), so a second copy of one
+that did arrive changes nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +56,11 @@ TELEMETRY_EXPIRES_S = 10.0
 TELEMETRY_BACKLOG = 5  # telemetry messages kept while the broker is unreachable
 TELEMETRY_STREAM = "fleet:ingest"  # apps.telemetry.keys.INGEST_STREAM
 TELEMETRY_STREAM_MAXLEN = 20_000
+# Job reports sent again after a broker outage (see above): the portal applies each idempotently.
+REPLAY_TASKS = frozenset({"jobs.report_started", "jobs.report_logs", "jobs.report_exit"})
+REPLAY_WINDOW_S = 60.0  # longer than a healthy control queue's backlog; older ones were processed long ago
+REPLAY_MAX_WEIGHT = 8_000_000  # about the characters of log text kept for replay (~16 MB of Python strings)
+BROKER_CHECK_S = 5.0  # how often the link asks Redis for its run_id
 
 
 def node_queue(node: str) -> str:
@@ -158,6 +172,8 @@ class LinkStats:
     sent: int = 0
     failures: int = 0
     dropped_telemetry: int = 0
+    replays: int = 0  # times the recent job reports were sent again
+    replayed: int = 0  # messages sent again
 
 
 @dataclass
@@ -166,6 +182,20 @@ class _Outgoing:
     payload: dict[str, Any]
     expires: float | None
     critical: bool
+    weight: int = 0  # > 0: kept after sending, for replay (see REPLAY_TASKS)
+
+
+def _replay_weight(task: str, body: dict[str, Any]) -> int:
+    """How much a job report costs to keep for replay: its log text, or a flat 200 for the small reports."""
+    if task not in REPLAY_TASKS:
+        return 0
+    if task != "jobs.report_logs":
+        return 200
+    total = 0
+    for batch in body.get("batches") or ():
+        for line in batch.get("lines") or ():
+            total += 40 + (len(line[1]) if len(line) > 1 and isinstance(line[1], str) else 0)
+    return max(total, 200)
 
 
 class PortalLink:
@@ -179,9 +209,15 @@ class PortalLink:
         token: str,
         telemetry_backlog: int = TELEMETRY_BACKLOG,
         stream: Any | None = None,
+        broker: Any | None = None,
+        replay_window_s: float = REPLAY_WINDOW_S,
+        replay_max_weight: int = REPLAY_MAX_WEIGHT,
+        broker_check_s: float = BROKER_CHECK_S,
     ) -> None:
         self.app = app
         self.stream = stream  # a redis-py client: telemetry goes to the stream; None: as Celery tasks
+        # A redis-py client on the broker, asked for its run_id (None: restarts are noticed only by failures).
+        self.broker = broker if broker is not None else stream
         self.node = node
         self.token = token
         self.stats = LinkStats()
@@ -191,13 +227,21 @@ class PortalLink:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        # Job reports sent in the last replay_window_s: (monotonic time sent, message), oldest first.
+        self._sent: collections.deque[tuple[float, _Outgoing]] = collections.deque()
+        self._sent_weight = 0
+        self.replay_window_s = replay_window_s
+        self.replay_max_weight = replay_max_weight
+        self.broker_check_s = broker_check_s
+        self._broker_id: str | None = None
+        self._broker_checked = 0.0
 
     def envelope(self, **body: Any) -> dict[str, Any]:
         return {"node": self.node, "token": self.token, "ts": round(time.time(), 3), **body}
 
     def send(self, task: str, body: dict[str, Any], *, expires: float | None = None, critical: bool = True) -> None:
         """Queue a control message (`critical`: kept until sent; else dropped after one failed attempt)."""
-        item = _Outgoing(task, self.envelope(**body), expires, critical)
+        item = _Outgoing(task, self.envelope(**body), expires, critical, _replay_weight(task, body))
         with self._cond:
             self._control.append(item)
             self._cond.notify()
@@ -239,13 +283,31 @@ class PortalLink:
                 if self._stop.is_set():
                     return None
                 self._cond.wait(1.0)
+                if self._broker_check_due():
+                    return _CHECK
             return self._control.popleft() if self._control else self._telemetry.popleft()
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._broker_check_due():
+                self._check_broker()
             item = self._next()
+            if item is _CHECK:
+                continue
             if item is None:
                 return
+            if self._failing and self.broker is not None:
+                # Ask Redis before sending: once it answers, the replayed reports go out ahead of this message.
+                try:
+                    self.broker.ping()
+                except Exception:
+                    self.stats.failures += 1
+                    self._requeue(item)
+                    self._stop.wait(1.0)
+                    continue
+                self._requeue(item, always=True)
+                self._recovered()
+                continue
             try:
                 if item.task == "telemetry.ingest" and self.stream is not None:
                     self.stream.xadd(
@@ -271,15 +333,72 @@ class PortalLink:
                 if not self._failing:
                     logger.warning("sending to the portal failed (%r); retrying", exc)
                     self._failing = True
-                if item.critical:
-                    with self._cond:
-                        self._control.appendleft(item)
+                self._requeue(item)
                 self._stop.wait(1.0)
                 continue
             self._recovered()
             self.stats.sent += 1
+            if item.weight:
+                self._keep(item)
+
+    def _requeue(self, item: _Outgoing, *, always: bool = False) -> None:
+        """Put a message back at the head of its queue (only a critical one while the broker is away)."""
+        if not (always or item.critical):
+            return
+        with self._cond:
+            (self._telemetry if item.task == "telemetry.ingest" else self._control).appendleft(item)
 
     def _recovered(self) -> None:
         if self._failing:
-            logger.info("sending to the portal works again")
             self._failing = False
+            replayed = self.replay()
+            logger.info("sending to the portal works again; %d recent job reports sent again", replayed)
+            self._broker_id = None  # the next check learns the (new) run_id without replaying twice
+            self._broker_checked = 0.0
+
+    # -- replay after an outage ---------------------------------------------------------------------------
+
+    def _keep(self, item: _Outgoing) -> None:
+        now = time.monotonic()
+        with self._cond:
+            self._sent.append((now, item))
+            self._sent_weight += item.weight
+            while self._sent and (
+                self._sent[0][0] < now - self.replay_window_s or self._sent_weight > self.replay_max_weight
+            ):
+                self._sent_weight -= self._sent.popleft()[1].weight
+
+    def replay(self) -> int:
+        """Queue the job reports sent in the last replay_window_s again, ahead of what waits, in their order."""
+        now = time.monotonic()
+        with self._cond:
+            items = [item for at, item in self._sent if at >= now - self.replay_window_s]
+            self._sent.clear()
+            self._sent_weight = 0
+            self._control.extendleft(reversed(items))
+            if items:
+                self.stats.replays += 1
+                self.stats.replayed += len(items)
+                self._cond.notify()
+        return len(items)
+
+    def _broker_check_due(self) -> bool:
+        return self.broker is not None and time.monotonic() - self._broker_checked >= self.broker_check_s
+
+    def _check_broker(self) -> None:
+        """Replay when Redis restarted between two sends (its run_id changed) without the link seeing it fail."""
+        self._broker_checked = time.monotonic()
+        if self._failing or self.broker is None:  # failing: the recovery replays, and learns the new run_id after
+            return
+        try:
+            run_id = str(self.broker.info("server").get("run_id", ""))
+        except Exception:  # down: the sends fail too, and recovering replays
+            logger.debug("asking the broker for its run_id failed", exc_info=True)
+            return
+        if self._broker_id is not None and run_id != self._broker_id:
+            replayed = self.replay()
+            logger.warning("the broker restarted (run_id changed); %d recent job reports sent again", replayed)
+        self._broker_id = run_id
+
+
+_CHECK = _Outgoing("", {}, None, False)  # _next's answer when the broker check is due and nothing waits

@@ -158,10 +158,13 @@ class Job(models.Model):
 
     idempotency_key = models.CharField(max_length=255, blank=True)
 
-    # Logs: portal-side sequence of the last stored line, and the agent's own numbering for deduplication of
-    # batches a broker delivered twice (epoch = one runtime attachment: a launch or an adoption).
+    # Logs. The agent numbers a job's lines from 1 per attachment (`epoch`: a launch or an adoption); the portal
+    # stores line n of the current epoch at seq log_base + n, so a batch that arrives late (a worker took the next
+    # one first, or the agent sent it again after a broker outage) falls into its place, and a copy is skipped.
+    # log_seq: the highest stored seq; log_agent_seq: the highest agent number seen in the current epoch.
     log_seq = models.BigIntegerField(default=0)
     log_epoch = models.CharField(max_length=40, blank=True)
+    log_base = models.BigIntegerField(default=0)
     log_agent_seq = models.BigIntegerField(default=0)
     log_expected = models.BigIntegerField(null=True, blank=True, help_text="agent's line count at exit")
 

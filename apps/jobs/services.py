@@ -557,8 +557,11 @@ class LogLineIn:
 def job_logs_append(*, node_id: int, job_id: int, epoch: str, first: int, lines: Sequence[LogLineIn]) -> int:
     """Store a batch of log lines; returns how many were new.
 
-    The agent numbers lines per attachment (`epoch`, from 1); a batch the broker delivered twice is skipped by
-    that number. Only the newest conf.MAX_LOG_LINES lines of a job are kept. Locks: the job row.
+    The agent numbers lines per attachment (`epoch`, from 1) and line n of an epoch is stored at seq
+    log_base + n: batches may arrive in any order (two portal workers, or the agent's replay after a broker
+    outage) and each line still lands in its place once; lines already stored, or older than the kept window,
+    are skipped. A new epoch starts after the highest seq stored. Only the newest conf.MAX_LOG_LINES lines of a
+    job are kept. Locks: the job row (every append of a job runs under it, so the check for stored lines holds).
     """
     if not lines:
         return 0
@@ -566,26 +569,36 @@ def job_logs_append(*, node_id: int, job_id: int, epoch: str, first: int, lines:
         job = Job.objects.select_for_update().filter(pk=job_id, node_id=node_id).first()
         if job is None:
             return 0
-        skip = 0
-        if job.log_epoch == epoch:
-            skip = max(0, job.log_agent_seq - first + 1)
-        new = list(lines[skip:])
-        if not new:
-            return 0
-        seq = job.log_seq
+        if job.log_epoch != epoch:
+            base, agent_seq = job.log_seq, 0
+        else:
+            base, agent_seq = job.log_base, job.log_agent_seq
+        lo, hi = base + first, base + first + len(lines) - 1
+        floor = job.log_seq - conf.MAX_LOG_LINES  # at or below: trimmed, or about to be
+        present: set[int] = set()
+        if lo <= job.log_seq:  # late or repeated: some of these places may be taken
+            present = set(JobLogLine.objects.filter(job_id=job.pk, seq__range=(lo, hi)).values_list("seq", flat=True))
         rows = []
-        for line in new:
-            seq += 1
+        for offset, line in enumerate(lines):
+            seq = lo + offset
+            if seq <= floor or seq in present:
+                continue
             stream = line.stream if line.stream in LogStream.values else LogStream.STDOUT
             rows.append(
                 JobLogLine(job_id=job.pk, seq=seq, stream=stream, at=line.at, line=line.text[: conf.MAX_LOG_LINE_CHARS])
             )
+        last_seq = max(job.log_seq, hi)
+        last_agent = max(agent_seq, first + len(lines) - 1)
+        if (last_seq, epoch, base, last_agent) != (job.log_seq, job.log_epoch, job.log_base, job.log_agent_seq):
+            Job.objects.filter(pk=job.pk).update(
+                log_seq=last_seq, log_epoch=epoch, log_base=base, log_agent_seq=last_agent
+            )
+        if not rows:
+            return 0
         JobLogLine.objects.bulk_create(rows)
-        last_agent = first + len(lines) - 1
-        Job.objects.filter(pk=job.pk).update(log_seq=seq, log_epoch=epoch, log_agent_seq=last_agent)
-        if seq - conf.MAX_LOG_LINES > 0 and (seq // 100) != ((seq - len(rows)) // 100):
+        if last_seq - conf.MAX_LOG_LINES > 0 and (last_seq // 100) != (job.log_seq // 100):
             # Trim in steps of ~100 lines rather than on every batch.
-            JobLogLine.objects.filter(job_id=job.pk, seq__lte=seq - conf.MAX_LOG_LINES).delete()
+            JobLogLine.objects.filter(job_id=job.pk, seq__lte=last_seq - conf.MAX_LOG_LINES).delete()
         events.broadcast_logs_on_commit(
             job.pk, [{"seq": r.seq, "stream": r.stream, "line": r.line, "at": r.at.isoformat()} for r in rows]
         )

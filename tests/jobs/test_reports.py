@@ -4,11 +4,14 @@ reconciled, reservation ends stopping their jobs; quotas on submission and on st
 
 from __future__ import annotations
 
+import random
+import threading
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from apps.booking.models import Allocation, Quota
@@ -17,6 +20,7 @@ from apps.fleet import services as fleet
 from apps.jobs import conf, scheduler, services, tasks
 from apps.jobs.models import Job, JobEvent, JobLogLine, JobState
 from apps.jobs.scheduling import FAIR
+from tests.conftest import requires_postgres
 
 pytestmark = pytest.mark.django_db
 
@@ -71,6 +75,91 @@ def test_reports_through_the_tasks_apply_once(alice, vision, fleet, submit, sent
         (3, "stdout", "c"),
     ]
     assert JobEvent.objects.filter(job=job, to_state="failed").count() == 1
+
+
+def _lines(job: Job) -> list[tuple[int, str]]:
+    return list(JobLogLine.objects.filter(job=job).order_by("seq").values_list("seq", "line"))
+
+
+def test_log_batches_arriving_out_of_order_or_again_land_in_their_place(alice, vision, fleet, submit) -> None:
+    """Two portal workers can take a job's batches in either order, and the agent sends recent batches again
+    after a broker outage: each line lands once, in the agent's order (a late batch used to be dropped whole)."""
+    job = _running(submit, alice, vision, fleet)
+    node_id, now = fleet["node01"].pk, timezone.now()
+
+    def append(epoch: str, first: int, *texts: str) -> int:
+        lines = [services.LogLineIn("stdout", t, now) for t in texts]
+        return services.job_logs_append(node_id=node_id, job_id=job.pk, epoch=epoch, first=first, lines=lines)
+
+    assert append("e1", 3, "c", "d") == 2  # lines 1-2 are still on their way
+    assert append("e1", 1, "a", "b") == 2  # ... and fill the gap when they come
+    assert append("e1", 1, "a", "b", "c", "d", "e") == 1  # the replay after an outage: only "e" is new
+    assert append("e1", 2, "b") == 0
+    job.refresh_from_db()
+    assert _lines(job) == [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")]
+    assert (job.log_seq, job.log_agent_seq) == (5, 5)
+
+    # An agent restart adopts the job: its numbering starts again at 1, after what is stored.
+    assert append("e2", 2, "g") == 1
+    assert append("e2", 1, "f") == 1
+    assert append("e2", 1, "f", "g") == 0
+    job.refresh_from_db()
+    assert _lines(job)[5:] == [(6, "f"), (7, "g")]
+    assert (job.log_seq, job.log_base, job.log_agent_seq) == (7, 5, 2)
+
+
+def test_a_late_batch_older_than_the_kept_window_is_not_stored_again(alice, vision, fleet, submit, monkeypatch) -> None:
+    monkeypatch.setattr(conf, "MAX_LOG_LINES", 100)
+    job = _running(submit, alice, vision, fleet)
+    node_id, now = fleet["node01"].pk, timezone.now()
+    batch = [services.LogLineIn("stdout", f"line {i}", now) for i in range(1, 51)]
+    services.job_logs_append(node_id=node_id, job_id=job.pk, epoch="e", first=1, lines=batch)
+    for first in range(51, 351, 50):
+        lines = [services.LogLineIn("stdout", f"line {i}", now) for i in range(first, first + 50)]
+        services.job_logs_append(node_id=node_id, job_id=job.pk, epoch="e", first=first, lines=lines)
+    oldest = JobLogLine.objects.filter(job=job).order_by("seq").first().seq
+    assert oldest > 200
+    assert services.job_logs_append(node_id=node_id, job_id=job.pk, epoch="e", first=1, lines=batch) == 0
+    assert JobLogLine.objects.filter(job=job).order_by("seq").first().seq == oldest
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_parallel_log_batches_of_one_job_each_land_once(alice, vision, fleet, submit) -> None:
+    """Eight threads (own connections) deliver 40 batches of one job, shuffled, half of them twice: every line is
+    stored exactly once at its own seq."""
+    job = _running(submit, alice, vision, fleet)
+    node_id, now = fleet["node01"].pk, timezone.now()
+    batches = [(first, [services.LogLineIn("stdout", f"line {i}", now) for i in range(first, first + 10)])
+               for first in range(1, 401, 10)]  # fmt: skip
+    work = batches + batches[::2]
+    random.Random(7).shuffle(work)
+    barrier = threading.Barrier(8)
+    stored: list[int] = []
+    errors: list[BaseException] = []
+
+    def deliver(part: list[tuple[int, list[services.LogLineIn]]]) -> None:
+        try:
+            barrier.wait()
+            for first, lines in part:
+                stored.append(
+                    services.job_logs_append(node_id=node_id, job_id=job.pk, epoch="e", first=first, lines=lines)
+                )
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver, args=(work[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sum(stored) == 400
+    assert _lines(job) == [(i, f"line {i}") for i in range(1, 401)]
+    job.refresh_from_db()
+    assert (job.log_seq, job.log_agent_seq) == (400, 400)
 
 
 def test_forged_or_foreign_reports_are_refused(alice, charlie, vision, fleet, submit, sent) -> None:

@@ -17,17 +17,32 @@ function init() {
   const hourly = Number(root.dataset.hourlyPrice || "0");
   let fetching = null;
 
+  function lineSpan(l) {
+    const span = document.createElement("span");
+    span.className = l.stream;
+    span.dataset.seq = l.seq;
+    span.textContent = l.line + "\n";
+    return span;
+  }
+
+  // A line older than the newest shown arrived late (its batch was delayed or sent again after a broker
+  // outage): it goes into its place, once.
+  function insertLate(l) {
+    if (logs.querySelector(`span[data-seq="${l.seq}"]`)) return;
+    const after = Array.from(logs.children).find((el) => Number(el.dataset.seq) > l.seq);
+    logs.insertBefore(lineSpan(l), after || null);
+  }
+
   function append(lines) {
     const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 20;
     const frag = document.createDocumentFragment();
     for (const l of lines) {
-      if (l.seq <= lastSeq) continue;
+      if (l.seq <= lastSeq) {
+        insertLate(l);
+        continue;
+      }
       lastSeq = l.seq;
-      const span = document.createElement("span");
-      span.className = l.stream;
-      span.dataset.seq = l.seq;
-      span.textContent = l.line + "\n";
-      frag.appendChild(span);
+      frag.appendChild(lineSpan(l));
     }
     logs.appendChild(frag);
     if (atBottom) logs.scrollTop = logs.scrollHeight;
