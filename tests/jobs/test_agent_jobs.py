@@ -192,9 +192,8 @@ def test_a_restarted_runner_adopts_a_running_job_and_reports_its_end(make_runner
     inventory = sender.of("jobs.report_inventory")[0]
     assert inventory["jobs"] == [{"job_id": 18, "status": "running"}]
     report = sender.exit_of(18)
-    # An adopted process is not the new agent's child: its exit status cannot be read (docker's can), so the
-    # runtime says so rather than guess.
-    assert report["exit_code"] is None and "unknown" in report["message"]
+    # An adopted process is not the new agent's child; the runtime's wrapper wrote its exit status.
+    assert (report["state"], report["exit_code"]) == ("succeeded", 0)
     assert "after" in [text for _, _, text in sender.lines_of(18)]
 
 

@@ -192,9 +192,9 @@ def test_restarted_agent_finds_and_adopts_a_running_process(
 
     outcome = recorder.wait_exit(211)
 
-    # Not our child: the exit status cannot be read, and the outcome says so instead of guessing.
-    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "exit_code", None)
-    assert "unknown" in outcome.message
+    # Not our child, but the wrapper it runs under wrote how it ended.
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("failed", "exit_code", 4)
+    assert outcome.message == "exited with code 4"
     assert recorder.lines(211) == ["before", "after"]
     wait_until(lambda: after_restart.list_jobs() == [])
 
@@ -212,7 +212,7 @@ def test_adopted_process_can_be_cancelled(process_runtime: MakeRuntime, recorder
     assert (outcome.state, outcome.reason) == ("cancelled", "cancelled"), outcome
 
 
-def test_process_that_ended_unwatched_is_listed_as_exited_with_unknown_code(
+def test_process_that_ended_unwatched_is_listed_as_exited_with_its_code(
     process_runtime: MakeRuntime, recorder: EventRecorder
 ) -> None:
     before_restart = process_runtime()
@@ -223,11 +223,44 @@ def test_process_that_ended_unwatched_is_listed_as_exited_with_unknown_code(
     after_restart = process_runtime()
     wait_until(lambda: after_restart.list_jobs()[0].status == "exited")
     (listed,) = after_restart.list_jobs()
-    assert listed.exit_code is None
+    assert listed.exit_code == 5
 
     assert after_restart.adopt(213)
     outcome = recorder.wait_exit(213)
+    assert (outcome.state, outcome.exit_code) == ("failed", 5)
+    assert "while no agent watched it" in outcome.message
+
+
+def test_an_adopted_success_succeeds_and_a_group_killed_whole_stays_unknown(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    before_restart = process_runtime()
+    before_restart.launch(spec(215, "sh", "-c", "sleep 1; echo done"))
+    before_restart.launch(spec(216, "sleep", "30"))
+    recorder.wait_started(215)
+    recorder.wait_started(216)
+    before_restart.close()
+
+    after_restart = process_runtime()
+    assert after_restart.adopt(215) and after_restart.adopt(216)
+    outcome = recorder.wait_exit(215)
+    assert (outcome.state, outcome.reason, outcome.exit_code) == ("succeeded", "exit_code", 0)
+
+    # SIGKILL to the whole group (not by this agent) leaves no status to read: said, not guessed.
+    pid = json.loads((after_restart._state_path(216)).read_text())["pid"]
+    os.killpg(pid, 9)
+    outcome = recorder.wait_exit(216)
     assert (outcome.state, outcome.exit_code) == ("failed", None)
+    assert "unknown" in outcome.message
+
+
+def test_a_program_named_like_a_shell_builtin_is_the_program(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    # dash's builtin echo would turn "\\n" into a newline; /bin/echo prints it as given.
+    process_runtime().launch(spec(217, "echo", "a\\nb"))
+    assert recorder.wait_exit(217).state == "succeeded"
+    assert recorder.lines(217) == ["a\\nb"]
 
 
 def test_outcome_whose_report_failed_is_found_again(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:

@@ -6,8 +6,15 @@ limit; the node's admin opts into this runtime knowingly.
 The job's stdout and stderr go to files in ``state_dir``, not pipes: with pipes a restarted agent could not
 read them and the job would die of SIGPIPE on its next write once the old agent is gone. Watcher threads tail
 the files line by line. ``state_dir/job-<id>.json`` records pid and start time so a restarted agent finds
-still-running jobs (``list_jobs``) and adopts them by pid. An adopted process is not our child, so its exit
-status cannot be read: the outcome then says so (exit_code None) rather than guess.
+still-running jobs (``list_jobs``) and adopts them by pid.
+
+An adopted process is not the new agent's child, so waiting on it cannot give its exit status. The job therefore
+runs under a small `/bin/sh` wrapper (the group leader, whose pid is recorded) that runs the command, writes its
+exit status to ``state_dir/job-<id>.exit`` and exits with it: a restarted agent reads the file. The wrapper keeps a
+no-op trap on TERM/INT/HUP so a cancel's SIGTERM to the group reaches the command and the wrapper still records
+how it ended (traps with a command are reset in the command, which gets the default dispositions). A shell
+reports death by signal N as 128 + N, the same number outcome_from_exit reports. Only when the whole group is
+SIGKILLed (the grace ran out) is there no file, and then the agent that sent the signal knows why.
 
 Memory: ``memory_mib`` becomes RLIMIT_AS (address space) in the child, so an allocation beyond it fails.
 OOM detection is best-effort: a non-zero exit with the limit set and a MemoryError-like message on stderr, or
@@ -26,6 +33,7 @@ import os
 import re
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import threading
@@ -58,6 +66,10 @@ from .base import (
 logger = logging.getLogger(__name__)
 
 _STATE_FILE = re.compile(r"job-(\d+)\.json")
+_SHELL = "/bin/sh"
+# $1: where the exit status goes; the rest: the job's argv, run as given (no word splitting, no globbing), and
+# through `exec` so that a program named like a shell builtin (echo, test, kill) is the program, not the builtin.
+_WRAPPER = 'f=$1; shift; trap : TERM INT HUP; (exec "$@"); c=$?; printf "%s\\n" "$c" > "$f"; exit "$c"'
 # What allocation failures print in the runtimes jobs commonly use (Python, C++, libc/perror, shells).
 _OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "Out of memory")
 _WAIT_CHUNK_S = 1.0
@@ -185,6 +197,8 @@ class ProcessRuntime:
             exit_record = record.get("exit")
             alive = exit_record is None and self._alive(record)
             exit_code = exit_record.get("exit_code") if exit_record else None
+            if exit_record is None and not alive:
+                exit_code = self._read_exit_code(job_id)
             jobs.append(
                 RuntimeJob(
                     job_id=job_id,
@@ -246,12 +260,21 @@ class ProcessRuntime:
             functools.partial(_set_address_space_limit, spec.memory_mib * 1024 * 1024) if job.memory_limited else None
         )
         stdout_path, stderr_path = self._log_paths(job.job_id)
+        exit_path = self._exit_path(job.job_id)
+        with contextlib.suppress(FileNotFoundError):
+            exit_path.unlink()
+        # The wrapper would turn a missing program into exit 127: look it up as exec would, for a launch error.
+        if shutil.which(spec.command[0], path=env.get("PATH", os.defpath)) is None:
+            self._remove_files(job.job_id)
+            message = f"cannot execute {spec.command[0]!r}: not found, or not an executable file"
+            self._finish(job, launch_error(job.job_id, message), keep_state=False)
+            return
         try:
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 # A new session: signals go to the whole process group, and the job outlives an agent restart
                 # (it is not in the agent's group when a supervisor signals that).
                 proc = subprocess.Popen(
-                    spec.command,
+                    [_SHELL, "-c", _WRAPPER, "gpuportal-job", str(exit_path), *spec.command],
                     env=env,
                     cwd=self._cwd,
                     stdin=subprocess.DEVNULL,
@@ -321,12 +344,17 @@ class ProcessRuntime:
             self._finish(job, _outcome_from_record(job.job_id, exit_record))
             return
         if not alive:
+            code = self._read_exit_code(job.job_id)
             outcome = outcome_from_exit(
                 job.job_id,
-                None,
+                code,
                 stop_reason=None,
                 oom=False,
-                message="the process ended while no agent watched it; its exit status is unknown",
+                message=(
+                    "the process ended while no agent watched it; its exit status is unknown"
+                    if code is None
+                    else f"exited with code {code} while no agent watched it"
+                ),
                 started_at=job.started_at,
                 finished_at=utcnow(),
             )
@@ -350,6 +378,8 @@ class ProcessRuntime:
         returncode = self._wait_exit(job)
         if self._closed.is_set():
             return
+        if returncode is None:  # adopted: the wrapper wrote the status (not there if the group was SIGKILLed)
+            returncode = self._read_exit_code(job.job_id)
         # The leader is gone; anything it left running in its group would hold GPUs and the log files.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(job.pid, signal.SIGKILL)
@@ -424,8 +454,9 @@ class ProcessRuntime:
         exit_code = signal_exit_code(returncode) if returncode is not None else None
         oom = False
         if job.memory_limited and returncode not in (None, 0) and job.stop_reason is None:
-            # SIGKILL we did not send is, on a node, most likely the kernel's OOM killer.
-            oom = returncode == -signal.SIGKILL or any(
+            # SIGKILL we did not send is, on a node, most likely the kernel's OOM killer (the wrapper reports the
+            # command's death by SIGKILL as 137; a group killed whole reads as -9).
+            oom = returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) or any(
                 marker in line for line in job.stderr_tail for marker in _OOM_MARKERS
             )
         if returncode is None and job.stop_reason is None:
@@ -467,6 +498,17 @@ class ProcessRuntime:
     def _state_path(self, job_id: int) -> Path:
         return self._state_dir / f"job-{job_id}.json"
 
+    def _exit_path(self, job_id: int) -> Path:
+        return self._state_dir / f"job-{job_id}.exit"
+
+    def _read_exit_code(self, job_id: int) -> int | None:
+        """The exit status the wrapper wrote, if it did (see the module docstring)."""
+        try:
+            text = self._exit_path(job_id).read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() and int(text) < 256 else None
+
     def _log_paths(self, job_id: int) -> tuple[Path, Path]:
         return self._state_dir / f"job-{job_id}.stdout", self._state_dir / f"job-{job_id}.stderr"
 
@@ -494,7 +536,7 @@ class ProcessRuntime:
         return record if isinstance(record, dict) else None
 
     def _remove_files(self, job_id: int) -> None:
-        for path in (self._state_path(job_id), *self._log_paths(job_id)):
+        for path in (self._state_path(job_id), self._exit_path(job_id), *self._log_paths(job_id)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
