@@ -19,14 +19,16 @@ Reports (queue `control`, through agent.link; node and token added there):
 | `jobs.report_started` | with the next flush after the job starts | job_id, handle, at |
 | `jobs.report_logs` | every 200 ms or 50 lines | batches [{job_id, epoch, first, lines [[stream, text, ts]]}] |
 | `jobs.report_exit` | once per job | job_id, state, reason, exit_code, message, finished_at, log_total (*) |
-| `jobs.report_inventory` | at start (after adopting) and every 30 s | jobs [{job_id, status: running/launching}] |
+| `jobs.report_inventory` | at start (adopting) and every 30 s | jobs [{job_id, status: running/launching/exited}] |
 
 (*) plus handle and started_at when the job ended before its start was reported (one message for a short job).
 
 Reconciliation: at start the runner lists the jobs its runtime finds (containers labelled for this agent, or the
 process runtime's state files) and adopts them all: running ones are watched again, ended ones report their exit.
 Then the inventory tells the portal what runs here; the portal marks jobs it expected but the node lacks as lost
-and asks the node to stop jobs the portal has already ended.
+and asks the node to stop jobs the portal has already ended. Jobs whose exit was reported in the last
+EXITED_LISTED_S are listed as `exited`: the portal's worker may take the inventory before that exit report (two
+worker processes, or a replay after a broker outage), and must not call such a job lost.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ logger = logging.getLogger("workers.agent.jobs")
 FLUSH_INTERVAL_S = 0.2
 FLUSH_LINES = 50
 INVENTORY_EVERY_S = 30.0
+EXITED_LISTED_S = 2 * INVENTORY_EVERY_S  # see "Reconciliation" above
 EXIT_SEND_WAIT_S = 5.0
 MAX_BUFFERED_LINES_PER_JOB = 20_000  # a job printing faster than the broker takes it loses its oldest lines
 
@@ -170,6 +173,7 @@ class JobRunner:
         self._cancelled_early = _RecentIds()
         self._started: dict[int, tuple[str, float]] = {}  # started, not reported yet: (handle, time)
         self._reported = _RecentIds()  # ended here: a launch re-sent after the end must not run it again
+        self._exited: dict[int, float] = {}  # exit reported: monotonic time, listed in inventories for a while
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -301,6 +305,7 @@ class JobRunner:
             self._running.discard(outcome.job_id)
             gpus = self._gpus.pop(outcome.job_id, [])
             self._reported.add(outcome.job_id)
+            self._exited[outcome.job_id] = time.monotonic()
         total = state.next_seq - 1 if state is not None else 0
         finished = outcome.finished_at.timestamp() if outcome.finished_at else time.time()
         self.sender.send(
@@ -329,6 +334,7 @@ class JobRunner:
         with self._lock:
             self._launching.discard(job_id)
             self._reported.add(job_id)
+            self._exited[job_id] = time.monotonic()
         self.sender.send(
             "jobs.report_exit",
             {
@@ -387,9 +393,15 @@ class JobRunner:
         with self._lock:
             running = sorted(self._running)
             launching = sorted(self._launching - self._running)
-        return [{"job_id": j, "status": "running"} for j in running] + [
-            {"job_id": j, "status": "launching"} for j in launching
-        ]
+            horizon = time.monotonic() - EXITED_LISTED_S
+            for job_id in [j for j, at in self._exited.items() if at < horizon]:
+                del self._exited[job_id]
+            exited = sorted(set(self._exited) - self._running - self._launching)
+        return (
+            [{"job_id": j, "status": "running"} for j in running]
+            + [{"job_id": j, "status": "launching"} for j in launching]
+            + [{"job_id": j, "status": "exited"} for j in exited]
+        )
 
     def send_inventory(self) -> None:
         self.sender.send("jobs.report_inventory", {"jobs": self.inventory(), "complete": True}, critical=False)

@@ -153,6 +153,10 @@ class Inventory:
     complete: bool
 
 
+# exited: its exit was reported a moment ago (the report may be behind this inventory in the portal's workers).
+INVENTORY_STATUSES = ("running", "launching", "exited")
+
+
 def check_inventory(payload: Any) -> Inventory:
     env = check_envelope(payload)
     raw = payload.get("jobs")
@@ -161,7 +165,7 @@ def check_inventory(payload: Any) -> Inventory:
     for item in raw:
         _require(isinstance(item, dict), "malformed", "a job is an object")
         status = item.get("status")
-        _require(status in ("running", "launching"), "malformed", "status must be running or launching")
+        _require(status in INVENTORY_STATUSES, "malformed", "status must be running, launching or exited")
         jobs.append((_job_id(item.get("job_id")), str(status)))
     complete = payload.get("complete", True)
     _require(isinstance(complete, bool), "malformed", "complete must be a boolean")

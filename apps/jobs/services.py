@@ -624,10 +624,11 @@ def job_fail_launch(*, job: Job, message: str) -> bool:
 
 @dataclass(frozen=True)
 class InventoryItem:
-    """A job the agent has: running on the node, or launching (accepted, not started yet)."""
+    """A job the agent has: running on the node, launching (accepted, not started yet), or exited (its exit report
+    was sent a moment ago and may not have been applied yet)."""
 
     job_id: int
-    status: str  # "running" | "launching"
+    status: str  # "running" | "launching" | "exited"
 
 
 def node_reconcile(*, node: Node, items: Iterable[InventoryItem], complete: bool) -> dict[str, list[int]]:
@@ -636,7 +637,8 @@ def node_reconcile(*, node: Node, items: Iterable[InventoryItem], complete: bool
     - a job the portal thinks is on the node but the agent does not have (and did not just launch): lost;
     - a job the agent runs that the portal has ended (cancelled, lost...) or never placed there: stop it;
     - a starting job the agent runs: running.
-    Exited jobs are not listed: the agent reports their exits itself (adopt → on_exit). Returns what it did.
+    Jobs listed as exited are left to their exit report (sent before this inventory, but another worker may still
+    be applying it, or it is being sent again after a broker outage). Returns what it did.
     """
     now = timezone.now()
     have = {item.job_id: item.status for item in items}
@@ -644,6 +646,8 @@ def node_reconcile(*, node: Node, items: Iterable[InventoryItem], complete: bool
     placed = list(Job.objects.select_related("node").filter(node=node, state__in=ON_NODE_STATES))
     for job in placed:
         status = have.get(job.pk)
+        if status == "exited":
+            continue
         if status == "running" and job.state == JobState.STARTING:
             try:
                 job_transition(job, JobState.RUNNING)
@@ -663,7 +667,7 @@ def node_reconcile(*, node: Node, items: Iterable[InventoryItem], complete: bool
             if job_mark_lost(job=job, message="the node no longer runs it (node restarted?)", allocation_end=now):
                 done["lost"].append(job.pk)
     expected = {job.pk for job in placed}
-    unknown = [job_id for job_id in have if job_id not in expected]
+    unknown = [job_id for job_id, status in have.items() if job_id not in expected and status != "exited"]
     if unknown:
         from apps.fleet.commands import agent_send
 

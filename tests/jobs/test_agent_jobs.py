@@ -203,3 +203,17 @@ def test_runtime_choice():
     with pytest.raises(ValueError):
         resolve_runtime_kind("podman", "")
     assert node_policy(["GPU-1"]).allowed_images == ("*",)
+
+
+def test_the_inventory_lists_recent_exits_for_a_while(make_runner, monkeypatch):
+    """A job that just ended is listed as exited (its exit report may reach the portal's worker after this
+    inventory), then forgotten."""
+    from workers import agent_jobs
+
+    runner, sender = make_runner()
+    runner.launch(request(19, "sh", "-c", "sleep 1"))
+    sender.wait(lambda: runner.inventory() == [{"job_id": 19, "status": "running"}])
+    sender.exit_of(19)
+    assert runner.inventory() == [{"job_id": 19, "status": "exited"}]
+    monkeypatch.setattr(agent_jobs, "EXITED_LISTED_S", 0.0)
+    assert runner.inventory() == []
