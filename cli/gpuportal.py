@@ -29,6 +29,9 @@ REASON_EXIT = {"timeout": 124, "launch_error": 125, "oom": 137, "node_lost": 75,
 STATE_EXIT = {"cancelled": 130, "lost": 75}
 POLL_S = 0.5
 LOG_GRACE_S = 10.0  # after the job ends, how long to wait for its last log lines to arrive
+# A gap in the line numbers is usually a batch that arrives late (the portal's other worker took it second, or the
+# node sent it again after a broker outage): the lines after it wait this long for it, then print anyway.
+GAP_WAIT_S = 3.0
 
 
 class CliError(Exception):
@@ -141,18 +144,42 @@ def _print_lines(lines: list[dict[str, Any]]) -> None:
     sys.stderr.flush()
 
 
+def until_gap(lines: list[dict[str, Any]], after: int) -> list[dict[str, Any]]:
+    """The lines that follow `after` without a gap in their numbers."""
+    out = []
+    for line in lines:
+        if line["seq"] != after + 1:
+            break
+        out.append(line)
+        after = line["seq"]
+    return out
+
+
 def follow(client: Client, job_id: int, *, show_logs: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Print the job's logs as they come until it has ended and its last lines are in; return the final job."""
+    """Print the job's logs as they come until it has ended and its last lines are in; return the final job.
+
+    Lines print in order: after a gap in their numbers, the rest waits up to GAP_WAIT_S for the missing ones (a gap
+    that stays - lines the portal no longer keeps, or never got - is then passed over)."""
     after = 0
     last_state = ""
     ended_at: float | None = None
+    gap_since: float | None = None
     while True:
         if show_logs:
             while True:
                 body = client.request("GET", f"/jobs/{job_id}/logs/", params={"after": after, "limit": 5000})
-                _print_lines(body["lines"])
-                after = body["last_seq"]
-                if not body.get("more"):
+                lines = body["lines"]
+                ready = until_gap(lines, after)
+                if len(ready) < len(lines):
+                    gap_since = gap_since if gap_since is not None else time.monotonic()
+                    if time.monotonic() - gap_since >= GAP_WAIT_S:
+                        ready, gap_since = lines, None
+                else:
+                    gap_since = None
+                _print_lines(ready)
+                if ready:
+                    after = ready[-1]["seq"]
+                if len(ready) < len(lines) or not body.get("more"):
                     break
         job = client.request("GET", f"/jobs/{job_id}/")
         if job["state"] != last_state and not quiet:

@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.utils import timezone
 
+from apps.jobs import services
+from apps.jobs.models import Job, JobState
 from cli import gpuportal
 from tests.conftest import REPO
 from tests.jobs.conftest import BUSYBOX
@@ -82,3 +88,56 @@ def test_commands_against_a_live_server(alice, vision, fleet, images, make_token
     assert read_only.returncode == 2 and "insufficient_scope" in read_only.stderr
     missing = _run(live_portal, token, "status", "999999")
     assert missing.returncode == 2 and "not_found" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_follow_prints_a_late_line_in_its_place_and_passes_a_gap_that_stays(
+    alice, vision, fleet, submit, make_token, live_portal, capsys, monkeypatch
+) -> None:
+    """A batch that reaches the portal late (taken second by a worker, or sent again after a broker outage) is
+    stored in its place; `follow` holds the lines after the gap for it rather than print out of order."""
+    node = fleet["node01"].pk
+    client = gpuportal.Client(live_portal.url, make_token(alice, ["read"]))
+
+    def running_job() -> Job:
+        job = services.job_start(
+            job=submit(alice, vision), node=fleet["node01"], gpus=fleet["gpus01"][:1], now=timezone.now()
+        )
+        return services.job_transition(job, JobState.RUNNING)
+
+    def append(job: Job, first: int, *texts: str) -> None:
+        lines = [services.LogLineIn("stdout", text, timezone.now()) for text in texts]
+        services.job_logs_append(node_id=node, job_id=job.pk, epoch="e", first=first, lines=lines)
+
+    def end(job: Job) -> None:
+        services.job_report_exit(node_id=node, job_id=job.pk, state="succeeded", reason="exit_code", exit_code=0,
+                                 message="", finished_at=timezone.now(), log_total=3)  # fmt: skip
+
+    late = running_job()
+    append(late, 1, "one")
+    append(late, 3, "three")  # "two" is on its way
+
+    def deliver_the_late_line() -> None:
+        try:
+            time.sleep(1.0)  # less than GAP_WAIT_S
+            append(late, 2, "two")
+            end(late)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=deliver_the_late_line)
+    worker.start()
+    final = gpuportal.follow(client, late.pk, quiet=True)
+    worker.join()
+    assert final["state"] == "succeeded"
+    assert capsys.readouterr().out.splitlines() == ["one", "two", "three"]
+
+    # A line that never comes: the rest prints once the wait is over.
+    monkeypatch.setattr(gpuportal, "GAP_WAIT_S", 0.5)
+    never = running_job()
+    append(never, 1, "one")
+    append(never, 3, "three")
+    end(never)
+    assert gpuportal.follow(client, never.pk, quiet=True)["state"] == "succeeded"
+    assert capsys.readouterr().out.splitlines() == ["one", "three"]
