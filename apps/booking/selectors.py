@@ -245,6 +245,14 @@ def timeline(*, user: Any, start: datetime, end: datetime) -> dict[str, Any]:
     }
 
 
+def reservations_due(*, now: datetime) -> bool:
+    """Whether a reservation's start or end has come without the lifecycle moving it (services.reservations_tick):
+    two indexed EXISTS, cheap enough for the scheduler to ask every pass."""
+    due_start = Reservation.objects.filter(status=ReservationStatus.BOOKED, start__lte=now, end__gt=now)
+    due_end = Reservation.objects.filter(status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE], end__lte=now)
+    return due_start.exists() or due_end.exists()
+
+
 def reservations_for_calendar(*, user: Any, since: datetime) -> QuerySet[Reservation]:
     """Booked, active and released reservations of the user's teams ending after `since` (for the iCal feed)."""
     return (

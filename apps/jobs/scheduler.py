@@ -505,6 +505,9 @@ def run_pass(
 # --- The loop ------------------------------------------------------------------------------------------------
 
 
+BOUNDARY_CHECK_S = 0.5  # how often the leader looks for reservations whose start or end has come
+
+
 class SchedulerLoop:
     """Wait to lead; while leading, pass every `interval` seconds and whenever woken."""
 
@@ -530,6 +533,7 @@ class SchedulerLoop:
         self.leading = False
         self.usage = UsageCache()
         self.last_sweep = 0.0
+        self.last_boundary_check = 0.0
         self.batch_s = WAKE_BATCH_S
 
     def stop(self) -> None:
@@ -566,6 +570,7 @@ class SchedulerLoop:
             if time.monotonic() - self.last_sweep > SWEEP_EVERY_S:
                 services.jobs_sweep()
                 self.last_sweep = time.monotonic()
+            self.reservation_boundaries()
             result = run_pass(token=self.leadership.token, leader=self.name, policy=self.policy, usage=self.usage)
         except NotLeader as exc:
             self.log(f"scheduler {self.name}: stepping down: {exc}")
@@ -581,6 +586,25 @@ class SchedulerLoop:
                 result.ms,
             )
         return result
+
+    def reservation_boundaries(self) -> None:
+        """Activate and release reservations at their start and end, not up to the beat's 15 s tick later: the
+        agents learn their holds, the team's jobs get the GPUs and the ended-hook runs on time. The tick stays as
+        the backstop (a scheduler that is down); each move is a conditional update, so both running is harmless."""
+        from apps.booking.selectors import reservations_due
+        from apps.booking.services import reservations_tick
+
+        if time.monotonic() - self.last_boundary_check < BOUNDARY_CHECK_S:
+            return  # a burst of wake-ups: one look per BOUNDARY_CHECK_S is on time enough
+        self.last_boundary_check = time.monotonic()
+        try:
+            now = timezone.now()
+            if reservations_due(now=now):
+                moved = reservations_tick(now=now)
+                if moved["activated"] or moved["released"]:
+                    logger.info("reservations: activated %s, released %s", moved["activated"], moved["released"])
+        except Exception:  # booking's trouble must not stop job scheduling
+            logger.exception("moving reservations at their boundaries failed")
 
     def run(self) -> None:
         self.log(f"scheduler {self.name}: waiting for the leadership")

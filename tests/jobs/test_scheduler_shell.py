@@ -224,6 +224,45 @@ def test_a_running_job_of_an_ended_reservation_is_stopped_after_the_grace(
     assert sent[-1]["task"] == "agent.cancel_job"
 
 
+class _Leader:
+    token = 1
+
+    def acquire(self) -> bool:
+        return True
+
+    def still_leader(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
+@pytest.mark.django_db
+def test_the_leaders_pass_moves_reservations_at_their_start_and_end(
+    alice, vision, fleet, sent, django_capture_on_commit_callbacks, monkeypatch
+):
+    """Not up to the beat's 15 s lifecycle tick later: the pass after the boundary activates and releases."""
+    monkeypatch.setattr(scheduler, "close_old_connections", lambda: None)  # the test's transaction holds it
+    now = timezone.now()
+    starting = Reservation.objects.create(
+        team=vision, user=alice, gpu_count=1, start=now - timedelta(seconds=1), end=now + timedelta(hours=1),
+        booked_end=now + timedelta(hours=1), status="booked", gpu_model=fleet["a100"],
+    )  # fmt: skip
+    ending = Reservation.objects.create(
+        team=vision, user=alice, gpu_count=1, start=now - timedelta(hours=1), end=now - timedelta(seconds=1),
+        booked_end=now - timedelta(seconds=1), status="active", gpu_model=fleet["a100"],
+    )  # fmt: skip
+    later = Reservation.objects.create(
+        team=vision, user=alice, gpu_count=1, start=now + timedelta(hours=1), end=now + timedelta(hours=2),
+        booked_end=now + timedelta(hours=2), status="booked", gpu_model=fleet["a100"],
+    )  # fmt: skip
+    loop = scheduler.SchedulerLoop(policy=FAIR, leadership=_Leader(), name="test", log=lambda _: None)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert loop.step() is not None
+    statuses = dict(Reservation.objects.values_list("pk", "status"))
+    assert (statuses[starting.pk], statuses[ending.pk], statuses[later.pk]) == ("active", "released", "booked")
+
+
 # --- Leadership -----------------------------------------------------------------------------------------------
 
 
