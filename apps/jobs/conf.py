@@ -34,6 +34,8 @@ NODE_LOST_TIMEOUT_S = env_int("JOBS_NODE_LOST_TIMEOUT_S", 60)
 LAUNCH_RESEND_S = env_int("JOBS_LAUNCH_RESEND_S", 15)
 LAUNCH_TIMEOUT_S = env_int("JOBS_LAUNCH_TIMEOUT_S", 180)
 CANCEL_GRACE_S = env_int("JOBS_CANCEL_GRACE_S", 10)
+# A stop whose job still runs this long after it was asked is asked again (a command lost with the broker).
+STOP_RESEND_S = env_int("JOBS_STOP_RESEND_S", 30)
 RESERVATION_GRACE_S = env_int("JOBS_RESERVATION_GRACE_S", 60)
 # A job's allocation is booked until start + max_duration + this slack (the agent's own timeout kill and
 # its grace period must fit inside it); it is cut to the real end when the job ends.

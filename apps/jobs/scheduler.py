@@ -67,7 +67,6 @@ MAX_PENDING = 20_000
 USAGE_REFRESH_S = 30.0
 MAINTENANCE_TEAM = "__maintenance__"
 SWEEP_EVERY_S = 2.0
-STOP_RESEND_S = 30.0
 WAKE_BATCH_S = 0.02
 
 
@@ -439,7 +438,7 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
             job = ctx.running.get(stop.job_id)
             if job is None or job.state not in ON_NODE_STATES:
                 continue
-            if job.stop_requested_at and (now - job.stop_requested_at).total_seconds() < STOP_RESEND_S:
+            if job.stop_requested_at and (now - job.stop_requested_at).total_seconds() < conf.STOP_RESEND_S:
                 continue
             if stop.reason == StopReason.TIMEOUT:
                 # The node kills the job at its deadline itself; this is the backstop for a node that did not.

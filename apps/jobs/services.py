@@ -687,10 +687,12 @@ def jobs_sweep(*, now: datetime | None = None) -> dict[str, int]:
       silent that long): lost, GPUs freed from the last heartbeat;
     - starting and not acknowledged: the launch is re-sent every conf.LAUNCH_RESEND_S, and the job fails with
       launch_error after conf.LAUNCH_TIMEOUT_S;
-    - running well past max_duration (the node's own timeout did not fire): a stop with reason timeout.
+    - running well past max_duration (the node's own timeout did not fire): a stop with reason timeout;
+    - asked to stop conf.STOP_RESEND_S ago and still on the node (the command was lost with the broker, or the
+      agent refused it as too old): asked again, with the same reason.
     """
     now = now or timezone.now()
-    counts = {"lost": 0, "resent": 0, "launch_failed": 0, "overdue": 0}
+    counts = {"lost": 0, "resent": 0, "launch_failed": 0, "overdue": 0, "stop_resent": 0}
     cutoff = now - timedelta(seconds=conf.NODE_LOST_TIMEOUT_S)
     on_nodes = Job.objects.select_related("node").filter(state__in=ON_NODE_STATES)
     for job in on_nodes.filter(node__last_heartbeat__lt=cutoff) | on_nodes.filter(
@@ -715,6 +717,10 @@ def jobs_sweep(*, now: datetime | None = None) -> dict[str, int]:
         if job.started_at and job.started_at + timedelta(seconds=job.max_duration_s) < overdue_before:
             job_request_stop(job=job, reason=JobReason.TIMEOUT, grace_s=conf.CANCEL_GRACE_S)
             counts["overdue"] += 1
+    stop_again = now - timedelta(seconds=conf.STOP_RESEND_S)
+    for job in Job.objects.select_related("node").filter(state__in=ON_NODE_STATES, stop_requested_at__lt=stop_again):
+        job_request_stop(job=job, reason=job.stop_reason or JobReason.CANCELLED, grace_s=conf.CANCEL_GRACE_S)
+        counts["stop_resent"] += 1
     return counts
 
 

@@ -219,6 +219,32 @@ def test_an_unacknowledged_launch_is_resent_then_fails(alice, vision, fleet, sub
     assert "never acknowledged" in job.message
 
 
+def test_a_stop_the_node_never_acted_on_is_asked_again(
+    alice, vision, fleet, submit, sent, django_capture_on_commit_callbacks
+) -> None:
+    """A cancel lost with the broker (Redis restarted empty) left the job running until its max_duration."""
+    job = _running(submit, alice, vision, fleet)
+
+    def cancels() -> int:
+        return len([s for s in sent if s["task"] == "agent.cancel_job"])
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.job_cancel(job=job, user=alice)
+    assert cancels() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.jobs_sweep()["stop_resent"] == 0  # the node has its grace and then some
+    later = timezone.now() + timedelta(seconds=conf.STOP_RESEND_S + 1)
+    type(fleet["node01"]).objects.filter(pk=fleet["node01"].pk).update(last_heartbeat=later)  # node alive
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.jobs_sweep(now=later)["stop_resent"] == 1
+    assert cancels() == 2
+    job.refresh_from_db()
+    assert (job.state, job.stop_reason) == (JobState.RUNNING, "cancelled")
+    assert services.job_report_exit(node_id=fleet["node01"].pk, job_id=job.pk, state="cancelled", reason="cancelled",
+                                    exit_code=143, message="", finished_at=timezone.now(), log_total=0)  # fmt: skip
+    assert services.jobs_sweep(now=later)["stop_resent"] == 0
+
+
 def test_inventory_repairs_both_ways(alice, vision, fleet, submit, sent, django_capture_on_commit_callbacks) -> None:
     gone = _running(submit, alice, vision, fleet)
     alive = _running(submit, alice, vision, {**fleet, "gpus01": fleet["gpus01"][1:]})
