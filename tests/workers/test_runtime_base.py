@@ -16,7 +16,7 @@ from workers.runtimes.base import (
     outcome_from_exit,
     signal_exit_code,
 )
-from workers.runtimes.docker import parse_engine_time
+from workers.runtimes.docker import engine_run_times, parse_engine_time
 from workers.runtimes.process import ProcessRuntime
 
 
@@ -78,6 +78,17 @@ def test_engine_times_parse_to_aware_utc() -> None:
     assert parsed == datetime(2026, 12, 2, 16, 59, 38, 747231, tzinfo=timezone.utc)  # noqa: UP017
     assert parse_engine_time("0001-01-01T00:00:00Z") is None
     assert parse_engine_time("") is None
+
+
+def test_engine_finish_stamped_before_start_reads_as_the_start() -> None:
+    # Seen on a real dockerd: a container that exits at once is stamped FinishedAt before StartedAt.
+    started, finished = engine_run_times(
+        {"StartedAt": "2026-12-03T12:09:07.595170001Z", "FinishedAt": "2026-12-03T12:09:07.594457001Z"}
+    )
+    assert started == finished == datetime(2026, 12, 3, 12, 9, 7, 595170, tzinfo=timezone.utc)  # noqa: UP017
+    started, finished = engine_run_times({"StartedAt": "2026-12-03T12:00:00Z", "FinishedAt": "2026-12-03T12:00:05Z"})
+    assert started is not None and finished is not None and (finished - started).total_seconds() == 5
+    assert engine_run_times({"StartedAt": "0001-01-01T00:00:00Z", "FinishedAt": "0001-01-01T00:00:00Z"}) == (None, None)
 
 
 def test_runtimes_satisfy_the_protocol(tmp_path: object) -> None:

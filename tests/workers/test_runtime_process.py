@@ -35,9 +35,13 @@ def process_runtime(process_state_dir: Path, recorder: EventRecorder) -> Iterato
     yield make
     for runtime in made:
         runtime.close()
-    # Whatever a test left running dies with it.
+    # Whatever a test left running dies with it. A job's state file goes after its exit is reported, so one the
+    # test saw end may vanish between the glob and the read.
     for path in process_state_dir.glob("job-*.json"):
-        pid = json.loads(path.read_text()).get("pid")
+        try:
+            pid = json.loads(path.read_text()).get("pid")
+        except FileNotFoundError:
+            continue
         if pid:
             try:
                 os.killpg(pid, 9)

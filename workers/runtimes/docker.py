@@ -103,6 +103,17 @@ def parse_engine_time(value: str | None) -> datetime | None:
     return parsed.replace(tzinfo=utcnow().tzinfo)
 
 
+def engine_run_times(state: dict[str, Any]) -> tuple[datetime | None, datetime | None]:
+    """(started, finished) of a container's State. The engine stamps StartedAt after containerd reports the task
+    started, so a process that exits at once can have a FinishedAt a few hundred microseconds before it: the
+    finish is never reported before the start."""
+    started = parse_engine_time(state.get("StartedAt"))
+    finished = parse_engine_time(state.get("FinishedAt"))
+    if started is not None and finished is not None and finished < started:
+        finished = started
+    return started, finished
+
+
 class DockerRuntime:
     """Runs jobs as containers; see ``Runtime`` in base.py for the contract.
 
@@ -494,13 +505,14 @@ class DockerRuntime:
         state = container.attrs.get("State", {})
         exit_code = state.get("ExitCode")
         oom = bool(state.get("OOMKilled"))
+        started_at, finished_at = engine_run_times(state)
         outcome = outcome_from_exit(
             job.job_id,
             exit_code if isinstance(exit_code, int) else None,
             stop_reason=job.stop_reason,
             oom=oom,
-            started_at=parse_engine_time(state.get("StartedAt")),
-            finished_at=parse_engine_time(state.get("FinishedAt")),
+            started_at=started_at,
+            finished_at=finished_at,
         )
         memory = container.attrs.get("HostConfig", {}).get("Memory") or 0
         messages = {
@@ -555,7 +567,7 @@ class DockerRuntime:
             return None
         state = container.attrs.get("State", {})
         running = state.get("Status") in _RUNNING_STATES
-        started_at = parse_engine_time(state.get("StartedAt"))
+        started_at, finished_at = engine_run_times(state)
         exit_code = state.get("ExitCode")
         with self._lock:
             watched = job_id in self._jobs
@@ -567,7 +579,7 @@ class DockerRuntime:
             exit_code=None if running or started_at is None or not isinstance(exit_code, int) else exit_code,
             oom_killed=bool(state.get("OOMKilled")),
             started_at=started_at,
-            finished_at=None if running else parse_engine_time(state.get("FinishedAt")),
+            finished_at=None if running else finished_at,
             watched=watched,
         )
 
