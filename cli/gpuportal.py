@@ -29,6 +29,8 @@ REASON_EXIT = {"timeout": 124, "launch_error": 125, "oom": 137, "node_lost": 75,
 STATE_EXIT = {"cancelled": 130, "lost": 75}
 POLL_S = 0.5
 LOG_GRACE_S = 10.0  # after the job ends, how long to wait for its last log lines to arrive
+# ... and how much longer while the portal says lines are held back at a missing one (it passes the gap itself).
+WAITING_GRACE_S = 60.0
 # A gap in the line numbers is usually a batch that arrives late (the portal's other worker took it second, or the
 # node sent it again after a broker outage): the lines after it wait this long for it, then print anyway.
 GAP_WAIT_S = 3.0
@@ -158,18 +160,23 @@ def until_gap(lines: list[dict[str, Any]], after: int) -> list[dict[str, Any]]:
 def follow(client: Client, job_id: int, *, show_logs: bool = True, quiet: bool = False) -> dict[str, Any]:
     """Print the job's logs as they come until it has ended and its last lines are in; return the final job.
 
-    Lines print in order: after a gap in their numbers, the rest waits up to GAP_WAIT_S for the missing ones (a gap
-    that stays - lines the portal no longer keeps, or never got - is then passed over)."""
+    Lines print in order: the portal holds back the lines after a gap in their numbers while the missing ones may
+    still arrive (a portal without that: the rest waits here up to GAP_WAIT_S); a gap that stays - lines the portal
+    no longer keeps, or never got - is then passed over."""
     after = 0
     last_state = ""
     ended_at: float | None = None
     gap_since: float | None = None
+    waiting = False
     while True:
         if show_logs:
             while True:
                 body = client.request("GET", f"/jobs/{job_id}/logs/", params={"after": after, "limit": 5000})
+                waiting = bool(body.get("waiting"))
                 lines = body["lines"]
-                ready = until_gap(lines, after)
+                # A portal that says `waiting` holds lines back at a gap itself and gives them once the gap is
+                # filled or has waited long enough; for an older one, the wait is done here.
+                ready = lines if "waiting" in body else until_gap(lines, after)
                 if len(ready) < len(lines):
                     gap_since = gap_since if gap_since is not None else time.monotonic()
                     if time.monotonic() - gap_since >= GAP_WAIT_S:
@@ -188,8 +195,9 @@ def follow(client: Client, job_id: int, *, show_logs: bool = True, quiet: bool =
         if job["state"] in TERMINAL:
             if ended_at is None:
                 ended_at = time.monotonic()
-            complete = job.get("logs_complete") and after >= job.get("log_seq", 0)
-            if not show_logs or complete or time.monotonic() - ended_at > LOG_GRACE_S:
+            complete = job.get("logs_complete") and after >= job.get("log_seq", 0) and not waiting
+            grace = LOG_GRACE_S + (WAITING_GRACE_S if waiting else 0.0)
+            if not show_logs or complete or time.monotonic() - ended_at > grace:
                 return dict(job)
         time.sleep(POLL_S)
 

@@ -28,6 +28,10 @@ MAX_NAME_CHARS = 200
 # Logs kept per job: the newest MAX_LOG_LINES lines, each cut at MAX_LOG_LINE_CHARS characters.
 MAX_LOG_LINES = env_int("JOBS_LOG_MAX_LINES", 5000)
 MAX_LOG_LINE_CHARS = env_int("JOBS_LOG_MAX_LINE_CHARS", 4096)
+# A log reader is not given the lines after a missing one until the line after the gap is this old: batches can
+# arrive out of order (two portal workers; an agent's replay after a broker outage), and a follower that moved
+# past the gap would never see the late line. A gap that stays (lines the agent had to drop) delays it once.
+LOG_GAP_WAIT_S = env_int("JOBS_LOG_GAP_WAIT_S", 10)
 
 # Lifecycle timing.
 NODE_LOST_TIMEOUT_S = env_int("JOBS_NODE_LOST_TIMEOUT_S", 60)

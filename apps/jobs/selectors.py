@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
 from apps.core.errors import NotFound, ValidationFailed
 from apps.fleet.models import Gpu
+from apps.jobs import conf
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobState
 
 
@@ -56,3 +59,31 @@ def job_events(*, job: Job) -> QuerySet[JobEvent]:
 def job_log_lines(*, job: Job, after: int = 0, limit: int = 1000) -> list[JobLogLine]:
     """Lines with seq > after, oldest first, at most `limit`."""
     return list(JobLogLine.objects.filter(job=job, seq__gt=after).order_by("seq")[:limit])
+
+
+@dataclass(frozen=True)
+class LogPage:
+    lines: list[JobLogLine]
+    last_seq: int  # the cursor for the next read (`after`)
+    waiting: bool  # lines after a missing one are stored but held back: read again shortly
+
+
+def job_log_page(*, job: Job, after: int, limit: int, now: datetime) -> LogPage:
+    """The lines a follower may take now: seq > after, oldest first, at most `limit`, stopping before a line that
+    follows a missing one unless it is `conf.LOG_GAP_WAIT_S` old.
+
+    Lines are stored at their place in the job's output, and a batch can arrive after a later one: a reader that
+    took line 5 and moved its cursor past a missing line 4 would never see 4. Holding the rest back a few seconds
+    lets the late batch land first; a gap that stays (lines the agent dropped) is passed after the wait. Places at
+    or below the kept window's floor are not waited for (trimmed, and a late line there is not stored)."""
+    rows = job_log_lines(job=job, after=after, limit=limit)
+    floor = max(after, job.log_seq - conf.MAX_LOG_LINES)
+    fresh = now - timedelta(seconds=conf.LOG_GAP_WAIT_S)
+    expected = after + 1
+    taken: list[JobLogLine] = []
+    for row in rows:
+        if row.seq > max(expected, floor + 1) and row.at > fresh:
+            return LogPage(lines=taken, last_seq=taken[-1].seq if taken else max(after, 0), waiting=True)
+        taken.append(row)
+        expected = row.seq + 1
+    return LogPage(lines=taken, last_seq=taken[-1].seq if taken else max(after, 0), waiting=False)

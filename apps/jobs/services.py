@@ -579,13 +579,22 @@ def job_logs_append(*, node_id: int, job_id: int, epoch: str, first: int, lines:
         if lo <= job.log_seq:  # late or repeated: some of these places may be taken
             present = set(JobLogLine.objects.filter(job_id=job.pk, seq__range=(lo, hi)).values_list("seq", flat=True))
         rows = []
+        # A node's clock ahead of the portal's would make its lines look new to log readers (who wait at a gap
+        # behind a new line) and put them in the future on the page: at most now.
+        now = timezone.now()
         for offset, line in enumerate(lines):
             seq = lo + offset
             if seq <= floor or seq in present:
                 continue
             stream = line.stream if line.stream in LogStream.values else LogStream.STDOUT
             rows.append(
-                JobLogLine(job_id=job.pk, seq=seq, stream=stream, at=line.at, line=line.text[: conf.MAX_LOG_LINE_CHARS])
+                JobLogLine(
+                    job_id=job.pk,
+                    seq=seq,
+                    stream=stream,
+                    at=min(line.at, now),
+                    line=line.text[: conf.MAX_LOG_LINE_CHARS],
+                )
             )
         last_seq = max(job.log_seq, hi)
         last_agent = max(agent_seq, first + len(lines) - 1)

@@ -100,10 +100,14 @@ class Stack:
     def logs(self, job_id: int) -> list[dict[str, Any]]:
         lines: list[dict[str, Any]] = []
         after = 0
+        deadline = time.monotonic() + 30.0
         while True:
             body = self.api("GET", f"/api/v1/jobs/{job_id}/logs/?after={after}&limit=5000").json()
             lines.extend(body["lines"])
             after = body["last_seq"]
+            if body["waiting"] and time.monotonic() < deadline:  # a late line may still land: read on
+                time.sleep(0.2)
+                continue
             if not body["more"]:
                 return lines
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from django.utils import timezone
 from apps.jobs import services
 from apps.jobs.models import Job, JobState
 from cli import gpuportal
-from tests.conftest import REPO
+from tests.conftest import REPO, LiveServer, start_live_server
 from tests.jobs.conftest import BUSYBOX
 
 
@@ -90,15 +91,24 @@ def test_commands_against_a_live_server(alice, vision, fleet, images, make_token
     assert missing.returncode == 2 and "not_found" in missing.stderr
 
 
+@pytest.fixture
+def portal_gap_3s(transactional_db: Any) -> Iterator[LiveServer]:
+    """A live portal whose log readers wait at most 3 s at a missing line (the default is 10 s)."""
+    server = start_live_server(JOBS_LOG_GAP_WAIT_S="3")
+    yield server
+    server.stop()
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_follow_prints_a_late_line_in_its_place_and_passes_a_gap_that_stays(
-    alice, vision, fleet, submit, make_token, live_portal, capsys, monkeypatch
+    alice, vision, fleet, submit, make_token, portal_gap_3s, capsys, monkeypatch
 ) -> None:
     """A batch that reaches the portal late (taken second by a worker, or sent again after a broker outage) is
-    stored in its place; `follow` holds the lines after the gap for it rather than print out of order."""
+    stored in its place; the portal holds the lines after the gap back for it (here up to 3 s), and `follow`
+    prints in order whatever it is given."""
     node = fleet["node01"].pk
-    client = gpuportal.Client(live_portal.url, make_token(alice, ["read"]))
+    client = gpuportal.Client(portal_gap_3s.url, make_token(alice, ["read"]))
 
     def running_job() -> Job:
         job = services.job_start(
@@ -134,11 +144,36 @@ def test_follow_prints_a_late_line_in_its_place_and_passes_a_gap_that_stays(
     assert final["state"] == "succeeded"
     assert capsys.readouterr().out.splitlines() == ["one", "two", "three"]
 
-    # A line that never comes: the rest prints once the wait is over.
+    # A line that never comes: the rest prints once the portal's wait is over, though the job ended before.
     monkeypatch.setattr(gpuportal, "GAP_WAIT_S", 0.5)
+    monkeypatch.setattr(gpuportal, "LOG_GRACE_S", 0.5)  # shorter than the portal's wait: `waiting` keeps it reading
     never = running_job()
     append(never, 1, "one")
     append(never, 3, "three")
     end(never)
     assert gpuportal.follow(client, never.pk, quiet=True)["state"] == "succeeded"
     assert capsys.readouterr().out.splitlines() == ["one", "three"]
+
+
+class _OldPortal:
+    """A portal from before `waiting`: it hands out line 3 before line 2 has arrived."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def request(self, method: str, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        if path.endswith("/logs/"):
+            self.reads += 1
+            stored = [(1, "one"), (3, "three")] if self.reads < 3 else [(1, "one"), (2, "two"), (3, "three")]
+            lines = [{"seq": s, "stream": "stdout", "line": t} for s, t in stored if s > (params or {})["after"]]
+            return {"lines": lines, "last_seq": lines[-1]["seq"] if lines else 0, "more": False}
+        return {"id": 7, "state": "succeeded", "logs_complete": True, "log_seq": 3}
+
+
+def test_follow_against_a_portal_without_waiting_holds_a_gap_itself(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(gpuportal, "POLL_S", 0.01)
+    monkeypatch.setattr(gpuportal, "GAP_WAIT_S", 30.0)
+    portal = _OldPortal()
+    assert gpuportal.follow(portal, 7, quiet=True)["state"] == "succeeded"  # type: ignore[arg-type]
+    assert capsys.readouterr().out.splitlines() == ["one", "two", "three"]
+    assert portal.reads >= 3

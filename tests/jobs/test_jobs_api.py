@@ -178,3 +178,54 @@ def test_logs_follow_with_after(alice, vision, submit, api_as, fleet):
     body = client.get(f"/api/v1/jobs/{job.pk}/logs/?after=0&limit=2").json()
     assert [line["seq"] for line in body["lines"]] == [1, 2] and body["more"] is True
     assert client.get(f"/api/v1/jobs/{job.pk}/logs/?after=x").status_code == 400
+
+
+def test_logs_after_a_missing_line_wait_for_it_then_pass_a_gap_that_stays(alice, vision, submit, api_as, monkeypatch):
+    # Batches can arrive out of order: a follower given line 4 before 3 would move its cursor past 3 for good.
+    from apps.jobs import conf
+    from apps.jobs.models import JobLogLine
+
+    monkeypatch.setattr(conf, "LOG_GAP_WAIT_S", 10)
+    job = submit(alice, vision)
+    now = timezone.now()
+    JobLogLine.objects.bulk_create(
+        [JobLogLine(job=job, seq=i, stream="stdout", at=now, line=f"l{i}") for i in (1, 2, 4, 5)]
+    )
+    Job.objects.filter(pk=job.pk).update(log_seq=5)
+    client = api_as(alice)
+    body = client.get(f"/api/v1/jobs/{job.pk}/logs/?after=0").json()
+    assert [line["seq"] for line in body["lines"]] == [1, 2]
+    assert (body["last_seq"], body["waiting"], body["more"]) == (2, True, False)
+    body = client.get(f"/api/v1/jobs/{job.pk}/logs/?after=2").json()
+    assert (body["lines"], body["last_seq"], body["waiting"]) == ([], 2, True)
+
+    JobLogLine.objects.create(job=job, seq=3, stream="stdout", at=now, line="l3")  # the late line lands
+    body = client.get(f"/api/v1/jobs/{job.pk}/logs/?after=2").json()
+    assert [line["seq"] for line in body["lines"]] == [3, 4, 5]
+    assert (body["last_seq"], body["waiting"]) == (5, False)
+
+    # A gap that stays (lines the agent dropped) is passed once the line after it is LOG_GAP_WAIT_S old.
+    JobLogLine.objects.bulk_create(
+        [JobLogLine(job=job, seq=i, stream="stdout", at=now - timedelta(seconds=11), line=f"l{i}") for i in (8, 9)]
+    )
+    Job.objects.filter(pk=job.pk).update(log_seq=9)
+    body = client.get(f"/api/v1/jobs/{job.pk}/logs/?after=5").json()
+    assert [line["seq"] for line in body["lines"]] == [8, 9]
+    assert (body["last_seq"], body["waiting"]) == (9, False)
+
+
+def test_logs_do_not_wait_for_lines_below_the_kept_window(alice, vision, submit, api_as, monkeypatch):
+    from apps.jobs import conf
+    from apps.jobs.models import JobLogLine
+
+    monkeypatch.setattr(conf, "MAX_LOG_LINES", 3)
+    job = submit(alice, vision)
+    now = timezone.now()
+    # Lines 1-6 were trimmed (or a late batch of them was not stored); 7-9 are the kept window.
+    JobLogLine.objects.bulk_create(
+        [JobLogLine(job=job, seq=i, stream="stdout", at=now, line=f"l{i}") for i in (7, 8, 9)]
+    )
+    Job.objects.filter(pk=job.pk).update(log_seq=9)
+    body = api_as(alice).get(f"/api/v1/jobs/{job.pk}/logs/?after=0").json()
+    assert [line["seq"] for line in body["lines"]] == [7, 8, 9]
+    assert (body["last_seq"], body["waiting"]) == (9, False)

@@ -152,6 +152,52 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             browser.close()
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_job_page_opened_at_a_gap_shows_the_held_lines_once_it_fills(alice, vision, fleet, submit, live_portal) -> None:
+    """Lines after a missing one are held back by the logs endpoint (`waiting`): the page asks again, so once the
+    late line lands it shows the rest too, though those were stored (and pushed) before the page opened."""
+    from playwright.sync_api import sync_playwright
+
+    job = submit(alice, vision, name="gap")
+    job = services.job_start(job=job, node=fleet["node01"], gpus=fleet["gpus01"][:1], now=timezone.now())
+    node = fleet["node01"].pk
+
+    def append(first: int, text: str) -> None:
+        line = services.LogLineIn("stdout", text, timezone.now())
+        services.job_logs_append(node_id=node, job_id=job.pk, epoch="e", first=first, lines=[line])
+
+    append(1, "gap line 1")
+    append(3, "gap line 3")  # line 2 is late
+    client = _client(alice)
+    cookie = {"name": settings.SESSION_COOKIE_NAME, "value": client.cookies[settings.SESSION_COOKIE_NAME].value}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context()
+            context.add_cookies([{**cookie, "url": live_portal.url}])
+            page = context.new_page()
+            page.goto(f"{live_portal.url}/jobs/{job.pk}/")
+            page.wait_for_function("document.getElementById('log-status').textContent === 'live'", timeout=15000)
+            page.wait_for_function(
+                "document.getElementById('job-logs').textContent.includes('gap line 1')", timeout=10000
+            )
+            assert "gap line 3" not in page.inner_text("#job-logs")  # held back while line 2 may come
+            # The ORM is not for the thread that runs Playwright's event loop.
+            late = threading.Thread(target=lambda: (append(2, "gap line 2"), connection.close()))
+            late.start()
+            late.join()
+            page.wait_for_function(
+                "document.getElementById('job-logs').textContent.includes('gap line 3')", timeout=15000
+            )
+            text = page.inner_text("#job-logs")
+            assert [line for line in text.splitlines() if line.startswith("gap line")] == [
+                f"gap line {i}" for i in (1, 2, 3)
+            ]
+        finally:
+            browser.close()
+
+
 @pytest.mark.django_db
 def test_the_cli_is_served_as_one_file_without_login() -> None:
     response = Client().get("/jobs/cli/gpuportal.py")

@@ -178,6 +178,18 @@ def test_forged_or_foreign_reports_are_refused(alice, charlie, vision, fleet, su
     assert job.state == JobState.RUNNING
 
 
+def test_log_lines_from_a_clock_ahead_are_stamped_at_most_now(alice, vision, fleet, submit) -> None:
+    # A future stamp would also make log readers wait at a gap behind the line for as long as the clock is ahead.
+    job = _running(submit, alice, vision, fleet)
+    before = timezone.now()
+    ahead = before + timedelta(hours=1)
+    services.job_logs_append(
+        node_id=fleet["node01"].pk, job_id=job.pk, epoch="e", first=1, lines=[services.LogLineIn("stdout", "x", ahead)]
+    )
+    stored = JobLogLine.objects.get(job=job, seq=1).at
+    assert before <= stored <= timezone.now()
+
+
 def test_logs_are_bounded_per_job(alice, vision, fleet, submit, monkeypatch) -> None:
     monkeypatch.setattr(conf, "MAX_LOG_LINES", 250)
     monkeypatch.setattr(conf, "MAX_LOG_LINE_CHARS", 10)

@@ -219,4 +219,7 @@ class LogsOutput(serializers.Serializer):
     lines = LogLineOutput(many=True)
     last_seq = serializers.IntegerField(help_text="pass it as ?after= to get the next lines")
     more = serializers.BooleanField(help_text="more lines are stored after these")
+    waiting = serializers.BooleanField(
+        help_text="lines after a missing one are held back while it may still arrive (a few seconds): read again"
+    )
     logs_complete = serializers.BooleanField(help_text="the job has ended and every line it printed is here")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -150,15 +151,16 @@ class JobLogsView(PortalAPIView):
             limit = min(max(int(request.query_params.get("limit", "1000")), 1), MAX_LOG_LIMIT)
         except ValueError:
             raise ValidationFailed("after and limit must be integers.") from None
-        lines = selectors.job_log_lines(job=job, after=after, limit=limit)
-        last = lines[-1].seq if lines else max(after, 0)
+        page = selectors.job_log_page(job=job, after=after, limit=limit, now=timezone.now())
+        last = page.last_seq
         return Response(
             {
                 "job": job.pk,
                 "state": job.state,
-                "lines": LogLineOutput(lines, many=True).data,
+                "lines": LogLineOutput(page.lines, many=True).data,
                 "last_seq": last,
-                "more": bool(lines) and last < job.log_seq,
-                "logs_complete": job.logs_complete and last >= job.log_seq,
+                "more": bool(page.lines) and not page.waiting and last < job.log_seq,
+                "waiting": page.waiting,
+                "logs_complete": job.logs_complete and not page.waiting and last >= job.log_seq,
             }
         )

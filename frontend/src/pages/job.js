@@ -55,6 +55,8 @@ function init() {
         for (let i = 0; i < 50; i++) {
           const body = await api(`/api/v1/jobs/${jobId}/logs/?after=${lastSeq}&limit=2000`);
           append(body.lines);
+          // Lines after a missing one are held back while it may still arrive: ask again shortly.
+          if (body.waiting) setTimeout(catchUp, 2000);
           if (!body.more) break;
         }
       } catch (e) {
