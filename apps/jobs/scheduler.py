@@ -237,6 +237,19 @@ class NotLeader(Exception):
 
 
 @dataclass
+class RunningRow:
+    """What a pass reads of a job on a node."""
+
+    id: int
+    team_id: int
+    started_at: datetime | None
+    scheduled_at: datetime | None
+    max_duration_s: int
+    reservation_id: int | None
+    stop_requested_at: datetime | None
+
+
+@dataclass
 class PassContext:
     """The snapshot plus the rows the apply step needs, keyed by the core's string ids."""
 
@@ -245,7 +258,7 @@ class PassContext:
     gpus: dict[str, Gpu] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
     pending: dict[str, Job] = field(default_factory=dict)
-    running: dict[str, Job] = field(default_factory=dict)
+    running: dict[str, RunningRow] = field(default_factory=dict)
     reservation_ends: dict[str, datetime] = field(default_factory=dict)
 
 
@@ -291,19 +304,30 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
     ctx.gpus = {str(g.pk): g for g in gpu_rows}
     ctx.nodes = {g.node.name: g.node for g in gpu_rows}
 
-    running_jobs = list(Job.objects.filter(state__in=ON_NODE_STATES).prefetch_related("gpus"))
-    ctx.running = {str(j.pk): j for j in running_jobs}
+    # Running jobs as plain rows (every pass reads them all; model instances with their JSON fields and a GPU
+    # prefetch were about a quarter of a pass's CPU). A stop, rare, loads its job.
+    running_rows = [
+        RunningRow(**row)
+        for row in Job.objects.filter(state__in=ON_NODE_STATES).values(
+            "id", "team_id", "started_at", "scheduled_at", "max_duration_s", "reservation_id", "stop_requested_at"
+        )
+    ]
+    ctx.running = {str(r.id): r for r in running_rows}
+    held_by: dict[int, list[str]] = {}
+    job_gpus = Job.gpus.through.objects.filter(job__state__in=ON_NODE_STATES)
+    for job_id, gpu_id in job_gpus.order_by("gpu_id").values_list("job_id", "gpu_id"):
+        held_by.setdefault(job_id, []).append(str(gpu_id))
     running: list[CoreRunning] = []
-    for job in running_jobs:
-        start = job.started_at or job.scheduled_at or now
+    for on_node in running_rows:
+        start = on_node.started_at or on_node.scheduled_at or now
         running.append(
             CoreRunning(
-                id=str(job.pk),
-                team=str(job.team_id),
-                gpu_ids=tuple(str(g.pk) for g in job.gpus.all()),
+                id=str(on_node.id),
+                team=str(on_node.team_id),
+                gpu_ids=tuple(held_by.get(on_node.id, ())),
                 start=epoch(start),
-                max_duration_s=float(job.max_duration_s),
-                reservation_id=str(job.reservation_id) if job.reservation_id else None,
+                max_duration_s=float(on_node.max_duration_s),
+                reservation_id=str(on_node.reservation_id) if on_node.reservation_id else None,
             )
         )
 
@@ -319,7 +343,7 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
 
     # Reservations: booked/active ones not over yet, and those of running jobs (even released: the core stops
     # their jobs once the reservation's end has passed).
-    bound_ids = {j.reservation_id for j in running_jobs if j.reservation_id}
+    bound_ids = {r.reservation_id for r in running_rows if r.reservation_id}
     resv_rows = list(
         Reservation.objects.filter(
             Q(status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE], end__gt=now) | Q(pk__in=bound_ids)
@@ -435,23 +459,27 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
                     pending_reason=exc.code[:40], pending_message=exc.detail[:300]
                 )
         for stop in decisions.stops:
-            job = ctx.running.get(stop.job_id)
-            if job is None or job.state not in ON_NODE_STATES:
+            row = ctx.running.get(stop.job_id)
+            if row is None:
                 continue
-            if job.stop_requested_at and (now - job.stop_requested_at).total_seconds() < conf.STOP_RESEND_S:
+            if row.stop_requested_at and (now - row.stop_requested_at).total_seconds() < conf.STOP_RESEND_S:
                 continue
             if stop.reason == StopReason.TIMEOUT:
                 # The node kills the job at its deadline itself; this is the backstop for a node that did not.
-                began = job.started_at or job.scheduled_at or now
-                overdue = (now - began).total_seconds() - job.max_duration_s
+                began = row.started_at or row.scheduled_at or now
+                overdue = (now - began).total_seconds() - row.max_duration_s
                 if overdue < conf.CANCEL_GRACE_S + 20:
                     continue
-                services.job_request_stop(job=job, reason=JobReason.TIMEOUT, grace_s=conf.CANCEL_GRACE_S)
+                reason = JobReason.TIMEOUT
             else:
-                end = ctx.reservation_ends.get(str(job.reservation_id))
+                end = ctx.reservation_ends.get(str(row.reservation_id))
                 if end is not None and (now - end).total_seconds() < grace:
                     continue
-                services.job_request_stop(job=job, reason=JobReason.PREEMPTED, grace_s=conf.CANCEL_GRACE_S)
+                reason = JobReason.PREEMPTED
+            job = Job.objects.select_related("node").filter(pk=row.id, state__in=ON_NODE_STATES).first()
+            if job is None:
+                continue  # it ended since the snapshot
+            services.job_request_stop(job=job, reason=reason, grace_s=conf.CANCEL_GRACE_S)
             result.stopped.append(job.pk)
         _store_reasons(ctx, decisions, result)
     return result

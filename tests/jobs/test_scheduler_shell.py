@@ -224,6 +224,24 @@ def test_a_running_job_of_an_ended_reservation_is_stopped_after_the_grace(
     assert sent[-1]["task"] == "agent.cancel_job"
 
 
+@pytest.mark.django_db
+def test_an_overdue_job_the_node_did_not_stop_is_stopped_once(alice, vision, fleet, submit, sent):
+    # The node kills a job at its deadline itself; a pass stops one that outlived it anyway (a node that missed it).
+    from apps.jobs import conf, services
+
+    job = submit(alice, vision, max_duration_s=60)
+    one_pass()
+    job.refresh_from_db()
+    services.job_transition(job, JobState.RUNNING)
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=60 + conf.CANCEL_GRACE_S + 5))
+    assert one_pass().stopped == []  # within the node's own grace
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=60 + conf.CANCEL_GRACE_S + 30))
+    assert one_pass().stopped == [job.pk]
+    job.refresh_from_db()
+    assert job.stop_reason == "timeout" and job.stop_requested_at is not None
+    assert one_pass().stopped == []  # asked; asked again only after STOP_RESEND_S
+
+
 class _Leader:
     token = 1
 
