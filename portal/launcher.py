@@ -38,9 +38,21 @@ def web_pool_size(env: dict[str, str]) -> int:
     return int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 16) + 8
 
 
+def background_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment of the long-running non-web processes (worker, beat, ingest, publisher, scheduler).
+
+    Persistent database connections (ignored on SQLite): with Django's default of none, Celery closes the
+    connection after every task and the scheduler at every pass, so each agent report and each pass paid a new
+    PostgreSQL connection (a backend process forked on the server), a tenth of the worker's time at 25 jobs/s.
+    These processes have a fixed set of threads, so the connections stay few; CONN_HEALTH_CHECKS replaces one
+    that broke (a database restart)."""
+    return {"DB_CONN_MAX_AGE": env.get("DB_CONN_MAX_AGE") or "600"}
+
+
 def services(port: int, env: dict[str, str]) -> list[Service]:
     """The children, in start order (stopped in reverse)."""
     celery = [PY, "-m", "celery", "-A", "portal"]
+    background = background_env(env)
     return [
         Service(
             "web",
@@ -84,15 +96,17 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
                 "-l",
                 "INFO",
             ],
+            env=background,
         ),
         Service(
             "beat",
             [*celery, "beat", "-l", "INFO", "-s", str(Path(env["PORTAL_VAR_DIR"]) / "run" / "celerybeat-schedule")],
+            env=background,
         ),
         # Agents' 1 Hz telemetry arrives on the Redis stream fleet:ingest, read in batches (apps/telemetry/stream.py).
-        Service("ingest", [PY, "manage.py", "ingest_telemetry"]),
-        Service("publisher", [PY, "manage.py", "fleet_publisher"]),
-        Service("scheduler", [PY, "manage.py", "scheduler"]),
+        Service("ingest", [PY, "manage.py", "ingest_telemetry"], env=background),
+        Service("publisher", [PY, "manage.py", "fleet_publisher"], env=background),
+        Service("scheduler", [PY, "manage.py", "scheduler"], env=background),
         *local_agent(env),
     ]
 

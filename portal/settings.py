@@ -90,6 +90,8 @@ _sqlite_path = VAR_DIR / "portal.sqlite3"
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_sqlite_path}")
 # Persistent connections stay off by default: under ASGI each request's sync code may run on a new thread, and
 # every thread would keep its own connection open until max_connections is exhausted (Django's docs say the same).
+# The web process uses a pool instead (DB_POOL_MAX_SIZE below); the launcher and docker-compose give the worker,
+# beat, ingest, publisher and scheduler DB_CONN_MAX_AGE=600 (fixed threads; a connection per task or pass else).
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # SQLite cannot create the folder of its file
@@ -114,6 +116,13 @@ else:
         _pg_options = DATABASES["default"]["OPTIONS"].get("options", "")
         _pg_options = f"{_pg_options} -c statement_timeout={_statement_timeout_ms}"
         DATABASES["default"]["OPTIONS"]["options"] = _pg_options.strip()
+    # Server-side parameter binding: psycopg then prepares a statement a connection runs often (the same few
+    # queries, thousands of times), and PostgreSQL stops planning it anew each time. Planning was a third of the
+    # database's CPU in the jobs benchmark (the job table's many indexes). Turn off behind a pooler in
+    # transaction mode (PgBouncer < 1.21), which cannot keep prepared statements.
+    if env_bool("DB_SERVER_SIDE_BINDING", True):
+        DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
+        DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5  # psycopg's default; Django turns it off
     # DB_POOL_MAX_SIZE > 0: a psycopg connection pool per process (Django's `pool` option) instead of a new
     # connection per request. Under ASGI every request runs its sync code on a fresh thread, so persistent
     # connections would pile up per thread; a pool hands a connection to the request and takes it back at the end.

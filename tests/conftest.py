@@ -43,10 +43,13 @@ def _clean_redis() -> Iterator[None]:
 def _fresh_cache() -> Iterator[None]:
     from django.core.cache import cache
 
+    from apps.jobs import occupancy
+
     try:
         cache.clear()
     except Exception:
         pass
+    occupancy.forget_caches()  # this process's few-seconds caches of models, prices and the fleet's shape
     yield
 
 

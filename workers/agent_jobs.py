@@ -16,12 +16,14 @@ Reports (queue `control`, through agent.link; node and token added there):
 
 | task | when | body |
 |---|---|---|
-| `jobs.report_started` | with the next flush after the job starts | job_id, handle, at |
+| `jobs.report_started` | a flush START_REPORT_DELAY_S after the start, or with its first lines | job_id, handle, at |
 | `jobs.report_logs` | every 200 ms or 50 lines | batches [{job_id, epoch, first, lines [[stream, text, ts]]}] |
 | `jobs.report_exit` | once per job | job_id, state, reason, exit_code, message, finished_at, log_total (*) |
 | `jobs.report_inventory` | at start (adopting) and every 30 s | jobs [{job_id, status: running/launching/exited}] |
 
-(*) plus handle and started_at when the job ended before its start was reported (one message for a short job).
+(*) plus handle and started_at when the job ended before its start was reported: a job shorter than
+START_REPORT_DELAY_S that prints nothing costs the portal one message, not two (CI smoke jobs, jobs that fail at
+once; at 35 jobs/s of such jobs the portal's worker was the bottleneck with two messages each).
 
 Reconciliation: at start the runner lists the jobs its runtime finds (containers labelled for this agent, or the
 process runtime's state files) and adopts them all: running ones are watched again, ended ones report their exit.
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("workers.agent.jobs")
 
 FLUSH_INTERVAL_S = 0.2
+START_REPORT_DELAY_S = 0.5  # the portal shows "starting" that much longer; see the table above
 FLUSH_LINES = 50
 INVENTORY_EVERY_S = 30.0
 EXITED_LISTED_S = 2 * INVENTORY_EVERY_S  # see "Reconciliation" above
@@ -171,7 +174,7 @@ class JobRunner:
         self._running: set[int] = set()
         self._gpus: dict[int, list[str]] = {}
         self._cancelled_early = _RecentIds()
-        self._started: dict[int, tuple[str, float]] = {}  # started, not reported yet: (handle, time)
+        self._started: dict[int, tuple[str, float, float]] = {}  # not reported yet: (handle, time, monotonic)
         self._reported = _RecentIds()  # ended here: a launch re-sent after the end must not run it again
         self._exited: dict[int, float] = {}  # exit reported: monotonic time, listed in inventories for a while
         self._wake = threading.Event()
@@ -271,13 +274,12 @@ class JobRunner:
     # -- runtime callbacks (watcher threads) ---------------------------------------------------------------
 
     def _on_started(self, job_id: int, handle: str) -> None:
-        # Reported with the next flush (at most FLUSH_INTERVAL_S later): a job that ends before then carries its
-        # start in the exit report instead, one message to the portal rather than two.
+        # Reported by a flush START_REPORT_DELAY_S later (or with the job's first log lines): a job that ends
+        # before then carries its start in the exit report instead, one message to the portal rather than two.
         with self._lock:
             self._launching.discard(job_id)
             self._running.add(job_id)
-            self._started[job_id] = (handle[:200], time.time())
-        self._wake.set()
+            self._started[job_id] = (handle[:200], time.time(), time.monotonic())
 
     def _on_log(self, job_id: int, stream: LogStream, line: str) -> None:
         with self._lock:
@@ -351,19 +353,23 @@ class JobRunner:
     # -- logs ----------------------------------------------------------------------------------------------
 
     def flush(self, job_id: int | None = None, *, started: bool = True) -> int:
-        """Send pending start reports, then buffered lines (of one job, or all) as one `jobs.report_logs`.
+        """Send due start reports, then buffered lines (of one job, or all) as one `jobs.report_logs`.
 
-        Returns how many lines were sent."""
+        A start is due START_REPORT_DELAY_S after it, or now when lines of the job go out (the portal takes
+        reports in order: a job's lines never arrive before its start). Returns how many lines were sent."""
         batches: list[dict[str, Any]] = []
         starts: list[tuple[int, str, float]] = []
         with self._lock:
+            items = [(job_id, self._logs.get(job_id))] if job_id is not None else list(self._logs.items())
             if started:
+                due = time.monotonic() - START_REPORT_DELAY_S
+                printing = {jid for jid, state in items if state is not None and state.buffer}
                 wanted = [job_id] if job_id is not None else list(self._started)
                 for jid in wanted:
-                    if jid in self._started:
-                        handle, at = self._started.pop(jid)
-                        starts.append((jid, handle, at))
-            items = [(job_id, self._logs.get(job_id))] if job_id is not None else list(self._logs.items())
+                    entry = self._started.get(jid)
+                    if entry is not None and (entry[2] <= due or jid in printing):
+                        del self._started[jid]
+                        starts.append((jid, entry[0], entry[1]))
             for jid, state in items:
                 if state is None or not state.buffer:
                     continue

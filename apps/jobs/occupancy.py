@@ -14,8 +14,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Max
-
 from apps.booking import services as booking
 from apps.booking.models import Allocation, AllocationKind, Quota
 from apps.fleet.models import GpuModel
@@ -58,20 +56,38 @@ def release(*, job: Any, end: datetime) -> None:
     booking.allocation_end(allocation_ids=ids, at=end)
 
 
-def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
-    """What the job's GPUs cost per hour at most: the dearest acceptable model x the GPU count."""
+_MODELS_TTL_S = 5.0
+_models_cache: dict[tuple[str, ...], tuple[float, list[int], Decimal]] = {}
+
+
+def _models_facts(gpu_models: Sequence[str]) -> tuple[list[int], Decimal]:
+    """(ids of these models, the dearest one's hourly price); all models for []. Cached for a few seconds: every
+    submission asks, and a price an admin changes applies to holds from then on."""
+    key = tuple(sorted(gpu_models))
+    now = time.monotonic()
+    hit = _models_cache.get(key)
+    if hit is not None and now - hit[0] < _MODELS_TTL_S:
+        return hit[1], hit[2]
     qs = GpuModel.objects.all()
     if gpu_models:
         qs = qs.filter(name__in=list(gpu_models))
-    top = qs.aggregate(top=Max("hourly_price"))["top"] or Decimal("0")
-    return top * gpu_count
+    rows = list(qs.values_list("pk", "hourly_price"))
+    ids = [pk for pk, _ in rows] if gpu_models else []
+    top = max((price for _, price in rows), default=Decimal("0"))
+    _models_cache[key] = (now, ids, top)
+    return ids, top
+
+
+def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
+    """What the job's GPUs cost per hour at most: the dearest acceptable model x the GPU count."""
+    return _models_facts(gpu_models)[1] * gpu_count
 
 
 def quota_hold(*, job: Any, start: datetime, end: datetime) -> None:
     """Count the job's max duration against its team's quota (QuotaExceeded / model_not_allowed if it does not fit).
 
     The concurrent-GPU limit is checked when the job is placed (a queued job holds no GPU)."""
-    model_ids = list(GpuModel.objects.filter(name__in=list(job.gpu_models)).values_list("pk", flat=True))
+    model_ids = _models_facts(job.gpu_models)[0]
     booking.quota_check_and_hold(
         team=job.team,
         gpu_count=job.gpu_count,
@@ -96,3 +112,7 @@ def quota_settle(*, job: Any, start: datetime | None, end: datetime | None) -> N
 def forget_caches() -> None:
     """Drop this process's cached quota facts (tests; an admin change is otherwise seen within seconds)."""
     _concurrency_cache.clear()
+    _models_cache.clear()
+    from apps.jobs import services
+
+    services._fleet_shape_cache.clear()

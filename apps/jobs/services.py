@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -107,8 +108,20 @@ def _check_image(name: Any) -> ContainerImage:
     return image
 
 
+_FLEET_SHAPE_TTL_S = 10.0
+_fleet_shape_cache: dict[tuple[str, ...], tuple[float, int]] = {}
+
+
 def _check_fleet_shape(gpu_count: int, models: list[str]) -> None:
-    """Refuse what can never run: an unknown model, or more GPUs of the models than any one node has."""
+    """Refuse what can never run: an unknown model, or more GPUs of the models than any one node has.
+
+    The largest node's size is remembered for _FLEET_SHAPE_TTL_S and only used to accept (the query counts every
+    GPU of the fleet, on every submission): a refusal is always decided on fresh numbers. A node retired in those
+    seconds can let a job in that waits with the scheduler's "no node has N GPUs" reason instead of a 400."""
+    key = tuple(sorted(models))
+    hit = _fleet_shape_cache.get(key)
+    if hit is not None and time.monotonic() - hit[0] < _FLEET_SHAPE_TTL_S and 0 < gpu_count <= hit[1]:
+        return
     if models:
         known = set(GpuModel.objects.filter(name__in=models).values_list("name", flat=True))
         unknown = [m for m in models if m not in known]
@@ -118,6 +131,7 @@ def _check_fleet_shape(gpu_count: int, models: list[str]) -> None:
     if models:
         gpus = gpus.filter(model__name__in=models)
     largest = gpus.values("node_id").annotate(n=Count("id")).order_by("-n").values_list("n", flat=True).first() or 0
+    _fleet_shape_cache[key] = (time.monotonic(), largest)
     what = f"GPUs of model {'|'.join(models)}" if models else "GPUs"
     if largest == 0:
         raise _field_error("gpu_model" if models else "gpu_count", f"No {what} in the fleet.")
@@ -252,7 +266,7 @@ def job_submit(
                 reservation=reservation,
                 idempotency_key=idempotency_key or "",
             )
-            JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
+            event = JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
             if reservation is None:
                 # A job inside a reservation runs on hours the reservation already counted.
                 occupancy.quota_hold(job=job, start=now, end=now + timedelta(seconds=duration))
@@ -264,7 +278,22 @@ def job_submit(
                 return existing
         raise
     logger.info("job %s queued by %s for team %s", job.pk, user, team.slug)
+    # The caller shows the job it just queued: its timeline is that one event and it holds no GPU yet, so the
+    # detail serializer needs no query for them (what a prefetch would have cached).
+    _prime_related(job, "events", JobEvent, [event])
+    _prime_related(job, "gpus", Gpu, [])
     return job
+
+
+def _prime_related(job: Job, name: str, model: type[Any], rows: list[Any]) -> None:
+    qs = model.objects.all()
+    qs._result_cache = rows  # as prefetch_related_objects stores a prefetched relation
+    qs._prefetch_done = True
+    cache = getattr(job, "_prefetched_objects_cache", None)
+    if cache is None:
+        cache = {}
+        setattr(job, "_prefetched_objects_cache", cache)  # noqa: B010 - Django's attribute, not declared on Job
+    cache[name] = qs
 
 
 # --- The state machine ------------------------------------------------------------------------------------
@@ -398,6 +427,87 @@ def job_start(*, job: Job, node: Node, gpus: Sequence[Gpu], now: datetime) -> Jo
             occupancy.allocate(job=job, gpus=gpus, start=now, end=end)
         agent_send(node=node, task="agent.launch_job", body=launch_request(job, gpus))
     return job
+
+
+@dataclass(frozen=True)
+class StartItem:
+    job: Job
+    node: Node
+    gpus: Sequence[Gpu]
+
+
+def jobs_start_many(*, items: Sequence[StartItem], now: datetime) -> list[int]:
+    """queued → starting for many jobs in a handful of statements: what `job_start` does for each, batched.
+
+    For the scheduler's common case (no reservation, no concurrent-GPU quota: the caller checks), where a pass
+    starts tens of jobs and one savepoint, UPDATE, event and allocation insert per job was most of its time.
+    All or nothing: raises Conflict when a GPU is held meanwhile or a job is no longer queued, and the caller (in
+    a savepoint) starts them one by one to learn which. Returns the started ids; launches are sent after commit.
+    """
+    from apps.booking import services as booking
+    from apps.booking.models import AllocationKind
+    from apps.fleet.commands import agent_send
+
+    if not items:
+        return []
+    ids = [item.job.pk for item in items]
+    with transaction.atomic():
+        # The row locks make the state check and the UPDATEs below one step, as job_transition's conditional
+        # UPDATE does for one job (a cancel racing a start waits here, then finds the job starting).
+        queued = set(
+            Job.objects.select_for_update()
+            .filter(pk__in=ids, state=JobState.QUEUED)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        if len(queued) != len(ids):
+            raise TransitionRefused("A job of this pass is no longer queued.")
+        by_target: dict[tuple[int, Decimal], list[int]] = {}
+        prices: dict[int, Decimal] = {}
+        for item in items:
+            price = sum((g.model.hourly_price for g in item.gpus), Decimal("0"))
+            prices[item.job.pk] = price
+            by_target.setdefault((item.node.pk, price), []).append(item.job.pk)
+        common = {
+            "state": JobState.STARTING,
+            "updated_at": now,
+            "scheduled_at": now,
+            "launch_sent_at": now,
+            "launch_attempts": 1,
+            "pending_reason": "",
+            "pending_message": "",
+        }
+        for (node_id, price), job_ids in by_target.items():
+            Job.objects.filter(pk__in=job_ids).update(node_id=node_id, hourly_price=price, **common)
+        JobEvent.objects.bulk_create(
+            [JobEvent(job_id=pk, at=now, from_state=JobState.QUEUED, to_state=JobState.STARTING) for pk in ids]
+        )
+        Job.gpus.through.objects.bulk_create(
+            [Job.gpus.through(job_id=item.job.pk, gpu_id=g.pk) for item in items for g in item.gpus]
+        )
+        booking.allocations_create_many(
+            [
+                booking.AllocationRequest(
+                    gpu_ids=[g.pk for g in item.gpus],
+                    team=item.job.team,
+                    user=item.job.user,
+                    start=now,
+                    end=now + timedelta(seconds=item.job.max_duration_s + conf.ALLOCATION_SLACK_S),
+                    kind=AllocationKind.JOB,
+                    job_id=item.job.pk,
+                )
+                for item in items
+            ]
+        )
+        for item in items:
+            job = item.job
+            for name, value in common.items():
+                setattr(job, name, value)
+            job.node = item.node
+            job.hourly_price = prices[job.pk]
+            events.broadcast_state_on_commit(job)
+            agent_send(node=item.node, task="agent.launch_job", body=launch_request(job, item.gpus))
+    return ids
 
 
 def job_resend_launch(*, job: Job) -> None:

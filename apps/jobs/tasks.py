@@ -32,7 +32,7 @@ def _stop_on_node(node_id: int, job_id: int) -> None:
         agent_send(node=node, task="agent.cancel_job", body={"job_id": job_id, "grace_s": float(conf.CANCEL_GRACE_S)})
 
 
-@shared_task(name="jobs.report_started", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_started", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
 def report_started(payload: dict[str, Any]) -> bool:
     try:
         msg = messages.check_started(payload)
@@ -47,7 +47,7 @@ def report_started(payload: dict[str, Any]) -> bool:
     return verdict == "running"
 
 
-@shared_task(name="jobs.report_logs", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_logs", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
 def report_logs(payload: dict[str, Any]) -> int:
     try:
         msg = messages.check_logs(payload)
@@ -64,7 +64,7 @@ def report_logs(payload: dict[str, Any]) -> int:
     return stored
 
 
-@shared_task(name="jobs.report_exit", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_exit", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
 def report_exit(payload: dict[str, Any]) -> bool:
     try:
         msg = messages.check_exit(payload)
@@ -86,7 +86,7 @@ def report_exit(payload: dict[str, Any]) -> bool:
     )
 
 
-@shared_task(name="jobs.report_inventory", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_inventory", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
 def report_inventory(payload: dict[str, Any]) -> dict[str, list[int]]:
     try:
         msg = messages.check_inventory(payload)
@@ -99,11 +99,11 @@ def report_inventory(payload: dict[str, Any]) -> dict[str, list[int]]:
     return services.node_reconcile(node=node, items=items, complete=msg.complete)
 
 
-@shared_task(name="jobs.sweep", time_limit=60, soft_time_limit=50)
+@shared_task(name="jobs.sweep", ignore_result=True, time_limit=60, soft_time_limit=50)
 def sweep() -> dict[str, int]:
     return services.jobs_sweep()
 
 
-@shared_task(name="jobs.stop_for_reservation", time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.stop_for_reservation", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
 def stop_for_reservation(reservation_id: int, team_id: int, gpu_ids: list[int]) -> list[int]:
     return services.jobs_stop_for_reservation(reservation_id=reservation_id, team_id=team_id, gpu_ids=gpu_ids)

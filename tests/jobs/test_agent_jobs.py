@@ -112,11 +112,31 @@ def test_a_job_reports_started_logs_in_order_and_its_exit(make_runner):
 
 def test_a_longer_job_reports_its_start_before_its_end(make_runner):
     runner, sender = make_runner()
-    runner.launch(request(19, "sh", "-c", "sleep 0.6"))
+    runner.launch(request(19, "sh", "-c", "sleep 1.5"))
     sender.wait(lambda: sender.of("jobs.report_started"))
     assert not sender.of("jobs.report_exit")
     report = sender.exit_of(19)
     assert "started_at" not in report
+
+
+def test_a_quiet_short_job_costs_the_portal_one_message(make_runner):
+    """Shorter than START_REPORT_DELAY_S and silent: its start rides in the exit report, nothing else is sent."""
+    runner, sender = make_runner()
+    runner.launch(request(20, "sleep", "0.1"))
+    report = sender.exit_of(20)
+    time.sleep(0.3)  # a start report that was coming anyway would be out by now (flushes every 0.2 s)
+    assert [task for task, _ in sender.sent] == ["jobs.report_exit"]
+    assert report["state"] == "succeeded" and report["handle"].startswith("pid:")
+    assert report["started_at"] <= report["finished_at"]
+
+
+def test_a_job_that_prints_reports_its_start_before_its_lines(make_runner):
+    runner, sender = make_runner()
+    runner.launch(request(21, "sh", "-c", "echo first; sleep 2; echo second"))
+    sender.wait(lambda: sender.lines_of(21))
+    tasks = [task for task, body in sender.sent if body.get("job_id") == 21 or task == "jobs.report_logs"]
+    assert tasks[:2] == ["jobs.report_started", "jobs.report_logs"]
+    assert "started_at" not in sender.exit_of(21)
 
 
 def test_cancel_sends_sigterm_then_reports_cancelled(make_runner):

@@ -57,6 +57,87 @@ def test_a_pass_starts_a_queued_job_and_sends_the_launch_after_commit(
 
 
 @pytest.mark.django_db
+def test_a_pass_starts_many_jobs_in_one_batch_each_as_one_start_would(
+    alice, vision, submit, sent, django_capture_on_commit_callbacks, monkeypatch
+):
+    from apps.jobs import services
+    from apps.jobs.models import JobEvent
+
+    jobs = [submit(alice, vision, gpu_count=n) for n in (1, 2, 1, 3)]
+
+    def one_at_a_time(**kwargs: Any) -> None:
+        raise AssertionError("the batch should have started them all")
+
+    monkeypatch.setattr(services, "job_start", one_at_a_time)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        result = one_pass()
+    assert sorted(result.started) == sorted(j.pk for j in jobs) and not result.refused
+    assert sorted(m["body"]["job_id"] for m in sent) == sorted(j.pk for j in jobs)
+    held: set[int] = set()
+    for job in jobs:
+        job.refresh_from_db()
+        gpus = {g.pk for g in job.gpus.all()}
+        assert job.state == JobState.STARTING and job.node is not None and len(gpus) == job.gpu_count
+        assert {g.node_id for g in job.gpus.all()} == {job.node_id}  # gang: one node
+        assert job.scheduled_at is not None and job.launch_attempts == 1
+        assert job.hourly_price == sum(g.model.hourly_price for g in job.gpus.all())
+        allocations = Allocation.objects.filter(job_id=job.pk, kind="job", active=True)
+        assert {a.gpu_id for a in allocations} == gpus and all(a.team_id == vision.pk for a in allocations)
+        assert all(a.end - a.start == timedelta(seconds=600 + scheduler.conf.ALLOCATION_SLACK_S) for a in allocations)
+        assert list(JobEvent.objects.filter(job=job).values_list("from_state", "to_state")) == [
+            ("", "queued"),
+            ("queued", "starting"),
+        ]
+        launch = next(m for m in sent if m["body"]["job_id"] == job.pk)
+        assert launch["queue"] == f"node.{job.node.name}"
+        assert sorted(launch["body"]["gpu_uuids"]) == sorted(g.uuid for g in job.gpus.all())
+        assert not (held & gpus)
+        held |= gpus
+    assert len(callbacks) >= 2 * len(jobs)  # a launch and a websocket state message per job
+
+
+@pytest.mark.django_db
+def test_a_batch_refused_in_part_starts_the_rest_one_by_one(alice, vision, fleet, submit, sent, monkeypatch):
+    """Between the snapshot and the apply a GPU the pass chose gets taken and one job is cancelled: the batch is
+    all or nothing, so the pass falls back to one start at a time; only those two stay queued."""
+    from apps.booking import services as booking
+    from apps.jobs import services
+    from apps.jobs.scheduling import schedule
+
+    jobs = [submit(alice, vision, gpu_count=1, gpu_model="A100-80GB") for _ in range(4)]
+    now = timezone.now()
+    ctx = scheduler.load_snapshot(now)
+    decisions = schedule(ctx.snapshot, policy=FAIR, now=scheduler.epoch(now))
+    chosen = {s.job_id: s.gpu_ids for s in decisions.starts}
+    assert len(chosen) == 4
+    taken_job, cancelled_job = jobs[0], jobs[1]
+    booking.allocations_create(
+        gpus=[int(chosen[str(taken_job.pk)][0])], team=vision, user=alice, kind="job", job_id=None,
+        start=now - timedelta(seconds=1), end=now + timedelta(hours=1),
+    )  # fmt: skip
+    services.job_cancel(job=Job.objects.get(pk=cancelled_job.pk), user=alice)
+    tried: list[int] = []
+    batch = services.jobs_start_many
+
+    def spy(**kwargs: Any) -> list[int]:
+        tried.append(len(kwargs["items"]))
+        return batch(**kwargs)
+
+    monkeypatch.setattr(services, "jobs_start_many", spy)
+    result = scheduler.apply_decisions(ctx, decisions, token=1, leader="test")
+    assert tried == [4]
+    assert sorted(result.started) == sorted([jobs[2].pk, jobs[3].pk])
+    assert set(result.refused) == {taken_job.pk, cancelled_job.pk}
+    taken_job.refresh_from_db()
+    assert taken_job.state == JobState.QUEUED and taken_job.pending_reason == "conflict"
+    assert Job.objects.get(pk=cancelled_job.pk).state == JobState.CANCELLED
+    assert not Allocation.objects.filter(job_id__in=[taken_job.pk, cancelled_job.pk]).exists()
+    for job in jobs[2:]:
+        assert Job.objects.get(pk=job.pk).state == JobState.STARTING
+        assert Allocation.objects.filter(job_id=job.pk, active=True).count() == 1
+
+
+@pytest.mark.django_db
 def test_nothing_is_sent_when_the_apply_transaction_rolls_back(alice, vision, submit, sent, monkeypatch):
     submit(alice, vision)
 

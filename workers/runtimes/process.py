@@ -376,6 +376,7 @@ class ProcessRuntime:
         for tail in tails:
             tail.start()
         returncode = self._wait_exit(job)
+        exited_at = utcnow()  # before the tails drain: the job's runtime (and its bill) ends here
         if self._closed.is_set():
             return
         if returncode is None:  # adopted: the wrapper wrote the status (not there if the group was SIGKILLed)
@@ -386,11 +387,14 @@ class ProcessRuntime:
         job.exited.set()
         for tail in tails:
             tail.join(timeout=10)
-        self._finish(job, self._outcome(job, returncode))
+        self._finish(job, self._outcome(job, returncode, exited_at))
 
     def _wait_exit(self, job: _Job) -> int | None:
-        """Wait for the process: its return code if it is our child, else None (also when closed)."""
-        pidfd = _open_pidfd(job.pid) if job.proc is None else None
+        """Wait for the process: its return code if it is our child, else None (also when closed).
+
+        On a pidfd where there is one, for our child too: it wakes at the exit, where Popen.wait(timeout) polls
+        with sleeps of up to 50 ms (tens of milliseconds on every short job's turnaround)."""
+        pidfd = _open_pidfd(job.pid)
         try:
             while not self._closed.is_set():
                 now = time.monotonic()
@@ -400,15 +404,16 @@ class ProcessRuntime:
                         self._request_stop(job, "timeout", self._timeout_grace_s)
                     else:
                         chunk = min(chunk, max(0.05, job.deadline - now))
+                if pidfd is not None:
+                    readable, _, _ = select.select([pidfd], [], [], chunk)
+                    if readable:
+                        return job.proc.wait() if job.proc is not None else None
+                    continue
                 if job.proc is not None:
                     try:
                         return job.proc.wait(timeout=chunk)
                     except subprocess.TimeoutExpired:
                         continue
-                if pidfd is not None:
-                    readable, _, _ = select.select([pidfd], [], [], chunk)
-                    if readable:
-                        return None
                 elif process_start_ticks(job.pid) != job.start_ticks:
                     return None
                 else:
@@ -437,7 +442,8 @@ class ProcessRuntime:
                 elif finished:
                     break
                 else:
-                    self._closed.wait(self._poll_s)
+                    # Woken by the exit at once (not at the next poll): the exit report waits for the tails.
+                    job.exited.wait(self._poll_s)
             else:
                 return
             for line in splitter.flush():
@@ -450,7 +456,7 @@ class ProcessRuntime:
             job.stderr_tail.append(line)
         safe_call("on_log", self._events.on_log, job.job_id, stream, line)
 
-    def _outcome(self, job: _Job, returncode: int | None) -> JobOutcome:
+    def _outcome(self, job: _Job, returncode: int | None, exited_at: datetime) -> JobOutcome:
         exit_code = signal_exit_code(returncode) if returncode is not None else None
         oom = False
         if job.memory_limited and returncode not in (None, 0) and job.stop_reason is None:
@@ -478,7 +484,7 @@ class ProcessRuntime:
             oom=oom,
             message=message,
             started_at=job.started_at,
-            finished_at=utcnow(),
+            finished_at=exited_at,
         )
 
     def _finish(self, job: _Job, outcome: JobOutcome, *, keep_state: bool = True) -> None:

@@ -204,7 +204,9 @@ class JobDetailOutput(JobOutput):
         fields = [*JobOutput.Meta.fields, "gpus", "hourly_price", "events"]
 
     def get_events(self, job: Job) -> list[dict[str, Any]]:
-        return list(JobEventOutput(job.events.order_by("at", "id"), many=True).data)
+        # .all() and a sort here rather than order_by: a prefetched timeline (a job just submitted) is used as is.
+        events = sorted(job.events.all(), key=lambda e: (e.at, e.pk))
+        return list(JobEventOutput(events, many=True).data)
 
 
 class LogLineOutput(serializers.ModelSerializer):
