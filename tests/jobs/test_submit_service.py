@@ -136,3 +136,34 @@ def test_max_duration_must_fit_the_reservation(alice, vision, fleet, submit):
     resv = _reservation(vision, alice, fleet, hours=1)
     with pytest.raises(ApplicationError):
         submit(alice, vision, reservation_id=resv.pk, max_duration_s=4 * 3600)
+
+
+def test_a_too_large_job_is_refused_on_fresh_numbers_not_a_remembered_fleet(alice, vision, fleet, submit):
+    """The largest node's size is remembered for a few seconds to accept jobs, never to refuse one."""
+    from tests.factories import GpuFactory, NodeFactory
+
+    submit(alice, vision, gpu_count=2)  # remembers: the largest node has 8 GPUs
+    with pytest.raises(ValidationFailed):
+        submit(alice, vision, gpu_count=12)
+    node = NodeFactory(name="node03", last_heartbeat=timezone.now())
+    for i in range(16):
+        GpuFactory(node=node, index=i, model=fleet["h100"], uuid=f"GPU-big-{i:04d}")
+    assert submit(alice, vision, gpu_count=12).state == JobState.QUEUED
+
+
+def test_an_unlimited_teams_usage_is_counted_at_submit_and_settled_at_the_end(alice, vision, submit):
+    """Without any limit the hold skips the usage row lock (nothing to check), but the month's usage still counts
+    the job's max duration while queued and its real runtime once it ended; a missing usage row is created."""
+    from decimal import Decimal
+
+    from apps.booking.models import QuotaUsage
+    from apps.jobs import services
+
+    assert not QuotaUsage.objects.filter(team=vision).exists()
+    job = submit(alice, vision, gpu_count=2, gpu_model="A100-80GB", max_duration_s=3600)
+    usage = QuotaUsage.objects.get(team=vision)
+    assert usage.gpu_hours == Decimal("2.0000") and usage.cost == Decimal("5.0000")  # 2 GPUs x 1 h x 2.5/h
+    job = services.job_cancel(job=job, user=alice)  # never ran: everything given back
+    usage.refresh_from_db()
+    assert usage.gpu_hours == 0 and usage.cost == 0
+    assert not QuotaHold.objects.get(job_id=job.pk).active
