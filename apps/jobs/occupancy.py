@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from apps.booking import services as booking
-from apps.booking.models import Allocation, AllocationKind, Quota
+from apps.booking.models import AllocationKind, Quota
 from apps.fleet.models import GpuModel
 
 
@@ -50,10 +50,7 @@ def team_limits_concurrency(team_id: int) -> bool:
 
 def release(*, job: Any, end: datetime) -> None:
     """Cut the job's allocations at `end`: the GPUs are free from then on (idempotent)."""
-    ids = list(
-        Allocation.objects.filter(kind=AllocationKind.JOB, job_id=job.pk, active=True).values_list("pk", flat=True)
-    )
-    booking.allocation_end(allocation_ids=ids, at=end)
+    booking.allocations_end_of_job(job_id=job.pk, at=end)
 
 
 _MODELS_TTL_S = 5.0

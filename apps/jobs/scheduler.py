@@ -429,8 +429,12 @@ class PassResult:
 
 def _claim_fence(token: int, leader: str, now: datetime) -> None:
     """Move the fence to our token; a newer leader's token there means we are not the leader any more."""
-    SchedulerState.objects.get_or_create(pk=1)
     updated = SchedulerState.objects.filter(pk=1, fence__lte=token).update(fence=token, leader=leader)
+    if not updated:
+        # The row is made once (a new installation), not looked up on every pass.
+        _, created = SchedulerState.objects.get_or_create(pk=1)
+        if created:
+            updated = SchedulerState.objects.filter(pk=1, fence__lte=token).update(fence=token, leader=leader)
     if not updated:
         raise NotLeader(f"a leader with a token above {token} has taken over")
 

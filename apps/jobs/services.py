@@ -360,13 +360,15 @@ def job_transition(
             raise TransitionRefused(f"Job {job.pk} changed state concurrently; try again.")
         for name, value in fields.items():
             setattr(job, name, value)
+        timeline = []
         if current == JobState.STARTING and to_state in TERMINAL_STATES and job.started_at is not None:
             # It ran (briefly) before anyone heard it had started: the timeline says so.
-            JobEvent.objects.create(job=job, at=job.started_at, from_state=current, to_state=JobState.RUNNING)
+            timeline.append(JobEvent(job=job, at=job.started_at, from_state=current, to_state=JobState.RUNNING))
             current = JobState.RUNNING
-        JobEvent.objects.create(
-            job=job, at=now, from_state=current, to_state=to_state, reason=reason, message=message[:4000]
+        timeline.append(
+            JobEvent(job=job, at=now, from_state=current, to_state=to_state, reason=reason, message=message[:4000])
         )
+        JobEvent.objects.bulk_create(timeline)
         if to_state in TERMINAL_STATES:
             end = job.ended_at or now
             if allocation_end is not None:
