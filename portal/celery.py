@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@signals.task_prerun.connect
+def _fresh_database_state(**kwargs: object) -> None:
+    """Before each task, what Django does before each request: close a connection that is past DB_CONN_MAX_AGE or
+    broke (a database restart), and re-arm CONN_HEALTH_CHECKS. Celery leaves connections open between tasks only
+    because of CELERY_DB_REUSE_MAX (settings); without this a dead connection would fail the next task."""
+    from django.db import close_old_connections
+
+    task = kwargs.get("task")
+    if getattr(getattr(task, "request", None), "is_eager", False):
+        return  # run in the caller's process and transaction (tests, apply()): its connection is not ours
+    close_old_connections()

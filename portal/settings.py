@@ -183,6 +183,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
 CELERY_RESULT_EXPIRES = 3600
+# Celery closes every database connection before and after each task unless this is set (then every this many
+# tasks): with DB_CONN_MAX_AGE (the launcher sets it for the worker) a report reuses its thread's connection instead of
+# opening one (a PostgreSQL backend forked per agent report). portal/celery.py re-arms the health check per task.
+CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_timeout": 10, "socket_connect_timeout": 5}
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}

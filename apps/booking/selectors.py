@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time as monotime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -291,10 +291,15 @@ def limits_of(quota: Quota | None) -> quota_math.Limits:
     )
 
 
-def allowed_model_names(*, team_id: int, at: datetime | None = None) -> list[str]:
-    """The GPU models the team's quota allows in the month of `at` (default: now); [] when it allows every model."""
+def allowed_model_names(
+    *, team_id: int, at: datetime | None = None, quotas: Mapping[date, Quota | None] | None = None
+) -> list[str]:
+    """The GPU models the team's quota allows in the month of `at` (default: now); [] when it allows every model.
+    `quotas`: what `quotas_for` returned for the team, when the caller has it (read again if it lacks the month)."""
     month = quota_math.month_of(at or timezone.now(), local_tz())
-    allowed = limits_of(quotas_for(team_id=team_id, months=[month])[month]).allowed_model_ids
+    if quotas is None or month not in quotas:
+        quotas = quotas_for(team_id=team_id, months=[month])
+    allowed = limits_of(quotas[month]).allowed_model_ids
     if not allowed:
         return []
     return sorted(GpuModel.objects.filter(pk__in=allowed).values_list("name", flat=True))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -36,6 +36,7 @@ from apps.booking.models import (
     AllocationKind,
     BookingPolicy,
     CalendarFeed,
+    Quota,
     QuotaHold,
     QuotaUsage,
     Reservation,
@@ -420,8 +421,10 @@ def _quota_check_and_hold(
     months = sorted(amounts)
     # No savepoint of its own: a refusal ends the caller's transaction (the public function adds one).
     with transaction.atomic(savepoint=False):
-        # The limits are configuration (the usage lock does not guard them): read before taking it.
-        quotas = quotas if quotas is not None else selectors.quotas_for(team_id=team.pk, months=months)
+        # The limits are configuration (the usage lock does not guard them): read before taking it, or taken
+        # from the caller, who read them for these months already (a job's submission).
+        if quotas is None or any(m not in quotas for m in months):
+            quotas = selectors.quotas_for(team_id=team.pk, months=months)
         if gpu_model_ids:
             quota_models_check(team=team, months=months, gpu_model_ids=gpu_model_ids, quotas=quotas)
         limits = {m: selectors.limits_of(quotas[m]) for m in months}
@@ -468,6 +471,7 @@ def quota_check_and_hold(
     reservation: Reservation | None = None,
     job_id: int | None = None,
     check_concurrency: bool = True,
+    quotas: Mapping[date, Quota | None] | None = None,
 ) -> QuotaCheck:
     """Count `gpu_count` GPUs over [start, end) at `hourly_rate` (the price of all of them per hour) against
     `team`'s quota of every month they touch, or refuse.
@@ -492,6 +496,7 @@ def quota_check_and_hold(
             reservation=reservation,
             job_id=job_id,
             check_concurrency=check_concurrency,
+            quotas=quotas,
         )
 
 

@@ -9,8 +9,8 @@ Lock order (booking's): the team's QuotaUsage rows first, then the GPUs.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -80,7 +80,7 @@ def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
     return _models_facts(gpu_models)[1] * gpu_count
 
 
-def quota_hold(*, job: Any, start: datetime, end: datetime) -> None:
+def quota_hold(*, job: Any, start: datetime, end: datetime, quotas: Mapping[date, Any] | None = None) -> None:
     """Count the job's max duration against its team's quota (QuotaExceeded / model_not_allowed if it does not fit).
 
     The concurrent-GPU limit is checked when the job is placed (a queued job holds no GPU)."""
@@ -95,6 +95,7 @@ def quota_hold(*, job: Any, start: datetime, end: datetime) -> None:
         gpu_model_ids=model_ids,
         job_id=job.pk,
         check_concurrency=False,
+        quotas=quotas,
     )
 
 

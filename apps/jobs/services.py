@@ -22,7 +22,9 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.scoping import team_ids_of
+from apps.booking import quota as quota_math
 from apps.booking import selectors as booking_selectors
+from apps.booking.selectors import local_tz
 from apps.core.errors import ApplicationError, Conflict, Forbidden, NotFound, ValidationFailed
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.jobs import conf, events, occupancy, validation
@@ -226,11 +228,17 @@ def job_submit(
         raise _field_error("name", f"name must be at most {conf.MAX_NAME_CHARS} characters.")
     container_image = _check_image(image)
     clean_mounts = validation.check_mounts(mounts, container_image.allowed_mounts)
+    quotas = None
+    if reservation_id is None:
+        # The team's quotas for the months the job may run in: read once, for the models and for the hold.
+        begin = timezone.now()
+        months = [m for m, _ in quota_math.split_by_month(begin, begin + timedelta(seconds=duration), local_tz())]
+        quotas = booking_selectors.quotas_for(team_id=team.pk, months=months)
     if not models and reservation_id is None:
         # "Any model" means any model the team may use: narrowed here, the scheduler never places the job on a
         # model the quota excludes (an explicit model it excludes is refused by the quota hold below, 403).
         # A job bound to a reservation runs on the reservation's GPUs, which the quota allowed when booked.
-        models = booking_selectors.allowed_model_names(team_id=team.pk)
+        models = booking_selectors.allowed_model_names(team_id=team.pk, quotas=quotas)
     if check_fleet:
         _check_fleet_shape(gpu_count, models)
     reservation = None
@@ -269,7 +277,7 @@ def job_submit(
             event = JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
             if reservation is None:
                 # A job inside a reservation runs on hours the reservation already counted.
-                occupancy.quota_hold(job=job, start=now, end=now + timedelta(seconds=duration))
+                occupancy.quota_hold(job=job, start=now, end=now + timedelta(seconds=duration), quotas=quotas)
             events.wake_scheduler_on_commit("submitted")
     except IntegrityError:
         if idempotency_key:
