@@ -354,7 +354,9 @@ def test_web_killed_mid_booking_burst_leaves_only_whole_bookings(portal_db: Port
     print(f"{len(booked)} bookings 201; {len(unanswered)} unanswered at the kill, retried: {retried}; audit clean")
 
 
-def test_the_worker_keeps_its_database_connections_and_survives_a_database_restart(portal_db: Portal) -> None:
+def test_the_worker_keeps_its_database_connections_and_survives_a_database_restart(
+    portal_db: Portal, tmp_path: Any
+) -> None:
     """The Celery worker as the launcher starts it keeps one connection per pool process between tasks (a new
     PostgreSQL backend per agent report was a third of the database's CPU at 30 jobs/s); after PostgreSQL restarts,
     the first report it takes still lands (the per-task health check replaces the dead connection)."""
@@ -373,7 +375,7 @@ def test_the_worker_keeps_its_database_connections_and_survives_a_database_resta
     assert worker.env.get("DB_CONN_MAX_AGE") == "600"
     redis = PrivateRedis()
     redis.start()
-    log = open(REPO / "var" / "test-worker-db-restart.log", "wb")  # noqa: SIM115 - the child writes it
+    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - the child writes it
     proc = subprocess.Popen(
         [*worker.argv[:-2], "-l", "WARNING"], cwd=REPO, env={**env, **worker.env, "REDIS_URL": redis.url(0)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
