@@ -5,10 +5,11 @@
 
 It creates a fresh database (the name in --database-url, dropped first), migrates it, seeds teams, users, tokens
 and GPUs (nodes of 8), starts the web tier as its own processes (uvicorn: `wsgi` = Django's WSGI app on uvicorn's
-threaded WSGI interface, `asgi` = the ASGI app), then runs `--concurrency` keep-alive HTTP/1.1 clients (a small
-asyncio client, no third-party HTTP library) for `--duration` seconds. Each request books one named GPU for one
-hour: with probability `--conflict` a cell (GPU, hour) already booked, exactly or shifted by half an hour (a
-partial overlap), which must get 409; otherwise a fresh cell, which must get 201. Every team has a quota (large
+threaded WSGI interface, `asgi` (default) = the ASGI app as shipped, with the launcher's connection pool), then
+runs `--concurrency` keep-alive HTTP/1.1 clients (a small asyncio client, no third-party HTTP library) for
+`--duration` seconds. Each request books one named GPU for one hour: with probability `--conflict` a cell (GPU,
+hour) already booked, exactly or shifted by half an hour (a partial overlap), which must get 409; otherwise a fresh
+cell, which must get 201. Every team has a quota (large
 enough not to refuse), so each booking takes the team's quota row lock as in production.
 
 Prints successful bookings/s, all requests/s, p50/p99 latency (all, 201, 409), the status mix, then an SQL audit:
@@ -366,7 +367,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--conflict", type=float, default=0.5, help="share of requests aimed at booked cells")
-    parser.add_argument("--server", choices=["wsgi", "asgi"], default="wsgi")
+    parser.add_argument("--server", choices=["wsgi", "asgi"], default="asgi")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--teams", type=int, default=8)
     parser.add_argument("--gpus", type=int, default=128)
@@ -387,14 +388,19 @@ def main() -> int:
         "REDIS_URL": args.redis_url,
         "DEBUG": "0",
         "LOG_LEVEL": "WARNING" if args.verbose else "ERROR",
-        # Persistent connections for the threaded WSGI server; under ASGI every request runs on a new thread
-        # and would leave its connection open (Django's docs: no persistent connections under ASGI).
+        # Persistent connections for the threaded WSGI server; the ASGI app gets the connection pool the launcher
+        # and compose give the web process (without it, a new PostgreSQL connection per request: the shipped
+        # configuration does not do that, and the backends' start-up was most of PostgreSQL's CPU here).
         "DB_CONN_MAX_AGE": "600" if args.server == "wsgi" else "0",
         # The throttle would cap one client IP at 200 requests/s; this measures booking, not the throttle.
         "API_RATE_PER_IP": "10000000/min",
         "API_RATE_PER_TOKEN": "10000000/min",
         "PYTHONUNBUFFERED": "1",
     }
+    if args.server == "asgi":
+        from portal.launcher import web_pool_size
+
+        env["DB_POOL_MAX_SIZE"] = os.environ.get("DB_POOL_MAX_SIZE") or str(web_pool_size(env))
     print(f"fresh database {_db_parts(args.database_url)[0]}; migrating and seeding...", flush=True)
     fresh_database(args.database_url)
     subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)

@@ -60,7 +60,7 @@ class QuotaAdmin(admin.ModelAdmin):
 
 @admin.register(QuotaUsage)
 class QuotaUsageAdmin(ReadOnlyAdmin):
-    list_display = ("team", "month", "gpu_hours", "cost", "updated_at")
+    list_display = ("team", "month", "slot", "gpu_hours", "cost", "updated_at")
     list_filter = ("team",)
 
 

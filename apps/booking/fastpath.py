@@ -108,13 +108,14 @@ SELECT u.id, u.month, u.gpu_hours, u.cost,
                                    WHERE am.quota_id = q.id))),
                 '[]')
         FROM booking_quota q WHERE q.team_id = %(team)s AND (q.month = ANY(%(months)s) OR q.month IS NULL))
+       , u.slot
 FROM booking_quotausage u
-WHERE u.team_id = %(team)s AND u.month = ANY(%(months)s) ORDER BY u.month FOR UPDATE OF u
+WHERE u.team_id = %(team)s AND u.month = ANY(%(months)s) ORDER BY u.month, u.slot FOR UPDATE OF u
 """
 _CREATE_USAGE_SQL = """
-INSERT INTO booking_quotausage (team_id, month, gpu_hours, cost, updated_at)
-SELECT %(team)s, m, 0, 0, now() FROM unnest(%(months)s::date[]) AS m
-ON CONFLICT (team_id, month) DO NOTHING
+INSERT INTO booking_quotausage (team_id, month, slot, gpu_hours, cost, updated_at)
+SELECT %(team)s, m, 0, 0, 0, now() FROM unnest(%(months)s::date[]) AS m
+ON CONFLICT (team_id, month, slot) DO NOTHING
 """
 
 
@@ -138,18 +139,25 @@ def _limits_from_json(rows: list[dict[str, Any]], months: Sequence[date]) -> dic
 
 
 def lock_usage(team_id: int, months: Sequence[date]) -> tuple[dict[date, UsageRow], dict[date, quota_math.Limits]]:
-    """Lock the team's QuotaUsage rows of `months` (creating missing ones) in month order, and read the limits
-    that apply to each month, in one statement; needs a transaction."""
+    """Lock the team's QuotaUsage rows (every slot) of `months` (creating slot 0 where missing) in (month, slot)
+    order, and read the limits that apply to each month, in one statement; needs a transaction. A month's `used`
+    is the sum over its slots; `id` is its slot 0, which the booking's write updates."""
     wanted = sorted(set(months))
     params: dict[str, Any] = {"team": team_id, "months": wanted}
     with connection.cursor() as cursor:
         cursor.execute(_LOCK_USAGE_SQL, params)
         rows = cursor.fetchall()
-        if len(rows) < len(wanted):
+        if {r[1] for r in rows if r[5] == 0} != set(wanted):
             cursor.execute(_CREATE_USAGE_SQL, params)
             cursor.execute(_LOCK_USAGE_SQL, params)
             rows = cursor.fetchall()
-    usage = {r[1]: UsageRow(id=r[0], month=r[1], used=quota_math.Amount(r[2], r[3])) for r in rows}
+    usage: dict[date, UsageRow] = {}
+    for r in rows:
+        seen = usage.get(r[1])
+        used = quota_math.Amount(r[2], r[3])
+        if seen is not None:
+            used = quota_math.Amount(seen.used.gpu_hours + used.gpu_hours, seen.used.cost + used.cost)
+        usage[r[1]] = UsageRow(id=r[0] if r[5] == 0 else seen.id if seen else 0, month=r[1], used=used)
     raw = rows[0][4] if rows else []
     if isinstance(raw, str):
         raw = json.loads(raw)

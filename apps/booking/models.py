@@ -175,11 +175,21 @@ class QuotaUsageQuerySet(ScopedQuerySet["QuotaUsage"]):
     team_path = "team"
 
 
+# How many rows a team's usage of one month may be spread over (see QuotaUsage.slot).
+USAGE_SLOTS = 8
+
+
 class QuotaUsage(models.Model):
-    """What a team has booked (held) against its quota in one month; the row locked by every quota check."""
+    """What a team has booked (held) against its quota in one month: the sum of its rows (`slot`s) for the month.
+
+    Slot 0 is the row every quota check locks (all slots of the month, in fact) and writes. Amounts counted without
+    a check (teams without amount limits, refunds at a job's end) go to any slot not locked at that moment: with one
+    row, every submission and every job end of a team queued on its lock (at 30 jobs/s of one team, backends
+    waited for that row most of the time), see services._add_usage."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="quota_usage")
     month = models.DateField(help_text="first day of the month in settings.TIME_ZONE")
+    slot = models.PositiveSmallIntegerField(default=0)
     gpu_hours = models.DecimalField(max_digits=16, decimal_places=4, default=Decimal("0"))
     cost = models.DecimalField(max_digits=16, decimal_places=4, default=Decimal("0"))
     updated_at = models.DateTimeField(auto_now=True)
@@ -187,11 +197,13 @@ class QuotaUsage(models.Model):
     objects = QuotaUsageQuerySet.as_manager()
 
     class Meta:
-        ordering = ["team_id", "month"]
-        constraints = [models.UniqueConstraint(fields=["team", "month"], name="booking_usage_unique_team_month")]
+        ordering = ["team_id", "month", "slot"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "month", "slot"], name="booking_usage_unique_team_month_slot")
+        ]
 
     def __str__(self) -> str:
-        return f"{self.team_id} {self.month:%Y-%m}: {self.gpu_hours} GPU-h, {self.cost}"
+        return f"{self.team_id} {self.month:%Y-%m} #{self.slot}: {self.gpu_hours} GPU-h, {self.cost}"
 
 
 class QuotaHoldQuerySet(ScopedQuerySet["QuotaHold"]):

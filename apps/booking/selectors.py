@@ -10,7 +10,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from apps.accounts.models import Team
@@ -49,13 +49,21 @@ def policy_cache_clear() -> None:
 
 
 def team_for_booking(*, slug: str, user: Any) -> Team | None:
-    """The team by slug, annotated with `is_member` (whether `user` belongs to it), in one query."""
-    from django.db.models import Exists, OuterRef
-
+    """The team by slug, annotated with `is_member` (whether `user` belongs to it), in one hand-written query:
+    every booking and job submission makes it, and compiling the ORM's version cost more than running it."""
     from apps.accounts.models import Membership
+    from apps.core import rawsql
 
-    member = Membership.objects.filter(team=OuterRef("pk"), user_id=getattr(user, "pk", None) or 0)
-    return Team.objects.filter(slug=slug).annotate(is_member=Exists(member)).first()
+    cols = rawsql.columns(Team, "t")
+    # Table and column names from the models' metadata; the user and slug are parameters.
+    sql = f"SELECT {cols.sql}, EXISTS (SELECT 1 FROM {Membership._meta.db_table} m WHERE m.team_id = t.id "  # noqa: S608
+    sql += f"AND m.user_id = %s) FROM {Team._meta.db_table} t WHERE t.slug = %s"
+    row = rawsql.fetch_one(sql, [getattr(user, "pk", None) or 0, slug])
+    if row is None:
+        return None
+    team: Team = cols.load(row)
+    team.is_member = bool(row[cols.width])  # type: ignore[attr-defined]
+    return team
 
 
 def local_tz() -> ZoneInfo:
@@ -279,6 +287,18 @@ def quotas_for(*, team_id: int, months: Sequence[date]) -> dict[date, Quota | No
     return {m: by_month.get(m, default) for m in months}
 
 
+def usage_by_month(*, team_id: int, months: Sequence[date]) -> dict[date, quota_math.Amount]:
+    """What the team has counted against its quota in each month: the sum over the month's usage rows (slots)."""
+    rows = (
+        QuotaUsage.objects.filter(team_id=team_id, month__in=list(months))
+        .values("month")
+        .annotate(h=Sum("gpu_hours"), c=Sum("cost"))
+        .order_by()
+    )
+    found = {r["month"]: quota_math.Amount(r["h"], r["c"]) for r in rows}
+    return {m: found.get(m, quota_math.Amount()) for m in months}
+
+
 def limits_of(quota: Quota | None) -> quota_math.Limits:
     if quota is None:
         return quota_math.Limits()
@@ -322,8 +342,7 @@ def quota_summary(*, team: Team, month: date | None = None) -> dict[str, Any]:
     month = month or quota_math.month_of(now, tz)
     quota = quotas_for(team_id=team.pk, months=[month])[month]
     limits = limits_of(quota)
-    usage = QuotaUsage.objects.filter(team=team, month=month).first()
-    used = quota_math.Amount(usage.gpu_hours, usage.cost) if usage else quota_math.Amount()
+    used = usage_by_month(team_id=team.pk, months=[month])[month]
     first, after = quota_math.month_bounds(month, tz)
     to_date_end = min(max(now, first), after)
     held_now = Allocation.objects.active().filter(team=team, start__lte=now, end__gt=now).count()
@@ -378,7 +397,7 @@ def quota_preview(
     else:
         months = [m for m, _ in quota_math.split_by_month(start, end, tz)]
     quotas = quotas_for(team_id=team.pk, months=months)
-    usage = {u.month: u for u in QuotaUsage.objects.filter(team=team, month__in=months)}
+    usage = usage_by_month(team_id=team.pk, months=months)
     adds: dict[date, quota_math.Amount] = {}
     if start is not None and end is not None and end > start and gpu_count:
         rate = (gpu_model.hourly_price if gpu_model else Decimal(0)) * gpu_count
@@ -387,8 +406,7 @@ def quota_preview(
     fits = True
     for month in months:
         limits = limits_of(quotas[month])
-        row = usage.get(month)
-        used = quota_math.Amount(row.gpu_hours, row.cost) if row else quota_math.Amount()
+        used = usage[month]
         peak = None
         if limits.max_concurrent_gpus is not None and start is not None and end is not None and end > start:
             first, after = quota_math.month_bounds(month, tz)

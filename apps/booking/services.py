@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import secrets
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from apps.booking import fastpath, hooks, selectors
 from apps.booking import quota as quota_math
 from apps.booking.fastpath import GpuInfo, gpu_info
 from apps.booking.models import (
+    USAGE_SLOTS,
     Allocation,
     AllocationKind,
     BookingPolicy,
@@ -328,20 +330,33 @@ class QuotaCheck:
 
 
 def _lock_usage(team_id: int, months: Sequence[date]) -> dict[date, QuotaUsage]:
-    """Lock (creating when missing) the team's QuotaUsage rows for `months`, in month order."""
+    """Lock every usage row (slot) of the team for `months`, in (month, slot) order, creating slot 0 where missing.
+
+    Returns each month's slot-0 row with `gpu_hours`/`cost` set, in memory only, to the month's total over its
+    slots: what a check compares against. Writes go through `_apply_usage` (an UPDATE of slot 0 by id)."""
     months = sorted(set(months))
 
-    def select() -> dict[date, QuotaUsage]:
-        qs = QuotaUsage.objects.select_for_update().filter(team_id=team_id, month__in=months).order_by("month")
-        return {u.month: u for u in qs}
+    def select() -> list[QuotaUsage]:
+        return list(
+            QuotaUsage.objects.select_for_update().filter(team_id=team_id, month__in=months).order_by("month", "slot")
+        )
 
     rows = select()
-    if len(rows) < len(months):
+    if {u.month for u in rows if u.slot == 0} != set(months):
         QuotaUsage.objects.bulk_create(
-            [QuotaUsage(team_id=team_id, month=m) for m in months if m not in rows], ignore_conflicts=True
+            [QuotaUsage(team_id=team_id, month=m, slot=0) for m in months], ignore_conflicts=True
         )
         rows = select()
-    return rows
+    out: dict[date, QuotaUsage] = {}
+    totals: dict[date, quota_math.Amount] = {}
+    for u in rows:
+        if u.slot == 0:
+            out[u.month] = u
+        total = totals.get(u.month, quota_math.Amount())
+        totals[u.month] = quota_math.Amount(total.gpu_hours + u.gpu_hours, total.cost + u.cost)
+    for month, u in out.items():
+        u.gpu_hours, u.cost = totals[month].gpu_hours, totals[month].cost
+    return out
 
 
 def _apply_usage(team_id: int, deltas: dict[date, quota_math.Amount], usage: dict[date, QuotaUsage]) -> None:
@@ -351,17 +366,50 @@ def _apply_usage(team_id: int, deltas: dict[date, quota_math.Amount], usage: dic
         )
 
 
+# PostgreSQL: add to the first usage row of the month that no one holds (a job end of the same team may be
+# committing on another); when all are held, to a new slot.
+_ADD_USAGE_FREE_SLOT_SQL = """
+UPDATE booking_quotausage SET gpu_hours = gpu_hours + %(h)s, cost = cost + %(c)s, updated_at = %(now)s
+WHERE id = (SELECT id FROM booking_quotausage WHERE team_id = %(team)s AND month = %(month)s
+            ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)
+"""
+_USAGE_SLOTS_SQL = "SELECT array_agg(slot) FROM booking_quotausage WHERE team_id = %(team)s AND month = %(month)s"
+_ADD_USAGE_ANY_SLOT_SQL = """
+INSERT INTO booking_quotausage (team_id, month, slot, gpu_hours, cost, updated_at)
+VALUES (%(team)s, %(month)s, %(slot)s, %(h)s, %(c)s, %(now)s)
+ON CONFLICT (team_id, month, slot) DO UPDATE SET gpu_hours = booking_quotausage.gpu_hours + EXCLUDED.gpu_hours,
+    cost = booking_quotausage.cost + EXCLUDED.cost, updated_at = EXCLUDED.updated_at
+"""
+
+
 def _add_usage(team_id: int, deltas: dict[date, quota_math.Amount]) -> None:
-    """Add `deltas` to the team's usage rows with plain UPDATEs, creating a missing row (no SELECT ... FOR UPDATE:
-    for amounts nothing has to be checked against). The UPDATE locks the row until the transaction ends, so
-    callers run it last, just before their commit: every booking and job of the team queues on that row."""
+    """Add `deltas` to the team's usage without a check (a team without amount limits, a refund): no
+    SELECT ... FOR UPDATE, and on PostgreSQL into whichever slot of the month is free, so concurrent submissions and
+    job ends of one team do not queue on one row until each other's commit. A check (`_lock_usage`) locks every
+    slot, so it waits for these writes and counts them. On SQLite writes are serialized anyway: slot 0."""
     now = timezone.now()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            for month in sorted(deltas):
+                params = {"team": team_id, "month": month, "now": now, "h": deltas[month].gpu_hours}
+                params["c"] = deltas[month].cost
+                cursor.execute(_ADD_USAGE_FREE_SLOT_SQL, params)
+                if cursor.rowcount == 0:
+                    # No row yet, or every row held: a new slot (slot 0 first). Not an INSERT that conflicts with
+                    # a held row: that waits for the holder's commit, the very queue this avoids. With every slot
+                    # taken and held, one at random (then it waits for that one).
+                    cursor.execute(_USAGE_SLOTS_SQL, params)
+                    taken = set(cursor.fetchone()[0] or ())
+                    free = [n for n in range(USAGE_SLOTS) if n not in taken]
+                    params["slot"] = free[0] if free else random.randrange(USAGE_SLOTS)
+                    cursor.execute(_ADD_USAGE_ANY_SLOT_SQL, params)
+        return
     for month in sorted(deltas):
         delta = deltas[month]
         changes = {"gpu_hours": F("gpu_hours") + delta.gpu_hours, "cost": F("cost") + delta.cost, "updated_at": now}
-        if not QuotaUsage.objects.filter(team_id=team_id, month=month).update(**changes):
+        if not QuotaUsage.objects.filter(team_id=team_id, month=month, slot=0).update(**changes):
             QuotaUsage.objects.bulk_create([QuotaUsage(team_id=team_id, month=month)], ignore_conflicts=True)
-            QuotaUsage.objects.filter(team_id=team_id, month=month).update(**changes)
+            QuotaUsage.objects.filter(team_id=team_id, month=month, slot=0).update(**changes)
 
 
 def _limited(limits: quota_math.Limits) -> bool:
@@ -472,6 +520,7 @@ def quota_check_and_hold(
     job_id: int | None = None,
     check_concurrency: bool = True,
     quotas: Mapping[date, Quota | None] | None = None,
+    savepoint: bool = True,
 ) -> QuotaCheck:
     """Count `gpu_count` GPUs over [start, end) at `hourly_rate` (the price of all of them per hour) against
     `team`'s quota of every month they touch, or refuse.
@@ -483,8 +532,10 @@ def quota_check_and_hold(
     (counting active allocations; a queued job has none yet, so jobs pass False at submit and call
     `quota_concurrency_check` when they are placed). Raises `QuotaExceeded` (403, with `remaining`, `month`,
     `exceeded`) or `Forbidden` (`model_not_allowed`). Returns the hold and soft-limit warnings.
+    `savepoint=False`: for a caller whose whole transaction ends with a refusal anyway (two round trips less).
     """
-    with transaction.atomic():  # a savepoint when nested: a caller may catch the refusal and go on
+    # A savepoint when nested (unless the caller says otherwise): a caller may catch the refusal and go on.
+    with transaction.atomic(savepoint=savepoint):
         return _quota_check_and_hold(
             team=team,
             gpu_count=gpu_count,

@@ -83,7 +83,8 @@ def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
 def quota_hold(*, job: Any, start: datetime, end: datetime, quotas: Mapping[date, Any] | None = None) -> None:
     """Count the job's max duration against its team's quota (QuotaExceeded / model_not_allowed if it does not fit).
 
-    The concurrent-GPU limit is checked when the job is placed (a queued job holds no GPU)."""
+    The concurrent-GPU limit is checked when the job is placed (a queued job holds no GPU). Call it inside the
+    submission's transaction: a refusal is raised through it and undoes the whole submission."""
     model_ids = _models_facts(job.gpu_models)[0]
     booking.quota_check_and_hold(
         team=job.team,
@@ -96,6 +97,7 @@ def quota_hold(*, job: Any, start: datetime, end: datetime, quotas: Mapping[date
         job_id=job.pk,
         check_concurrency=False,
         quotas=quotas,
+        savepoint=False,  # job_submit's transaction: a refusal ends it, nothing to keep
     )
 
 

@@ -197,7 +197,11 @@ def job_submit(
     `check_fleet=False` skips "could this ever fit the fleet" (demo data loaded before any agent registered).
     Locks: the team's quota usage row (booking's quota service), for the whole transaction.
     """
-    if not user.is_staff and team.pk not in team_ids_of(user):
+    # `is_member`: when the caller looked the team up with booking's team_for_booking (saves a query).
+    member = getattr(team, "is_member", None)
+    if member is None:
+        member = team.pk in team_ids_of(user)
+    if not user.is_staff and not member:
         raise Forbidden(f"You are not a member of team {team.slug}.")
     if idempotency_key:
         existing = Job.objects.filter(user=user, idempotency_key=idempotency_key).first()

@@ -11,7 +11,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from apps.booking.models import Allocation, BookingPolicy, QuotaUsage, Reservation
+from apps.booking.models import Allocation, BookingPolicy, Reservation
 from tests.booking.conftest import book_body, slot
 
 pytestmark = pytest.mark.django_db
@@ -20,8 +20,10 @@ URL = "/api/v1/reservations/"
 
 
 def usage(team, month: date) -> tuple[Decimal, Decimal]:
-    row = QuotaUsage.objects.filter(team=team, month=month).first()
-    return (row.gpu_hours, row.cost) if row else (Decimal(0), Decimal(0))
+    from apps.booking.selectors import usage_by_month
+
+    used = usage_by_month(team_id=team.pk, months=[month])[month]
+    return used.gpu_hours, used.cost
 
 
 def test_gpu_hours_quota_refuses_with_remaining(alice, api_as, fleet, quota, vision):

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Scope, Team
 from apps.accounts.scoping import team_ids_of
+from apps.booking import selectors as booking_selectors
 from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveAPIView
 from apps.core.errors import NotFound, ValidationFailed
 from apps.core.idempotency import idempotent
@@ -35,7 +36,8 @@ class ImageListView(ScopedListAPIView):
 
 def _team_for(user: Any, slug: str | None) -> Team:
     if slug:
-        team = Team.objects.filter(slug=slug).first()
+        # With `is_member` for the user (one query), which job_submit's membership check then uses.
+        team = booking_selectors.team_for_booking(slug=slug, user=user)
         if team is None:
             raise NotFound(f"No team {slug!r}.", fields={"team": ["no such team"]})
         return team
