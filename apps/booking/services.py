@@ -391,7 +391,7 @@ def _add_usage(team_id: int, deltas: dict[date, quota_math.Amount]) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             for month in sorted(deltas):
-                params = {"team": team_id, "month": month, "now": now, "h": deltas[month].gpu_hours}
+                params: dict[str, Any] = {"team": team_id, "month": month, "now": now, "h": deltas[month].gpu_hours}
                 params["c"] = deltas[month].cost
                 cursor.execute(_ADD_USAGE_FREE_SLOT_SQL, params)
                 if cursor.rowcount == 0:

@@ -25,7 +25,7 @@ class Columns:
         self.fields = list(model._meta.concrete_fields)
         self.attnames = [f.attname for f in self.fields]
         quote = connection.ops.quote_name
-        self.sql = ", ".join(f"{alias}.{quote(f.column)}" for f in self.fields)
+        self.sql = ", ".join(f"{alias}.{quote(str(f.column))}" for f in self.fields)
         self.width = len(self.fields)
         self._converters: list[list[Any]] | None = None
 
