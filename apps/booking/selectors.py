@@ -10,7 +10,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum, prefetch_related_objects
 from django.utils import timezone
 
 from apps.accounts.models import Team
@@ -276,12 +276,20 @@ def reservations_for_calendar(*, user: Any, since: datetime) -> QuerySet[Reserva
 
 
 def quotas_for(*, team_id: int, months: Sequence[date]) -> dict[date, Quota | None]:
-    """The quota that applies to each month: the month's own row, else the team's default (or None)."""
-    rows = list(
-        Quota.objects.filter(team_id=team_id)
-        .filter(Q(month__in=list(months)) | Q(month__isnull=True))
-        .prefetch_related("allowed_models")
-    )
+    """The quota that applies to each month: the month's own row, else the team's default (or None).
+
+    Hand-written SQL (every booking and job submission reads it; the compiled ORM query cost more CPU than running
+    it); the allowed models are prefetched only when the team has quota rows."""
+    from apps.core import rawsql
+
+    cols = rawsql.columns(Quota, "q")
+    months = list(months)
+    in_months = f" OR q.month IN ({', '.join(['%s'] * len(months))})" if months else ""
+    # Table and column names from the model's metadata; the team and months are parameters.
+    sql = f"SELECT {cols.sql} FROM {Quota._meta.db_table} q WHERE q.team_id = %s AND (q.month IS NULL{in_months})"  # noqa: S608
+    rows = [cols.load(row) for row in rawsql.fetch_all(sql, [team_id, *months])]
+    if rows:
+        prefetch_related_objects(rows, "allowed_models")
     default = next((r for r in rows if r.month is None), None)
     by_month = {r.month: r for r in rows if r.month is not None}
     return {m: by_month.get(m, default) for m in months}

@@ -27,6 +27,7 @@ class Columns:
         quote = connection.ops.quote_name
         self.sql = ", ".join(f"{alias}.{quote(str(f.column))}" for f in self.fields)
         self.width = len(self.fields)
+        self.pk_index = self.attnames.index(model._meta.pk.attname)  # None there: a LEFT JOIN found no row
         self._converters: list[list[Any]] | None = None
 
     def _field_converters(self) -> list[list[Any]]:
@@ -60,3 +61,9 @@ def fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
+
+
+def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()

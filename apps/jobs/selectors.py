@@ -11,11 +11,42 @@ from django.db.models import Prefetch, QuerySet
 from apps.core.errors import NotFound, ValidationFailed
 from apps.fleet.models import Gpu
 from apps.jobs import conf
-from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobState
+from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobState, TeamJobPolicy
 
 
 def images_visible_to(*, user: Any) -> QuerySet[ContainerImage]:
     return ContainerImage.objects.visible_to(user).filter(enabled=True).order_by("name")
+
+
+@dataclass(frozen=True)
+class SubmissionFacts:
+    """What a submission is checked against: the team's job policy (None: installation defaults), the image if
+    it is on the allow-list and enabled, and how many jobs the team has queued."""
+
+    policy: TeamJobPolicy | None
+    image: ContainerImage | None
+    queued: int
+
+
+def submission_facts(*, team_id: int, image: str) -> SubmissionFacts:
+    """The team's policy, the allow-listed image and the team's queue length in one hand-written query: every job
+    submission reads them, and three compiled ORM queries cost the web process more CPU than running them."""
+    from apps.core import rawsql
+
+    policy_cols = rawsql.columns(TeamJobPolicy, "p")
+    image_cols = rawsql.columns(ContainerImage, "i")
+    # Table and column names from the models' metadata; team, state and image name are parameters.
+    sql = f"SELECT {policy_cols.sql}, {image_cols.sql}, (SELECT COUNT(*) FROM {Job._meta.db_table} j "  # noqa: S608
+    sql += "WHERE j.team_id = %s AND j.state = %s) FROM (SELECT 1 AS one) AS x "
+    sql += f"LEFT JOIN {TeamJobPolicy._meta.db_table} p ON p.team_id = %s "
+    sql += f"LEFT JOIN {ContainerImage._meta.db_table} i ON i.name = %s AND i.enabled = %s"
+    row = rawsql.fetch_one(sql, [team_id, JobState.QUEUED, team_id, image, True])
+    assert row is not None  # the FROM clause always has its one row
+    # A LEFT JOIN that found nothing gives NULLs, the primary key's included.
+    policy = policy_cols.load(row) if row[policy_cols.pk_index] is not None else None
+    found = row[policy_cols.width + image_cols.pk_index] is not None
+    image_row = image_cols.load(row, policy_cols.width) if found else None
+    return SubmissionFacts(policy=policy, image=image_row, queued=int(row[policy_cols.width + image_cols.width]))
 
 
 def jobs_visible_to(

@@ -167,3 +167,45 @@ def test_an_unlimited_teams_usage_is_counted_at_submit_and_settled_at_the_end(al
     usage.refresh_from_db()
     assert usage.gpu_hours == 0 and usage.cost == 0
     assert not QuotaHold.objects.get(job_id=job.pk).active
+
+
+def test_a_team_at_its_queue_limit_is_refused_with_429_and_nothing_is_queued(alice, vision, submit):
+    TeamJobPolicy.objects.create(team=vision, max_queued_jobs=2)
+    submit(alice, vision)
+    submit(alice, vision)
+    with pytest.raises(ApplicationError) as caught:
+        submit(alice, vision)
+    assert (caught.value.code, caught.value.status) == ("too_many_queued", 429)
+    assert "2 queued jobs (at most 2)" in caught.value.detail
+    assert Job.objects.filter(team=vision).count() == 2
+    assert QuotaHold.objects.count() == 2
+    # A job that leaves the queue makes room again.
+    from apps.jobs import services
+
+    services.job_cancel(job=Job.objects.filter(team=vision).first(), user=alice)
+    assert submit(alice, vision).state == JobState.QUEUED
+
+
+def test_submission_facts_read_policy_image_and_queue_in_one_query(
+    alice, vision, nlp, submit, django_assert_num_queries
+):
+    from apps.jobs.models import ContainerImage
+    from apps.jobs.selectors import submission_facts
+    from tests.jobs.conftest import BUSYBOX
+
+    submit(alice, vision)
+    with django_assert_num_queries(1):
+        facts = submission_facts(team_id=vision.pk, image=BUSYBOX)
+    assert facts.policy is None and facts.queued == 1
+    assert facts.image is not None and facts.image.name == BUSYBOX
+    assert facts.image.allowed_mounts == [{"host_path": "/srv/datasets", "container_path": "/data", "read_only": True}]
+
+    TeamJobPolicy.objects.create(team=vision, max_priority=50, max_queued_jobs=7)
+    ContainerImage.objects.filter(name=BUSYBOX).update(enabled=False)
+    facts = submission_facts(team_id=vision.pk, image=BUSYBOX)
+    assert facts.policy is not None and (facts.policy.max_priority, facts.policy.max_queued_jobs) == (50, 7)
+    assert facts.image is None  # disabled: not on the allow-list
+    assert submission_facts(team_id=nlp.pk, image="nope").queued == 0
+    with pytest.raises(ValidationFailed) as caught:
+        submit(alice, vision)
+    assert caught.value.code == "image_not_allowed"

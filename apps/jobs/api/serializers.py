@@ -10,6 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.core.api.serializers import TemplateFieldsMixin
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
 
 
@@ -77,7 +78,7 @@ class NetworkField(AnyValueField):
     pass
 
 
-class JobInput(serializers.Serializer):
+class JobInput(TemplateFieldsMixin, serializers.Serializer):
     """A job to submit. Types are checked by the service (one place for the messages)."""
 
     team = serializers.CharField(required=False, help_text="team slug; optional if you are in one team")
@@ -97,14 +98,14 @@ class JobInput(serializers.Serializer):
     network = NetworkField(required=False, help_text="jobs run without a network")
 
 
-class JobGpuOutput(serializers.Serializer):
+class JobGpuOutput(TemplateFieldsMixin, serializers.Serializer):
     uuid = serializers.CharField()
     index = serializers.IntegerField()
     model = serializers.CharField(source="model.name")
     node = serializers.CharField(source="node.name")
 
 
-class JobOutput(serializers.ModelSerializer):
+class JobOutput(TemplateFieldsMixin, serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
     user = serializers.CharField(source="user.username")
     node = serializers.SerializerMethodField()
@@ -190,7 +191,7 @@ class JobOutput(serializers.ModelSerializer):
         return str(settings.PORTAL_CURRENCY)
 
 
-class JobEventOutput(serializers.ModelSerializer):
+class JobEventOutput(TemplateFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["at", "from_state", "to_state", "reason", "message"]

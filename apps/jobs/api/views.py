@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.db.models import QuerySet
@@ -32,6 +33,11 @@ class ImageListView(ScopedListAPIView):
 
     def base_queryset(self) -> QuerySet[Any]:
         return ContainerImage.objects.filter(enabled=True).order_by("name")
+
+
+@functools.cache
+def _job_input_names() -> frozenset[str]:
+    return frozenset(JobInput().fields)
 
 
 def _team_for(user: Any, slug: str | None) -> Team:
@@ -80,7 +86,7 @@ class JobListCreateView(ScopedListAPIView):
         if data is None:
             raise ValidationFailed("The body must be a JSON object.")
         validation.check_options(data)
-        unknown = sorted(set(data) - set(JobInput().fields))
+        unknown = sorted(set(data) - _job_input_names())
         if unknown:
             raise ValidationFailed(f"Unknown field {unknown[0]!r}.", fields={k: ["unknown field"] for k in unknown})
         payload = JobInput(data=data)
