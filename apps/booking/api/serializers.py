@@ -7,9 +7,10 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.booking.models import Reservation, ReservationStatus
+from apps.core.api.serializers import TemplateFieldsMixin
 
 
-class ReservationInput(serializers.Serializer):
+class ReservationInput(TemplateFieldsMixin, serializers.Serializer):
     team = serializers.SlugField(help_text="team slug")
     gpu_count = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True)
     gpu_model = serializers.CharField(max_length=64, required=False, allow_null=True, allow_blank=True)
@@ -32,7 +33,7 @@ class ReservationInput(serializers.Serializer):
         return attrs
 
 
-class ReservationOutput(serializers.ModelSerializer):
+class ReservationOutput(TemplateFieldsMixin, serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
     user = serializers.SerializerMethodField()
     gpu_model = serializers.SerializerMethodField()

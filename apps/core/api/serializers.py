@@ -16,8 +16,8 @@ class TemplateFieldsMixin:
 
     Each instance still gets its own field objects, bound to it (`bind` sets the field's parent, name and source
     on the copy), so concurrent requests never share a bound field or each other's context. A field object that is
-    not yet bound holds only its constructor's settings, which a shallow copy may share; a nested serializer is
-    copied the way DRF copies it (deep), since it binds fields of its own.
+    not yet bound holds only its constructor's settings, which a shallow copy may share; a field that binds a child
+    of its own (nested serializer, list field, many-relation) is copied the way DRF copies it (deep).
     """
 
     _field_templates: dict[str, serializers.Field]
@@ -29,6 +29,12 @@ class TemplateFieldsMixin:
             templates = super().get_fields()  # type: ignore[misc]
             cls._field_templates = templates
         return {
-            name: copy.deepcopy(field) if isinstance(field, serializers.BaseSerializer) else copy.copy(field)
+            name: copy.deepcopy(field) if _binds_children(field) else copy.copy(field)
             for name, field in templates.items()
         }
+
+
+def _binds_children(field: serializers.Field) -> bool:
+    # Nested serializers, list/dict fields and many-relations bind a child field to themselves when built: a
+    # shallow copy would share that child (still bound to the template), so these are built anew as DRF does.
+    return isinstance(field, serializers.BaseSerializer) or hasattr(field, "child") or hasattr(field, "child_relation")
