@@ -68,7 +68,6 @@ USAGE_REFRESH_S = 30.0
 MAINTENANCE_TEAM = "__maintenance__"
 SWEEP_EVERY_S = 2.0
 WAKE_BATCH_S = 0.02
-MIN_PASS_GAP_S = 0.1
 
 
 def epoch(moment: datetime) -> float:
@@ -599,11 +598,11 @@ class SchedulerLoop:
             if self.redis.blpop([WAKE_KEY], timeout=max(0.01, timeout)):
                 # Woken: gather what else arrives in the next few milliseconds, so a burst of submissions costs
                 # one pass (snapshot + apply) instead of one per job; then one pass answers them all. Passes
-                # start at most every MIN_PASS_GAP_S: under a steady stream of submissions and exits (tens a
+                # start at most every SCHEDULER_MIN_PASS_GAP_S: under a steady stream of submissions and exits (tens a
                 # second) a pass per wake-up cost the database more than the jobs did, and a pass that comes a
                 # little later starts more jobs at once (one batch).
                 since = time.monotonic() - self.last_pass_started
-                time.sleep(min(max(self.batch_s, MIN_PASS_GAP_S - since), max(0.0, timeout)))
+                time.sleep(min(max(self.batch_s, conf.SCHEDULER_MIN_PASS_GAP_S - since), max(0.0, timeout)))
                 self.redis.delete(WAKE_KEY)
         except Exception as exc:
             logger.warning("scheduler wake list: %s", exc)
