@@ -4,9 +4,10 @@ with portal authentication.
 Why not Django's ASGI handler for HTTP: every view here is synchronous, and the ASGI handler runs each request's
 sync part through asgiref on a thread of a per-request executor, adapting the middleware chain between sync and
 async on the way; that cost more CPU and latency per request than the WSGI handler on the same server
-(bench/booking_load.py --server asgi|wsgi). a2wsgi runs the WSGI handler on a bounded pool of long-lived threads
-inside the same event loop, so one process and one port still serve pages, the API and websockets, and the ASGI
-middleware in front (body size limit, concurrency gate) still applies.
+(bench/booking_load.py --server asgi|wsgi). apps/core/wsgi_bridge runs the WSGI handler on a bounded pool of
+long-lived threads inside the same event loop (one trip to a thread and back per request), so one process and one
+port still serve pages, the API and websockets, and the ASGI middleware in front (body size limit, concurrency
+gate) still applies.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import os
 from typing import Any, cast
 
-from a2wsgi import WSGIMiddleware
 from django.conf import settings
 from django.core.wsgi import get_wsgi_application
 
@@ -38,13 +38,14 @@ from apps.accounts.ws_auth import PortalWebsocketAuthMiddleware  # noqa: E402
 from apps.core.body_limit import BodySizeLimit  # noqa: E402
 from apps.core.concurrency import ConcurrencyGate  # noqa: E402
 from apps.core.websocket import AllowedHostsOrNoOriginValidator, DatabaseUnavailableGuard  # noqa: E402
+from apps.core.wsgi_bridge import WsgiBridge  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 # The gate lets WEB_MAX_CONCURRENT_REQUESTS requests in at once; a few threads more serve what it does not count
 # (the health probe) without waiting behind them.
 _limit = int(settings.WEB_MAX_CONCURRENT_REQUESTS)
-# (The casts: Django's WSGIHandler and a2wsgi's ASGI app satisfy the protocols, their stubs spell them differently.)
-django_http_app: Any = WSGIMiddleware(cast(Any, django_wsgi_app), workers=(_limit if _limit > 0 else 64) + 4)
+# (The cast: Django's WSGIHandler satisfies the WSGI protocol; its stubs spell the signature differently.)
+django_http_app: Any = WsgiBridge(cast(Any, django_wsgi_app), workers=(_limit if _limit > 0 else 64) + 4)
 
 application = ProtocolTypeRouter(
     {

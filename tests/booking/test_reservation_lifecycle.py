@@ -34,6 +34,8 @@ def _agent_messages(node: str) -> list[dict[str, Any]]:
     for raw in get_redis().lrange(f"node.{node}", 0, -1):
         message = json.loads(raw)
         args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        # The headers name the command, they do not repeat it (broker monitors show headers).
+        assert message["headers"]["argsrepr"] == f"({message['headers']['task']} for {node})"
         out.append({"task": message["headers"]["task"], "args": args, "kwargs": kwargs})
     return out
 

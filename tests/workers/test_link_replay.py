@@ -42,6 +42,8 @@ def _published(server: PrivateRedis) -> list[tuple[str, Any]]:
     for raw in reversed(r.lrange(CONTROL_QUEUE, 0, -1)):
         message = json.loads(raw)
         args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        # The node token is in the body, not repeated in the headers (broker monitors show headers).
+        assert args[0]["token"] == "gpn_test" and "gpn_test" not in json.dumps(message["headers"])
         out.append((message["headers"]["task"], args[0]))
     return out
 
