@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -168,6 +169,41 @@ def test_long_lines_are_cut_into_bounded_pieces(process_runtime: MakeRuntime, re
     recorder.wait_exit(209)
 
     assert [len(line) for line in recorder.lines(209)] == [1000, 1000, 500, 3]
+
+
+def test_lines_arrive_while_the_job_runs_from_one_watcher_thread(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    runtime = process_runtime()
+    runtime.launch(spec(220, "sh", "-c", "echo ready; echo warming >&2; sleep 30"))
+
+    recorder.wait_line(220, "ready", timeout=10)
+    recorder.wait_line(220, "warming", timeout=10)
+    assert 220 not in recorder.outcomes  # streamed, not collected at the exit
+    # One thread waits for the process and reads both files: no reader thread per file.
+    names = [t.name for t in threading.enumerate() if t.name.startswith("process-") and t.name.endswith("-220")]
+    assert names == ["process-job-220"]
+
+    runtime.stop(220, grace_s=0)
+    assert recorder.wait_exit(220).state == "cancelled"
+
+
+def test_a_flood_of_output_arrives_whole_and_in_order(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
+    # ~9 MiB, more than one wake-up reads of a file (4 MiB): the rest is read at once, nothing is lost or repeated.
+    runtime = process_runtime()
+    program = (
+        "import sys\nfor i in range(120000): sys.stdout.write(f'{i:08d}' + 'x' * 70 + '\\n')\n"
+        "print('done', file=sys.stderr)"
+    )
+    runtime.launch(spec(221, sys.executable, "-c", program))
+
+    outcome = recorder.wait_exit(221, timeout=60)
+
+    assert (outcome.state, outcome.exit_code) == ("succeeded", 0)
+    out = [line for stream, line in recorder.logs[221] if stream == "stdout"]
+    assert len(out) == 120000
+    assert [int(line[:8]) for line in out] == list(range(120000))
+    assert [line for stream, line in recorder.logs[221] if stream == "stderr"] == ["done"]
 
 
 def test_duplicate_launch_and_unknown_stop(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:

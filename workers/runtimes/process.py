@@ -4,9 +4,10 @@ No isolation beyond a new session (so the whole process group can be signalled) 
 limit; the node's admin opts into this runtime knowingly.
 
 The job's stdout and stderr go to files in ``state_dir``, not pipes: with pipes a restarted agent could not
-read them and the job would die of SIGPIPE on its next write once the old agent is gone. Watcher threads tail
-the files line by line. ``state_dir/job-<id>.json`` records pid and start time so a restarted agent finds
-still-running jobs (``list_jobs``) and adopts them by pid.
+read them and the job would die of SIGPIPE on its next write once the old agent is gone. One watcher thread per
+job waits for its exit and reads both files between waits (every ``poll_interval_s``), line by line.
+``state_dir/job-<id>.json`` records pid and start time so a restarted agent finds still-running jobs
+(``list_jobs``) and adopts them by pid.
 
 An adopted process is not the new agent's child, so waiting on it cannot give its exit status. The job therefore
 runs under a small `/bin/sh` wrapper (the group leader, whose pid is recorded) that runs the command, writes its
@@ -72,7 +73,10 @@ _SHELL = "/bin/sh"
 _WRAPPER = 'f=$1; shift; trap : TERM INT HUP; (exec "$@"); c=$?; printf "%s\\n" "$c" > "$f"; exit "$c"'
 # What allocation failures print in the runtimes jobs commonly use (Python, C++, libc/perror, shells).
 _OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "Out of memory")
-_WAIT_CHUNK_S = 1.0
+# How much of one log file a wake-up reads before looking at the process again (a job printing faster than that
+# is read on the next wake, which comes at once): keeps the deadline and the exit noticed under a flood of output.
+_READ_PER_WAKE = 4 * 1024 * 1024
+_FINAL_READ_S = 10.0
 
 
 @dataclass
@@ -92,6 +96,49 @@ class _Job:
     exited: threading.Event = field(default_factory=threading.Event)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _LogFile:
+    """One of a job's output files, read from where the last read stopped, split into lines."""
+
+    stream: LogStream
+    splitter: LineSplitter
+    file: Any = None  # None: the file could not be opened (removed under us); reads return nothing
+
+    @classmethod
+    def open(cls, path: Path, stream: LogStream, max_line_bytes: int, *, from_end: bool) -> _LogFile:
+        log = cls(stream=stream, splitter=LineSplitter(max_line_bytes))
+        try:
+            log.file = open(path, "rb")  # noqa: SIM115 - held while the job runs, closed by close()
+        except OSError:
+            return log
+        if from_end:
+            log.file.seek(0, os.SEEK_END)
+        return log
+
+    more: bool = False  # the last read stopped at its limit, not at the end of the file
+
+    def read(self, limit: int) -> list[str]:
+        """The complete lines written since the last read, from at most ~`limit` bytes."""
+        lines: list[str] = []
+        self.more = False
+        if self.file is None:
+            return lines
+        taken = 0
+        while taken < limit:
+            chunk = self.file.read(65536)
+            if not chunk:
+                return lines
+            taken += len(chunk)
+            lines.extend(self.splitter.feed(chunk))
+        self.more = True
+        return lines
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def _set_address_space_limit(limit_bytes: int) -> None:
@@ -363,47 +410,61 @@ class ProcessRuntime:
         self._watch(job, from_end=True)
 
     def _watch(self, job: _Job, *, from_end: bool) -> None:
+        # One thread per job: it waits for the exit and reads both log files between waits. (A reader thread per
+        # file would be three threads, and their wake-ups, for every job: most of this runtime's CPU per short job.)
         stdout_path, stderr_path = self._log_paths(job.job_id)
-        tails = [
-            threading.Thread(
-                target=self._tail,
-                args=(job, path, stream, from_end),
-                name=f"process-log-{job.job_id}-{stream}",
-                daemon=True,
-            )
-            for path, stream in ((stdout_path, "stdout"), (stderr_path, "stderr"))
+        logs = [
+            _LogFile.open(stdout_path, "stdout", self._max_line_bytes, from_end=from_end),
+            _LogFile.open(stderr_path, "stderr", self._max_line_bytes, from_end=from_end),
         ]
-        for tail in tails:
-            tail.start()
-        returncode = self._wait_exit(job)
-        exited_at = utcnow()  # before the tails drain: the job's runtime (and its bill) ends here
-        if self._closed.is_set():
-            return
-        if returncode is None:  # adopted: the wrapper wrote the status (not there if the group was SIGKILLed)
-            returncode = self._read_exit_code(job.job_id)
-        # The leader is gone; anything it left running in its group would hold GPUs and the log files.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.exited.set()
-        for tail in tails:
-            tail.join(timeout=10)
+        try:
+            returncode = self._wait_exit(job, logs)
+            exited_at = utcnow()  # before the last reads: the job's runtime (and its bill) ends here
+            if self._closed.is_set():
+                return
+            if returncode is None:  # adopted: the wrapper wrote the status (not there if the group was SIGKILLed)
+                returncode = self._read_exit_code(job.job_id)
+            # The leader is gone; anything it left running in its group would hold GPUs and the log files.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job.pid, signal.SIGKILL)
+            job.exited.set()
+            # Read after the exit until the reads reach the ends: that is the true end of what the job printed
+            # (bounded in time: a process that left the group could write on forever).
+            give_up = time.monotonic() + _FINAL_READ_S
+            self._read_logs(job, logs)
+            while any(log.more for log in logs) and time.monotonic() < give_up:
+                self._read_logs(job, logs)
+            for log in logs:
+                for line in log.splitter.flush():
+                    self._emit_log(job, log.stream, line)
+        finally:
+            for log in logs:
+                log.close()
         self._finish(job, self._outcome(job, returncode, exited_at))
 
-    def _wait_exit(self, job: _Job) -> int | None:
-        """Wait for the process: its return code if it is our child, else None (also when closed).
+    def _read_logs(self, job: _Job, logs: list[_LogFile]) -> None:
+        for log in logs:
+            for line in log.read(_READ_PER_WAKE):
+                self._emit_log(job, log.stream, line)
+
+    def _wait_exit(self, job: _Job, logs: list[_LogFile]) -> int | None:
+        """Wait for the process, reading its logs every poll interval: its return code if it is our child, else
+        None (also when closed).
 
         On a pidfd where there is one, for our child too: it wakes at the exit, where Popen.wait(timeout) polls
         with sleeps of up to 50 ms (tens of milliseconds on every short job's turnaround)."""
         pidfd = _open_pidfd(job.pid)
         try:
             while not self._closed.is_set():
+                self._read_logs(job, logs)
                 now = time.monotonic()
-                chunk = _WAIT_CHUNK_S
+                # Output left unread (a flood): look at the process and go on reading at once.
+                chunk = 0.0 if any(log.more for log in logs) else self._poll_s
                 if job.deadline is not None and job.stop_reason is None:
                     if now >= job.deadline:
                         self._request_stop(job, "timeout", self._timeout_grace_s)
                     else:
-                        chunk = min(chunk, max(0.05, job.deadline - now))
+                        chunk = min(chunk, max(0.0, job.deadline - now))
                 if pidfd is not None:
                     readable, _, _ = select.select([pidfd], [], [], chunk)
                     if readable:
@@ -417,39 +478,11 @@ class ProcessRuntime:
                 elif process_start_ticks(job.pid) != job.start_ticks:
                     return None
                 else:
-                    self._closed.wait(min(chunk, 0.5))
+                    self._closed.wait(chunk)
             return None
         finally:
             if pidfd is not None:
                 os.close(pidfd)
-
-    def _tail(self, job: _Job, path: Path, stream: LogStream, from_end: bool) -> None:
-        splitter = LineSplitter(self._max_line_bytes)
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - held across the loop below, closed in finally
-        except OSError:
-            return
-        try:
-            if from_end:
-                f.seek(0, os.SEEK_END)
-            while not self._closed.is_set():
-                # Sample "exited" before reading: a read that comes back empty after the exit is the true end.
-                finished = job.exited.is_set()
-                chunk = f.read(65536)
-                if chunk:
-                    for line in splitter.feed(chunk):
-                        self._emit_log(job, stream, line)
-                elif finished:
-                    break
-                else:
-                    # Woken by the exit at once (not at the next poll): the exit report waits for the tails.
-                    job.exited.wait(self._poll_s)
-            else:
-                return
-            for line in splitter.flush():
-                self._emit_log(job, stream, line)
-        finally:
-            f.close()
 
     def _emit_log(self, job: _Job, stream: LogStream, line: str) -> None:
         if stream == "stderr":
