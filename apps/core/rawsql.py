@@ -63,7 +63,37 @@ def fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         return cursor.fetchone()
 
 
+def execute(sql: str, params: Sequence[Any]) -> int:
+    """Run a statement; returns how many rows it changed."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+
 def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+@cache
+def field_converter(model: type[models.Model], name: str) -> Any:
+    """A function turning a selected column of `model.name` into what the ORM would give (e.g. SQLite's text
+    datetimes into aware datetimes); None when the value needs nothing."""
+    field = model._meta.get_field(name)
+    col = field.get_col(model._meta.db_table)  # type: ignore[union-attr]
+    converters = connection.ops.get_db_converters(col) + field.get_db_converters(connection)  # type: ignore[union-attr]
+    if not converters:
+        return None
+
+    def convert(value: Any) -> Any:
+        for converter in converters:
+            value = converter(value, col, connection)
+        return value
+
+    return convert
+
+
+def datetime_param(value: Any) -> Any:
+    """A datetime as a query parameter, stored the way the ORM stores it (SQLite compares text)."""
+    return connection.ops.adapt_datetimefield_value(value)

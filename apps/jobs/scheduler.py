@@ -31,14 +31,15 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
-from django.db.models import F, Q
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
+from apps.core import rawsql
 from apps.core.errors import ApplicationError
-from apps.fleet.models import Gpu, GpuStatus, Node, NodeStatus
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
 from apps.jobs import conf, occupancy, services
 from apps.jobs.events import WAKE_KEY
 from apps.jobs.models import ON_NODE_STATES, Job, JobReason, JobState, SchedulerState
@@ -249,14 +250,25 @@ class RunningRow:
     stop_requested_at: datetime | None
 
 
+@dataclass(frozen=True)
+class GpuRow:
+    """What a pass reads of a schedulable GPU (plain values: the apply step loads model instances of the GPUs it
+    starts jobs on, not of the whole fleet on every pass)."""
+
+    id: int
+    node_id: int
+    node: str
+    model: str
+
+
 @dataclass
 class PassContext:
     """The snapshot plus the rows the apply step needs, keyed by the core's string ids."""
 
     now: datetime
     snapshot: Snapshot
-    gpus: dict[str, Gpu] = field(default_factory=dict)
-    nodes: dict[str, Node] = field(default_factory=dict)
+    gpus: dict[str, GpuRow] = field(default_factory=dict)
+    nodes: dict[str, int] = field(default_factory=dict)  # node name -> id
     pending: dict[str, Job] = field(default_factory=dict)
     running: dict[str, RunningRow] = field(default_factory=dict)
     reservation_ends: dict[str, datetime] = field(default_factory=dict)
@@ -292,97 +304,148 @@ class UsageCache:
         return usage
 
 
+def _snapshot_sql() -> dict[str, str]:
+    """The snapshot's queries, written by hand: compiling eight ORM queries was most of an idle pass's CPU (and an
+    idle pass runs every second). Table names from the models' metadata; every value is a parameter."""
+    q = connection.ops.quote_name
+    job, job_gpus = Job._meta.db_table, Job.gpus.through._meta.db_table
+    alloc, resv, window = Allocation._meta.db_table, Reservation._meta.db_table, MaintenanceWindow._meta.db_table
+    gpu, node, model = Gpu._meta.db_table, Node._meta.db_table, GpuModel._meta.db_table
+    return {
+        "gpus": (
+            f"SELECT g.id, g.node_id, n.name, m.name FROM {gpu} g JOIN {node} n ON n.id = g.node_id "  # noqa: S608
+            f"JOIN {model} m ON m.id = g.model_id WHERE g.retired_at IS NULL AND g.status = %s AND n.status = %s "
+            # A node without a token cannot verify a launch command: nothing is placed there.
+            "AND n.draining = %s AND n.token_digest <> '' ORDER BY g.id"
+        ),
+        "running": (
+            "SELECT id, team_id, started_at, scheduled_at, max_duration_s, reservation_id, stop_requested_at "  # noqa: S608
+            f"FROM {job} WHERE state IN (%s, %s) ORDER BY id"
+        ),
+        "held_by": (
+            f"SELECT jg.job_id, jg.gpu_id FROM {job_gpus} jg JOIN {job} j ON j.id = jg.job_id "  # noqa: S608
+            "WHERE j.state IN (%s, %s) ORDER BY jg.gpu_id"
+        ),
+        "held_now": (
+            f"SELECT DISTINCT gpu_id FROM {alloc} WHERE active = %s AND kind = %s AND start <= %s AND {q('end')} > %s"  # noqa: S608
+        ),
+        "reservations": (
+            f"SELECT id, team_id, start, {q('end')} FROM {resv} WHERE (status IN (%s, %s) AND {q('end')} > %s) "  # noqa: S608
+            f"OR id IN (SELECT DISTINCT reservation_id FROM {job} WHERE state IN (%s, %s) AND reservation_id "
+            "IS NOT NULL) ORDER BY id"
+        ),
+        "reservation_gpus": f"SELECT reservation_id, gpu_id FROM {alloc} WHERE kind = %s AND reservation_id IN ",  # noqa: S608
+        "windows": f"SELECT id, gpu_id, node_id, start, {q('end')} FROM {window} WHERE {q('end')} > %s ORDER BY id",  # noqa: S608
+        "shares": f"SELECT id, share FROM {Team._meta.db_table}",  # noqa: S608
+    }
+
+
+_SQL: dict[str, str] = {}
+
+
+def _sql(name: str) -> str:
+    if not _SQL:
+        _SQL.update(_snapshot_sql())
+    return _SQL[name]
+
+
+def _dt(model: Any, name: str, value: Any) -> Any:
+    convert = rawsql.field_converter(model, name)
+    return convert(value) if convert is not None and value is not None else value
+
+
 def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext:
     """Read everything one pass needs (a handful of queries, no query per job)."""
     ctx = PassContext(now=now, snapshot=Snapshot(gpus=(), pending=()))
-    gpu_rows = list(
-        Gpu.objects.select_related("node", "model")
-        .filter(retired_at__isnull=True, status=GpuStatus.OK, node__status=NodeStatus.ONLINE, node__draining=False)
-        # A node without a token cannot verify a launch command: nothing is placed there.
-        .exclude(node__token_digest="")
-    )
-    ctx.gpus = {str(g.pk): g for g in gpu_rows}
-    ctx.nodes = {g.node.name: g.node for g in gpu_rows}
+    at = rawsql.datetime_param(now)
+    on_node = sorted(ON_NODE_STATES)
+    # The fleet as plain rows: model instances of every GPU with its node and model, on every pass, grew with the
+    # fleet; the apply step loads instances of the GPUs it starts jobs on.
+    gpu_rows = [GpuRow(*row) for row in rawsql.fetch_all(_sql("gpus"), [GpuStatus.OK, NodeStatus.ONLINE, False])]
+    ctx.gpus = {str(g.id): g for g in gpu_rows}
+    ctx.nodes = {g.node: g.node_id for g in gpu_rows}
 
     # Running jobs as plain rows (every pass reads them all; model instances with their JSON fields and a GPU
     # prefetch were about a quarter of a pass's CPU). A stop, rare, loads its job.
     running_rows = [
-        RunningRow(**row)
-        for row in Job.objects.filter(state__in=ON_NODE_STATES).values(
-            "id", "team_id", "started_at", "scheduled_at", "max_duration_s", "reservation_id", "stop_requested_at"
+        RunningRow(
+            id=r[0],
+            team_id=r[1],
+            started_at=_dt(Job, "started_at", r[2]),
+            scheduled_at=_dt(Job, "scheduled_at", r[3]),
+            max_duration_s=r[4],
+            reservation_id=r[5],
+            stop_requested_at=_dt(Job, "stop_requested_at", r[6]),
         )
+        for r in rawsql.fetch_all(_sql("running"), on_node)
     ]
     ctx.running = {str(r.id): r for r in running_rows}
     held_by: dict[int, list[str]] = {}
-    job_gpus = Job.gpus.through.objects.filter(job__state__in=ON_NODE_STATES)
-    for job_id, gpu_id in job_gpus.order_by("gpu_id").values_list("job_id", "gpu_id"):
+    for job_id, gpu_id in rawsql.fetch_all(_sql("held_by"), on_node):
         held_by.setdefault(job_id, []).append(str(gpu_id))
     running: list[CoreRunning] = []
-    for on_node in running_rows:
-        start = on_node.started_at or on_node.scheduled_at or now
+    for row in running_rows:
+        start = row.started_at or row.scheduled_at or now
         running.append(
             CoreRunning(
-                id=str(on_node.id),
-                team=str(on_node.team_id),
-                gpu_ids=tuple(held_by.get(on_node.id, ())),
+                id=str(row.id),
+                team=str(row.team_id),
+                gpu_ids=tuple(held_by.get(row.id, ())),
                 start=epoch(start),
-                max_duration_s=float(on_node.max_duration_s),
-                reservation_id=str(on_node.reservation_id) if on_node.reservation_id else None,
+                max_duration_s=float(row.max_duration_s),
+                reservation_id=str(row.reservation_id) if row.reservation_id else None,
             )
         )
 
     # A GPU held now by an allocation the snapshot cannot explain (a job row that ended without cutting it, a
     # hold of some other kind) is not free.
     explained = {int(gid) for r in running for gid in r.gpu_ids}
-    held_now = set(
-        Allocation.objects.active()
-        .filter(kind=AllocationKind.JOB, start__lte=now, end__gt=now)
-        .values_list("gpu_id", flat=True)
-    )
+    held_now = {r[0] for r in rawsql.fetch_all(_sql("held_now"), [True, AllocationKind.JOB, at, at])}
     blocked = held_now - explained
 
     # Reservations: booked/active ones not over yet, and those of running jobs (even released: the core stops
     # their jobs once the reservation's end has passed).
-    bound_ids = {r.reservation_id for r in running_rows if r.reservation_id}
-    resv_rows = list(
-        Reservation.objects.filter(
-            Q(status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE], end__gt=now) | Q(pk__in=bound_ids)
+    resv_rows = [
+        (r[0], r[1], _dt(Reservation, "start", r[2]), _dt(Reservation, "end", r[3]))
+        for r in rawsql.fetch_all(
+            _sql("reservations"), [ReservationStatus.BOOKED, ReservationStatus.ACTIVE, at, *on_node]
         )
-    )
-    resv_gpus: dict[int, set[str]] = {}
-    for rid, gid in Allocation.objects.filter(
-        kind=AllocationKind.RESERVATION, reservation_id__in=[r.pk for r in resv_rows]
-    ).values_list("reservation_id", "gpu_id"):
-        resv_gpus.setdefault(rid, set()).add(str(gid))
-    reservations = [
-        CoreReservation(str(r.pk), str(r.team_id), frozenset(resv_gpus.get(r.pk, ())), epoch(r.start), epoch(r.end))
-        for r in resv_rows
     ]
-    ctx.reservation_ends = {str(r.pk): r.end for r in resv_rows}
+    resv_gpus: dict[int, set[str]] = {}
+    if resv_rows:
+        marks = ", ".join(["%s"] * len(resv_rows))
+        sql = f"{_sql('reservation_gpus')}({marks})"
+        for rid, gid in rawsql.fetch_all(sql, [AllocationKind.RESERVATION, *(r[0] for r in resv_rows)]):
+            resv_gpus.setdefault(rid, set()).add(str(gid))
+    reservations = [
+        CoreReservation(str(rid), str(team_id), frozenset(resv_gpus.get(rid, ())), epoch(begin), epoch(end))
+        for rid, team_id, begin, end in resv_rows
+    ]
+    ctx.reservation_ends = {str(rid): end for rid, _, _, end in resv_rows}
 
     # Maintenance windows behave as reservations of nobody: a job must be done before one starts.
     node_gpus: dict[int, list[str]] = {}
-    for key, row in ctx.gpus.items():
-        node_gpus.setdefault(row.node_id, []).append(key)
-    for window in MaintenanceWindow.objects.filter(end__gt=now):
-        if window.gpu_id:
-            ids = [str(window.gpu_id)]
-        elif window.node_id:
-            ids = node_gpus.get(window.node_id, [])
+    for key, gpu_row in ctx.gpus.items():
+        node_gpus.setdefault(gpu_row.node_id, []).append(key)
+    for wid, gpu_id, node_id, begin, end in rawsql.fetch_all(_sql("windows"), [at]):
+        if gpu_id:
+            ids = [str(gpu_id)]
+        elif node_id:
+            ids = node_gpus.get(node_id, [])
         else:
             ids = list(ctx.gpus)
         if ids:
             reservations.append(
                 CoreReservation(
-                    f"m{window.pk}", MAINTENANCE_TEAM, frozenset(ids), epoch(window.start), epoch(window.end)
+                    f"m{wid}",
+                    MAINTENANCE_TEAM,
+                    frozenset(ids),
+                    epoch(_dt(MaintenanceWindow, "start", begin)),
+                    epoch(_dt(MaintenanceWindow, "end", end)),
                 )
             )
 
-    pending_rows = list(
-        Job.objects.filter(state=JobState.QUEUED)
-        .select_related("team", "user")
-        .order_by("submitted_at", "id")[:MAX_PENDING]
-    )
+    pending_rows = _pending_jobs()
     ctx.pending = {str(j.pk): j for j in pending_rows}
     pending = [
         CorePending(
@@ -399,10 +462,9 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         for j in pending_rows
     ]
     gpus = tuple(
-        CoreGpu(id=gid, node=g.node.name, model=g.model.name, free=0.0 if g.pk in blocked else 1.0)
-        for gid, g in ctx.gpus.items()
+        CoreGpu(id=gid, node=g.node, model=g.model, free=0.0 if g.id in blocked else 1.0) for gid, g in ctx.gpus.items()
     )
-    shares = {str(pk): float(share) for pk, share in Team.objects.values_list("pk", "share")}
+    shares = {str(pk): float(share) for pk, share in rawsql.fetch_all(_sql("shares"), [])}
     ctx.snapshot = Snapshot(
         gpus=gpus,
         pending=tuple(pending),
@@ -412,6 +474,28 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         team_shares=shares,
     )
     return ctx
+
+
+def _pending_jobs() -> list[Job]:
+    """Queued jobs in arrival order with their team and user (the apply step books allocations for them), as
+    instances: the start transitions work on them."""
+    user_model = Job.user.field.related_model
+    job_cols, team_cols = rawsql.columns(Job, "j"), rawsql.columns(Team, "t")
+    user_cols = rawsql.columns(user_model, "u")  # type: ignore[arg-type]
+    sql = (
+        f"SELECT {job_cols.sql}, {team_cols.sql}, {user_cols.sql} FROM {Job._meta.db_table} j "  # noqa: S608
+        f"JOIN {Team._meta.db_table} t ON t.id = j.team_id "
+        f"JOIN {user_model._meta.db_table} u ON u.id = j.user_id "  # type: ignore[union-attr]
+        "WHERE j.state = %s ORDER BY j.submitted_at, j.id LIMIT %s"
+    )
+    jobs: list[Job] = []
+    for row in rawsql.fetch_all(sql, [JobState.QUEUED, MAX_PENDING]):
+        job: Job = job_cols.load(row)
+        # As select_related("team", "user") caches them.
+        Job.team.field.set_cached_value(job, team_cols.load(row, job_cols.width))
+        Job.user.field.set_cached_value(job, user_cols.load(row, job_cols.width + team_cols.width))
+        jobs.append(job)
+    return jobs
 
 
 # --- Apply -----------------------------------------------------------------------------------------------------
@@ -428,12 +512,14 @@ class PassResult:
 
 def _claim_fence(token: int, leader: str, now: datetime) -> None:
     """Move the fence to our token; a newer leader's token there means we are not the leader any more."""
-    updated = SchedulerState.objects.filter(pk=1, fence__lte=token).update(fence=token, leader=leader)
+    # By hand, as the snapshot's queries: this runs on every pass, idle ones included.
+    sql = f"UPDATE {SchedulerState._meta.db_table} SET fence = %s, leader = %s WHERE id = 1 AND fence <= %s"  # noqa: S608
+    updated = rawsql.execute(sql, [token, leader[:200], token])
     if not updated:
         # The row is made once (a new installation), not looked up on every pass.
         _, created = SchedulerState.objects.get_or_create(pk=1)
         if created:
-            updated = SchedulerState.objects.filter(pk=1, fence__lte=token).update(fence=token, leader=leader)
+            updated = rawsql.execute(sql, [token, leader[:200], token])
     if not updated:
         raise NotLeader(f"a leader with a token above {token} has taken over")
 
@@ -446,12 +532,14 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
     with transaction.atomic():
         _claim_fence(token, leader, now)
         items: list[services.StartItem] = []
+        gpu_by_id, node_by_id = _instances_for(ctx, decisions)
         for start in decisions.starts:
             job = ctx.pending.get(start.job_id)
-            node = ctx.nodes.get(start.node)
-            if job is None or node is None:
-                continue
-            items.append(services.StartItem(job=job, node=node, gpus=[ctx.gpus[g] for g in start.gpu_ids]))
+            node = node_by_id.get(ctx.nodes.get(start.node, 0))
+            chosen = [gpu_by_id.get(int(g)) for g in start.gpu_ids]
+            if job is None or node is None or any(g is None for g in chosen):
+                continue  # a GPU or node deleted since the snapshot: the next pass sees the fleet as it is
+            items.append(services.StartItem(job=job, node=node, gpus=[g for g in chosen if g is not None]))
         # Most starts need nothing but their allocations: those go in one batch. Jobs in a reservation (no
         # allocation) or of a team with a concurrent-GPU cap (a quota check each) go one by one, and so does
         # the whole batch when any of it is refused (a GPU taken meanwhile, a job cancelled), to learn which.
@@ -508,6 +596,15 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
     return result
 
 
+def _instances_for(ctx: PassContext, decisions: Decisions) -> tuple[dict[int, Gpu], dict[int, Node]]:
+    """The GPUs (with their model: prices) and nodes (token digest: signing) this pass starts jobs on."""
+    gpu_ids = {int(g) for start in decisions.starts for g in start.gpu_ids}
+    if not gpu_ids:
+        return {}, {}
+    node_ids = {ctx.nodes[start.node] for start in decisions.starts if start.node in ctx.nodes}
+    return Gpu.objects.select_related("model").in_bulk(gpu_ids), Node.objects.in_bulk(node_ids)
+
+
 def _store_reasons(ctx: PassContext, decisions: Decisions, result: PassResult) -> None:
     """Write why each job waits, only where it changed (most passes change nothing)."""
     by_reason: dict[tuple[str, str], list[int]] = {}
@@ -542,13 +639,12 @@ def run_pass(
     decisions = schedule(ctx.snapshot, policy=policy, now=epoch(now))
     result = apply_decisions(ctx, decisions, token=token, leader=leader)
     result.ms = (time.perf_counter() - t0) * 1000
-    SchedulerState.objects.filter(pk=1, fence=token).update(
-        last_pass_at=now,
-        last_pass_ms=result.ms,
-        last_started=len(result.started),
-        pending=result.pending - len(result.started),
-        passes=F("passes") + 1,
+    sql = (
+        f"UPDATE {SchedulerState._meta.db_table} SET last_pass_at = %s, last_pass_ms = %s, "  # noqa: S608
+        "last_started = %s, pending = %s, passes = passes + 1 WHERE id = 1 AND fence = %s"
     )
+    pending = max(0, result.pending - len(result.started))
+    rawsql.execute(sql, [rawsql.datetime_param(now), result.ms, len(result.started), pending, token])
     return result
 
 
