@@ -45,6 +45,7 @@ from apps.booking.models import (
     ReservationStatus,
 )
 from apps.booking.placement import FreeGpu, place
+from apps.core import rawsql
 from apps.core.errors import Conflict, Forbidden, NotFound, QuotaExceeded, ValidationFailed
 from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
 
@@ -488,7 +489,7 @@ def _quota_check_and_hold(
         limits = {m: selectors.limits_of(quotas[m]) for m in months}
         # The hold before the usage rows, so the usage lock is held for as little as possible: from the check to
         # the caller's commit (at 30 jobs/s of one team, waits for it were most of a submission's database time).
-        hold = QuotaHold.objects.create(
+        hold = QuotaHold(
             team=team,
             kind=kind,
             reservation=reservation,
@@ -498,6 +499,7 @@ def _quota_check_and_hold(
             start=start,
             end=end,
         )
+        rawsql.insert([hold])
         if not any(_limited(limit) for limit in limits.values()):
             # Nothing to check against: count it (the UPDATE takes the row lock, only until the commit).
             _add_usage(team.pk, amounts)
@@ -596,7 +598,6 @@ def _find_hold(*, reservation: Reservation | None, job_id: int | None) -> QuotaH
         column, value = "job_id", job_id
     else:
         raise ValidationFailed("Name the reservation or the job whose quota hold changes.")
-    from apps.core import rawsql
 
     cols = rawsql.columns(QuotaHold, "h")
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""  # SQLite: the write lock serializes
@@ -636,7 +637,7 @@ def quota_hold_update(
             )
             hold.start, hold.end = new_start, new_end
         deltas = quota_math.amounts_delta(before, after)
-        hold.save(update_fields=["start", "end", "active"])
+        rawsql.update(QuotaHold, {"id": hold.pk}, {"start": hold.start, "end": hold.end, "active": hold.active})
         if deltas:
             # Last, and without SELECT ... FOR UPDATE (nothing is checked): the team's usage rows stay locked only
             # from here to the caller's commit. Every job exit of the team passes here.

@@ -97,3 +97,87 @@ def field_converter(model: type[models.Model], name: str) -> Any:
 def datetime_param(value: Any) -> Any:
     """A datetime as a query parameter, stored the way the ORM stores it (SQLite compares text)."""
     return connection.ops.adapt_datetimefield_value(value)
+
+
+# --- Writes ------------------------------------------------------------------------------------------------------
+# For the writes every job makes (its row, its timeline, its quota hold) on the submission, start and end paths:
+# building an INSERT or UPDATE through the ORM's compiler cost several times the CPU of running it. Values go
+# through each field's get_db_prep_save, as the ORM's compilers do (JSON, decimals, SQLite's text datetimes); no
+# model signals are sent (none of these models has receivers). Expressions (F(), Now()) are not supported.
+
+
+@cache
+def _insert_sql(model: type[models.Model]) -> tuple[str, list[Any], bool]:
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if f is not meta.auto_field]
+    quote = connection.ops.quote_name
+    returning = connection.features.can_return_columns_from_insert and meta.auto_field is not None
+    columns = ", ".join(quote(str(f.column)) for f in fields)
+    sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES "  # noqa: S608 - names from the model's metadata
+    return sql, fields, returning
+
+
+def insert(objs: Sequence[M]) -> None:
+    """INSERT `objs` (instances of one model, not saved yet) in one statement and set their primary keys."""
+    if not objs:
+        return
+    model = type(objs[0])
+    sql, fields, returning = _insert_sql(model)
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    params: list[Any] = []
+    for obj in objs:
+        params.extend(f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields)
+    pk = model._meta.pk
+    assert pk is not None
+    statement = sql + ", ".join([row] * len(objs))
+    if returning:
+        statement += f" RETURNING {connection.ops.quote_name(str(pk.column))}"
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        if returning:
+            ids = [r[0] for r in cursor.fetchall()]
+        elif model._meta.auto_field is not None and len(objs) == 1:
+            ids = [connection.ops.last_insert_id(cursor, model._meta.db_table, str(pk.column))]
+        else:
+            ids = []
+    for obj, pk_value in zip(objs, ids, strict=False):
+        obj.pk = pk_value
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = connection.alias
+
+
+def update(model: type[models.Model], where: dict[str, Any], values: dict[str, Any]) -> int:
+    """UPDATE `model` SET values WHERE every `where` field equals its value; returns the rows changed.
+
+    Names are field names (a foreign key by its name with an instance or None, or by its attname with an id); a
+    `where` value that is a list, tuple or set means "IN" (an empty one changes nothing)."""
+    meta = model._meta
+    quote = connection.ops.quote_name
+
+    def column_and_param(name: str, value: Any) -> tuple[str, Any]:
+        field = meta.get_field(name)
+        if isinstance(value, models.Model):
+            value = value.pk
+        return quote(str(field.column)), field.get_db_prep_save(value, connection)  # type: ignore[union-attr]
+
+    sets, params = [], []
+    for name, value in values.items():
+        column, param = column_and_param(name, value)
+        sets.append(f"{column} = %s")
+        params.append(param)
+    conditions = []
+    for name, value in where.items():
+        if isinstance(value, list | tuple | set | frozenset):  # field IN (...)
+            if not value:
+                return 0
+            pairs = [column_and_param(name, v) for v in value]
+            conditions.append(f"{pairs[0][0]} IN ({', '.join(['%s'] * len(pairs))})")
+            params.extend(param for _, param in pairs)
+            continue
+        column, param = column_and_param(name, value)
+        conditions.append(f"{column} = %s")
+        params.append(param)
+    # Table and column names from the model's metadata; every value is a parameter.
+    sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"  # noqa: S608
+    return execute(sql, params)

@@ -25,6 +25,7 @@ from apps.accounts.scoping import team_ids_of
 from apps.booking import quota as quota_math
 from apps.booking import selectors as booking_selectors
 from apps.booking.selectors import local_tz
+from apps.core import rawsql
 from apps.core.errors import ApplicationError, Conflict, Forbidden, NotFound, ValidationFailed
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.jobs import conf, events, occupancy, selectors, validation
@@ -271,7 +272,7 @@ def job_submit(
                 queued = Job.objects.filter(team=team, state=JobState.QUEUED).count()
                 _refuse_if_queue_full(team, queued, limits.max_queued_jobs)
             now = timezone.now()
-            job = Job.objects.create(
+            job = Job(
                 team=team,
                 user=user,
                 name=name.strip(),
@@ -288,7 +289,9 @@ def job_submit(
                 reservation=reservation,
                 idempotency_key=idempotency_key or "",
             )
-            event = JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
+            rawsql.insert([job])
+            event = JobEvent(job=job, at=now, from_state="", to_state=JobState.QUEUED)
+            rawsql.insert([event])
             if reservation is None:
                 # A job inside a reservation runs on hours the reservation already counted.
                 occupancy.quota_hold(job=job, start=now, end=now + timedelta(seconds=duration), quotas=quotas)
@@ -370,7 +373,7 @@ def job_transition(
                 if started is None and to_state != JobState.LOST and job.scheduled_at is not None:
                     # It ended before the "started" report arrived: count it as started when scheduled.
                     fields["started_at"] = job.scheduled_at
-            if Job.objects.filter(pk=job.pk, state=current).update(**fields) == 1:
+            if rawsql.update(Job, {"id": job.pk, "state": current}, fields) == 1:
                 break
             # Someone else moved it: re-read the whole row (the next attempt computes from fresh values).
             try:
@@ -390,7 +393,7 @@ def job_transition(
         timeline.append(
             JobEvent(job=job, at=now, from_state=current, to_state=to_state, reason=reason, message=message[:4000])
         )
-        JobEvent.objects.bulk_create(timeline)
+        rawsql.insert(timeline)
         if to_state in TERMINAL_STATES:
             end = job.ended_at or now
             if allocation_end is not None:
@@ -502,13 +505,11 @@ def jobs_start_many(*, items: Sequence[StartItem], now: datetime) -> list[int]:
             "pending_message": "",
         }
         for (node_id, price), job_ids in by_target.items():
-            Job.objects.filter(pk__in=job_ids).update(node_id=node_id, hourly_price=price, **common)
-        JobEvent.objects.bulk_create(
+            rawsql.update(Job, {"id": job_ids}, {"node_id": node_id, "hourly_price": price, **common})
+        rawsql.insert(
             [JobEvent(job_id=pk, at=now, from_state=JobState.QUEUED, to_state=JobState.STARTING) for pk in ids]
         )
-        Job.gpus.through.objects.bulk_create(
-            [Job.gpus.through(job_id=item.job.pk, gpu_id=g.pk) for item in items for g in item.gpus]
-        )
+        rawsql.insert([Job.gpus.through(job_id=item.job.pk, gpu_id=g.pk) for item in items for g in item.gpus])
         booking.allocations_create_many(
             [
                 booking.AllocationRequest(
@@ -593,7 +594,6 @@ def _job_on_node(job_id: int, node_id: int) -> Job | None:
 
     Hand-written SQL: every report of every job starts here, and compiling the ORM query cost the worker more CPU
     than running it."""
-    from apps.core import rawsql
 
     job_cols, node_cols = rawsql.columns(Job, "j"), rawsql.columns(Node, "n")
     # Table and column names from the models' metadata; the ids are parameters.
