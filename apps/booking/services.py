@@ -288,11 +288,12 @@ def allocations_create_many(requests: Sequence[AllocationRequest]) -> list[Alloc
             for gpu_id in req.gpu_ids
         ]
         try:
-            return Allocation.objects.bulk_create(rows)
+            rawsql.insert(rows)
         except IntegrityError as exc:
             if _is_exclusion_violation(exc):
                 raise clash from exc
             raise
+        return rows
 
 
 def allocations_end_of_job(*, job_id: int, at: datetime) -> int:
