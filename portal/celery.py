@@ -6,7 +6,10 @@ import os
 
 from celery import Celery, signals
 
+from workers.broker import reuse_redis_clients
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+reuse_redis_clients()
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -97,6 +97,9 @@ def make_stream_client(broker_url: str) -> Any:
 
 def make_celery(broker_url: str, node: str) -> Celery:
     """The agent's own Celery app: same broker as the portal, JSON only, no result backend."""
+    from workers.broker import reuse_redis_clients
+
+    reuse_redis_clients()
     app = Celery(f"gpuportal-agent-{node}", broker=broker_url_for(broker_url), set_as_current=True)
     app.conf.update(
         task_serializer="json",
