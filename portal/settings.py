@@ -140,7 +140,10 @@ else:
             # the web process reconnects within seconds rather than at the end of a long backoff.
             "reconnect_timeout": 2,
         }
-IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+        # Django's backend with a cheaper check of a pooled connection at checkout: one poll of its socket instead
+        # of an empty query (a round trip before every request), see portal/pgpool/base.py.
+        DATABASES["default"]["ENGINE"] = "portal.pgpool"
+IS_POSTGRES = DATABASES["default"]["ENGINE"] in {"django.db.backends.postgresql", "portal.pgpool"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: one URL, spelled for each client -------------------------------------------------------------
