@@ -1,5 +1,6 @@
-"""The job serializers build their fields once per class (TemplateFieldsMixin): the output must be exactly DRF's,
-and every serializer instance must render with its own context (the env values only its submitter may see)."""
+"""The job serializers build their fields once per class (TemplateFieldsMixin) and render from a plan
+(FastOutputMixin): the output must be exactly DRF's, and every serializer instance must render with its own
+context (the env values only its submitter may see)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from apps.jobs import services
-from apps.jobs.api.serializers import JobDetailOutput, JobInput
+from apps.jobs.api.serializers import JobDetailOutput, JobInput, JobOutput, LogLineOutput
+from tests.core.test_fast_output import drf_render
 
 pytestmark = pytest.mark.django_db
 
@@ -33,8 +35,9 @@ def test_output_is_what_drf_builds(alice, bob, vision, fleet, submit):
     job = _started_job(alice, vision, fleet, submit)
     for viewer in (alice, bob):
         fast = JobDetailOutput(job, context={"user": viewer}).data
-        plain = PlainDetail(job, context={"user": viewer}).data
+        plain = drf_render(PlainDetail(job, context={"user": viewer}))
         assert fast == plain
+        assert list(fast) == list(plain)
     assert [g["uuid"] for g in fast["gpus"]] == ["GPU-h100-0000", "GPU-h100-0001"]
     assert [e["to_state"] for e in fast["events"]] == ["queued", "starting"]
 
@@ -80,3 +83,18 @@ def test_input_validation_is_unchanged(db):
     assert not missing.is_valid() and "image" in missing.errors
     # Errors of one instance never show up in the next.
     assert JobInput(data={"image": "x", "command": ["a"]}).is_valid()
+
+
+def test_list_and_log_output_is_what_drf_builds(alice, bob, vision, fleet, submit):
+    from apps.jobs.models import JobLogLine
+
+    first = _started_job(alice, vision, fleet, submit)
+    second = submit(alice, vision, gpu_count=1)
+    jobs = [first, second]
+    for viewer in (alice, bob):
+        fast = JobOutput(jobs, many=True, context={"user": viewer}).data
+        assert fast == drf_render(JobOutput(jobs, many=True, context={"user": viewer}))
+    now = timezone.now()
+    lines = [JobLogLine(job=first, seq=i, stream="stdout" if i % 2 else "stderr", at=now, line=f"l{i}") for i in (1, 2)]
+    assert LogLineOutput(lines, many=True).data == drf_render(LogLineOutput(lines, many=True))
+    assert JobDetailOutput.__dict__["_output_plan"] is not None  # the fast path, not the fallback

@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.booking.models import Reservation, ReservationStatus
-from apps.core.api.serializers import TemplateFieldsMixin
+from apps.core.api.serializers import FastOutputMixin, TemplateFieldsMixin
 
 
 class ReservationInput(TemplateFieldsMixin, serializers.Serializer):
@@ -33,7 +33,7 @@ class ReservationInput(TemplateFieldsMixin, serializers.Serializer):
         return attrs
 
 
-class ReservationOutput(TemplateFieldsMixin, serializers.ModelSerializer):
+class ReservationOutput(FastOutputMixin, serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
     user = serializers.SerializerMethodField()
     gpu_model = serializers.SerializerMethodField()

@@ -10,7 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.core.api.serializers import TemplateFieldsMixin
+from apps.core.api.serializers import FastOutputMixin, TemplateFieldsMixin
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
 
 
@@ -22,6 +22,8 @@ class ImageOutput(serializers.ModelSerializer):
 
 class AnyValueField(serializers.Field):
     """Passes the JSON value through: the service validates it and says precisely what is wrong."""
+
+    context_free_output = True  # its output is the value itself (FastOutputMixin)
 
     def to_internal_value(self, data: Any) -> Any:
         return data
@@ -98,14 +100,14 @@ class JobInput(TemplateFieldsMixin, serializers.Serializer):
     network = NetworkField(required=False, help_text="jobs run without a network")
 
 
-class JobGpuOutput(TemplateFieldsMixin, serializers.Serializer):
+class JobGpuOutput(FastOutputMixin, serializers.Serializer):
     uuid = serializers.CharField()
     index = serializers.IntegerField()
     model = serializers.CharField(source="model.name")
     node = serializers.CharField(source="node.name")
 
 
-class JobOutput(TemplateFieldsMixin, serializers.ModelSerializer):
+class JobOutput(FastOutputMixin, serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
     user = serializers.CharField(source="user.username")
     node = serializers.SerializerMethodField()
@@ -191,7 +193,7 @@ class JobOutput(TemplateFieldsMixin, serializers.ModelSerializer):
         return str(settings.PORTAL_CURRENCY)
 
 
-class JobEventOutput(TemplateFieldsMixin, serializers.ModelSerializer):
+class JobEventOutput(FastOutputMixin, serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["at", "from_state", "to_state", "reason", "message"]
@@ -210,7 +212,7 @@ class JobDetailOutput(JobOutput):
         return list(JobEventOutput(events, many=True).data)
 
 
-class LogLineOutput(serializers.ModelSerializer):
+class LogLineOutput(FastOutputMixin, serializers.ModelSerializer):
     class Meta:
         model = JobLogLine
         fields = ["seq", "stream", "at", "line"]
