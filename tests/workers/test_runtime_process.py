@@ -102,6 +102,60 @@ def test_allocation_beyond_the_memory_limit_reads_as_oom(process_runtime: MakeRu
     assert any("MemoryError" in line for line in recorder.lines(203, "stderr"))
 
 
+def test_the_job_runs_under_the_address_space_limit_it_asked_for(
+    process_runtime: MakeRuntime, recorder: EventRecorder
+) -> None:
+    runtime = process_runtime()
+    runtime.launch(spec(207, "sh", "-c", "ulimit -S -v; ulimit -H -v; grep 'Max address space' /proc/self/limits",
+                        memory_mib=256))  # fmt: skip
+
+    assert recorder.wait_exit(207).state == "succeeded"
+    soft, hard, limits = recorder.lines(207)
+    assert (soft, hard) == (str(256 * 1024), str(256 * 1024))
+    assert limits.split()[3:6] == [str(256 << 20), str(256 << 20), "bytes"]
+
+
+def test_the_launch_needs_no_code_in_the_child(
+    process_runtime: MakeRuntime, recorder: EventRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A preexec_fn would make Python fork the whole agent (3.7 ms of CPU per job) instead of vfork (0.1 ms).
+    import subprocess
+
+    seen: list[Any] = []
+    original = subprocess.Popen.__init__
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(kwargs.get("preexec_fn"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", recording)
+    runtime = process_runtime()
+    runtime.launch(spec(208, "true", memory_mib=64))
+    assert recorder.wait_exit(208).state == "succeeded"
+    assert seen == [None]
+
+
+def test_a_limit_the_wrapper_cannot_set_fails_the_job_with_125(tmp_path: Path) -> None:
+    import resource
+    import subprocess
+
+    from workers.runtimes.process import _SHELL, _WRAPPER
+
+    exit_file = tmp_path / "exit"
+    one_gib = 1 << 30
+
+    def lower_hard_limit() -> None:  # the test's own child, not the runtime's
+        resource.setrlimit(resource.RLIMIT_AS, (one_gib, one_gib))
+
+    done = subprocess.run(
+        [_SHELL, "-c", _WRAPPER, "gpuportal-job", str(exit_file), str(2 * one_gib // 1024), "echo", "ran"],
+        capture_output=True, text=True, preexec_fn=lower_hard_limit, check=False, timeout=10,
+    )  # fmt: skip
+    assert done.returncode == 125
+    assert done.stdout == ""  # the job did not run without its limit
+    assert exit_file.read_text() == "125\n"
+
+
 def test_gpu_jobs_get_no_address_space_limit(process_runtime: MakeRuntime, recorder: EventRecorder) -> None:
     # CUDA reserves far more virtual memory than it uses; RLIMIT_AS would break every GPU job.
     runtime = process_runtime()

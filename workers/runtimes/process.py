@@ -17,7 +17,7 @@ how it ended (traps with a command are reset in the command, which gets the defa
 reports death by signal N as 128 + N, the same number outcome_from_exit reports. Only when the whole group is
 SIGKILLed (the grace ran out) is there no file, and then the agent that sent the signal knows why.
 
-Memory: ``memory_mib`` becomes RLIMIT_AS (address space) in the child, so an allocation beyond it fails.
+Memory: ``memory_mib`` becomes RLIMIT_AS (address space), set by the wrapper, so an allocation beyond it fails.
 OOM detection is best-effort: a non-zero exit with the limit set and a MemoryError-like message on stderr, or
 death by SIGKILL that the agent did not send, reads as reason "oom". RLIMIT_AS counts virtual memory and
 CUDA reserves far more address space than it uses, so the limit is not applied to GPU jobs unless
@@ -27,12 +27,10 @@ CUDA reserves far more address space than it uses, so the limit is not applied t
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
 import re
-import resource
 import select
 import shutil
 import signal
@@ -68,9 +66,16 @@ logger = logging.getLogger(__name__)
 
 _STATE_FILE = re.compile(r"job-(\d+)\.json")
 _SHELL = "/bin/sh"
-# $1: where the exit status goes; the rest: the job's argv, run as given (no word splitting, no globbing), and
-# through `exec` so that a program named like a shell builtin (echo, test, kill) is the program, not the builtin.
-_WRAPPER = 'f=$1; shift; trap : TERM INT HUP; (exec "$@"); c=$?; printf "%s\\n" "$c" > "$f"; exit "$c"'
+# $1: where the exit status goes; $2: the address-space limit in KiB (0: none), set by the shell's `ulimit -v`
+# (RLIMIT_AS, soft and hard) for itself and so for the job; the rest: the job's argv, run as given (no word
+# splitting, no globbing), and through `exec` so that a program named like a shell builtin (echo, test, kill) is
+# the program, not the builtin. The limit is set here rather than by a preexec_fn in the agent: any preexec_fn
+# makes Python fork the agent instead of vfork, 3.7 ms of the agent's CPU per job and 9 ms to start (measured with
+# a 120 MB process) against 0.1 ms and 0.9 ms.
+_WRAPPER = (
+    'f=$1; m=$2; shift 2; if [ "$m" != 0 ]; then ulimit -v "$m" || { printf "125\\n" > "$f"; exit 125; }; fi; '
+    'trap : TERM INT HUP; (exec "$@"); c=$?; printf "%s\\n" "$c" > "$f"; exit "$c"'
+)
 # What allocation failures print in the runtimes jobs commonly use (Python, C++, libc/perror, shells).
 _OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "Out of memory")
 # How much of one log file a wake-up reads before looking at the process again (a job printing faster than that
@@ -139,11 +144,6 @@ class _LogFile:
         if self.file is not None:
             self.file.close()
             self.file = None
-
-
-def _set_address_space_limit(limit_bytes: int) -> None:
-    # Runs in the child between fork and exec: keep it to one system call.
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -303,9 +303,7 @@ class ProcessRuntime:
             return
         env = {**self._base_env, **gpu_env(spec)}
         job.memory_limited = spec.memory_mib > 0 and (not spec.gpu_uuids or self._limit_memory_with_gpus)
-        preexec = (
-            functools.partial(_set_address_space_limit, spec.memory_mib * 1024 * 1024) if job.memory_limited else None
-        )
+        limit_kib = spec.memory_mib * 1024 if job.memory_limited else 0
         stdout_path, stderr_path = self._log_paths(job.job_id)
         exit_path = self._exit_path(job.job_id)
         with contextlib.suppress(FileNotFoundError):
@@ -321,7 +319,7 @@ class ProcessRuntime:
                 # A new session: signals go to the whole process group, and the job outlives an agent restart
                 # (it is not in the agent's group when a supervisor signals that).
                 proc = subprocess.Popen(
-                    [_SHELL, "-c", _WRAPPER, "gpuportal-job", str(exit_path), *spec.command],
+                    [_SHELL, "-c", _WRAPPER, "gpuportal-job", str(exit_path), str(limit_kib), *spec.command],
                     env=env,
                     cwd=self._cwd,
                     stdin=subprocess.DEVNULL,
@@ -329,7 +327,6 @@ class ProcessRuntime:
                     stderr=err,
                     start_new_session=True,
                     close_fds=True,
-                    preexec_fn=preexec,
                 )
         except OSError as exc:
             self._remove_files(job.job_id)
