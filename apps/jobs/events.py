@@ -97,9 +97,12 @@ class _Broadcaster:
                 if not batch:
                     self.draining = False
                     return
-            layer = get_channel_layer()
-            if layer is not None:
-                await _deliver(layer, batch)
+            try:
+                layer = get_channel_layer()
+                if layer is not None:
+                    await _deliver(layer, batch)
+            except Exception:  # a batch lost, never the drain: later messages must still go out
+                logger.exception("broadcasting %d job messages failed", len(batch))
 
 
 async def _deliver(layer: Any, batch: list[tuple[int, dict[str, Any]]]) -> None:

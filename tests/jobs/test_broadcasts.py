@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -97,3 +98,28 @@ def test_membership_is_read_from_the_layers_group_sets(layer: Any) -> None:
     assert async_to_sync(events._watched_groups)(layer, {group, events.group_name(910_005)}) == {group}
     _leave(layer, job, channel)
     assert async_to_sync(events._watched_groups)(layer, {group}) == set()
+
+
+def test_a_batch_that_fails_does_not_stop_later_broadcasts(layer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = 910_006
+    channel = _join(layer, job)
+    original = events._watched_groups
+    failures = [RuntimeError("unexpected")]
+
+    async def failing_once(layer: Any, groups: set[str]) -> set[str] | None:
+        if failures:
+            raise failures.pop()
+        return await original(layer, groups)
+
+    monkeypatch.setattr(events, "_watched_groups", failing_once)
+    try:
+        events._group_send(job, {"type": "state", "state": "lost in the failed batch"})
+        deadline = time.monotonic() + 10
+        while failures and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not failures
+        events._group_send(job, {"type": "state", "state": "after"})
+        got = _receive(layer, channel, 1)
+        assert got[0]["message"]["state"] == "after"
+    finally:
+        _leave(layer, job, channel)
