@@ -282,8 +282,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "apps.core.api.exceptions.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_CLASSES": [
-        "apps.core.api.throttling.TokenRateThrottle",
-        "apps.core.api.throttling.IpRateThrottle",
+        # The token's and the address's limits (API_RATE_PER_TOKEN, API_RATE_PER_IP) in one Redis round trip.
+        "apps.core.api.throttling.ApiRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "token": env_str("API_RATE_PER_TOKEN", "6000/min"),

@@ -12,9 +12,17 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 M = TypeVar("M", bound=models.Model)
+
+
+def _connection() -> BaseDatabaseWrapper:
+    """This thread's connection itself. `django.db.connection` is a proxy that looks the connection up again on
+    every attribute access; the per-column loops below pass it to each field's converter or get_db_prep_save
+    (which read `connection.ops` and friends), and on a job submission those lookups cost ~50 per request."""
+    return connections[DEFAULT_DB_ALIAS]
 
 
 class Columns:
@@ -43,13 +51,14 @@ class Columns:
     def load(self, row: Sequence[Any], offset: int = 0) -> Any:
         """An instance of the model from row[offset : offset + width], as if the ORM had loaded it."""
         values = list(row[offset : offset + self.width])
+        conn = _connection()
         for i, converters in enumerate(self._field_converters()):
             if converters:
                 field = self.fields[i]
                 col = field.get_col(self.model._meta.db_table)
                 for converter in converters:
-                    values[i] = converter(values[i], col, connection)
-        return self.model.from_db(connection.alias, self.attnames, values)
+                    values[i] = converter(values[i], col, conn)
+        return self.model.from_db(conn.alias, self.attnames, values)
 
 
 @cache
@@ -87,8 +96,9 @@ def field_converter(model: type[models.Model], name: str) -> Any:
         return None
 
     def convert(value: Any) -> Any:
+        conn = _connection()
         for converter in converters:
-            value = converter(value, col, connection)
+            value = converter(value, col, conn)
         return value
 
     return convert
@@ -125,26 +135,27 @@ def insert(objs: Sequence[M]) -> None:
     sql, fields, returning = _insert_sql(model)
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     params: list[Any] = []
+    conn = _connection()
     for obj in objs:
-        params.extend(f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields)
+        params.extend([f.get_db_prep_save(f.pre_save(obj, True), conn) for f in fields])
     pk = model._meta.pk
     assert pk is not None
     statement = sql + ", ".join([row] * len(objs))
     if returning:
-        statement += f" RETURNING {connection.ops.quote_name(str(pk.column))}"
-    with connection.cursor() as cursor:
+        statement += f" RETURNING {conn.ops.quote_name(str(pk.column))}"
+    with conn.cursor() as cursor:
         cursor.execute(statement, params)
         if returning:
             ids = [r[0] for r in cursor.fetchall()]
         elif model._meta.auto_field is not None and len(objs) == 1:
-            ids = [connection.ops.last_insert_id(cursor, model._meta.db_table, str(pk.column))]
+            ids = [conn.ops.last_insert_id(cursor, model._meta.db_table, str(pk.column))]
         else:
             ids = []
     for obj, pk_value in zip(objs, ids, strict=False):
         obj.pk = pk_value
     for obj in objs:
         obj._state.adding = False
-        obj._state.db = connection.alias
+        obj._state.db = conn.alias
 
 
 def update(model: type[models.Model], where: dict[str, Any], values: dict[str, Any]) -> int:
@@ -153,13 +164,14 @@ def update(model: type[models.Model], where: dict[str, Any], values: dict[str, A
     Names are field names (a foreign key by its name with an instance or None, or by its attname with an id); a
     `where` value that is a list, tuple or set means "IN" (an empty one changes nothing)."""
     meta = model._meta
-    quote = connection.ops.quote_name
+    conn = _connection()
+    quote = conn.ops.quote_name
 
     def column_and_param(name: str, value: Any) -> tuple[str, Any]:
         field = meta.get_field(name)
         if isinstance(value, models.Model):
             value = value.pk
-        return quote(str(field.column)), field.get_db_prep_save(value, connection)  # type: ignore[union-attr]
+        return quote(str(field.column)), field.get_db_prep_save(value, conn)  # type: ignore[union-attr]
 
     sets, params = [], []
     for name, value in values.items():
