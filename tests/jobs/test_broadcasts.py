@@ -123,3 +123,20 @@ def test_a_batch_that_fails_does_not_stop_later_broadcasts(layer: Any, monkeypat
         assert got[0]["message"]["state"] == "after"
     finally:
         _leave(layer, job, channel)
+
+
+@pytest.mark.django_db
+def test_scheduler_wake_ups_go_out_after_commit_and_stay_bounded(django_capture_on_commit_callbacks: Any) -> None:
+    from apps.core.redis import get_redis
+
+    redis = get_redis()
+    redis.delete(events.WAKE_KEY)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        for n in range(events.WAKE_MAX + 20):
+            events.wake_scheduler_on_commit(f"submitted-{n}")
+        assert redis.llen(events.WAKE_KEY) == 0  # nothing before the commit: the scheduler would find no job
+    assert len(callbacks) == events.WAKE_MAX + 20
+    # No scheduler drains the list here: it keeps the newest WAKE_MAX reasons, newest first.
+    assert redis.llen(events.WAKE_KEY) == events.WAKE_MAX
+    assert redis.lindex(events.WAKE_KEY, 0) == f"submitted-{events.WAKE_MAX + 19}".encode()
+    redis.delete(events.WAKE_KEY)
