@@ -140,10 +140,10 @@ else:
             # the web process reconnects within seconds rather than at the end of a long backoff.
             "reconnect_timeout": 2,
         }
-        # Django's backend with a cheaper check of a pooled connection at checkout: one poll of its socket instead
-        # of an empty query (a round trip before every request), see portal/pgpool/base.py.
-        DATABASES["default"]["ENGINE"] = "portal.pgpool"
-IS_POSTGRES = DATABASES["default"]["ENGINE"] in {"django.db.backends.postgresql", "portal.pgpool"}
+    # Django's backend with cheaper health checks: one poll of the socket instead of a query before each request's
+    # pooled connection and each task's or pass's persistent one (portal/pgbackend/base.py).
+    DATABASES["default"]["ENGINE"] = "portal.pgbackend"
+IS_POSTGRES = DATABASES["default"]["ENGINE"] in {"django.db.backends.postgresql", "portal.pgbackend"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: one URL, spelled for each client -------------------------------------------------------------
