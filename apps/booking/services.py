@@ -203,10 +203,12 @@ def allocations_create(
     kind: str,
     reservation: Reservation | None = None,
     job_id: int | None = None,
+    savepoint: bool = True,
 ) -> list[Allocation]:
     """Hold each of `gpus` for `team` over [start, end): one active Allocation row per GPU.
 
     Runs in the caller's transaction (a savepoint inside it, so a caller may catch Conflict and go on) or its own.
+    `savepoint=False`: for a caller that has its own savepoint around this call (two round trips less).
     Locks: per-GPU `pg_advisory_xact_lock` in ascending id order, held until the outer transaction ends; callers
     that also hold quota rows must have taken those first (see the module docstring). Raises `Conflict` (409)
     with `conflicts` naming the clashing slots, `ValidationFailed` for a bad window or kind.
@@ -218,7 +220,7 @@ def allocations_create(
         raise ValidationFailed("An allocation needs aware start < end.")
     if kind not in AllocationKind.values or (kind == AllocationKind.RESERVATION) != (reservation is not None):
         raise ValidationFailed("kind 'reservation' needs a reservation; kind 'job' must not have one.")
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         return _insert_allocations(
             gpu_ids=gpu_ids,
             team=team,
@@ -243,11 +245,11 @@ class AllocationRequest:
     job_id: int | None = None
 
 
-def allocations_create_many(requests: Sequence[AllocationRequest]) -> list[Allocation]:
+def allocations_create_many(requests: Sequence[AllocationRequest], *, savepoint: bool = True) -> list[Allocation]:
     """`allocations_create` for many holders at once (the scheduler starting a pass's jobs): one lock statement,
     one overlap query, one insert. All or nothing: Conflict (without the slots: the caller retries one by one to
     learn them) when any request overlaps an active allocation or another request. Reservations are not taken
-    here (they come one at a time, with their own checks)."""
+    here (they come one at a time, with their own checks). `savepoint` as for `allocations_create`."""
     if not requests:
         return []
     wanted: list[tuple[int, datetime, datetime]] = []
@@ -265,7 +267,7 @@ def allocations_create_many(requests: Sequence[AllocationRequest]) -> list[Alloc
         if any(lo < b and a < hi for a, b in by_gpu.get(gpu_id, ())):
             raise clash
         by_gpu.setdefault(gpu_id, []).append((lo, hi))
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         _lock_gpus(by_gpu)
         earliest = min(lo for _, lo, _ in wanted)
         held = Allocation.objects.filter(active=True, gpu_id__in=list(by_gpu), end__gt=earliest).values_list(

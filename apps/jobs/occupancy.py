@@ -19,15 +19,22 @@ from apps.booking.models import AllocationKind, Quota
 from apps.fleet.models import GpuModel
 
 
-def allocate(*, job: Any, gpus: Sequence[Any], start: datetime, end: datetime) -> None:
+def allocate(*, job: Any, gpus: Sequence[Any], start: datetime, end: datetime, savepoint: bool = True) -> None:
     """Book `gpus` for the job over [start, end) after the team's concurrent-GPU quota check.
 
-    Raises Conflict if any GPU is already held then (savepoint: the caller may go on), QuotaExceeded if the team
-    would hold more GPUs at once than its quota allows."""
+    Raises Conflict if any GPU is already held then (savepoint: the caller may go on; `savepoint=False` for a
+    caller with its own), QuotaExceeded if the team would hold more GPUs at once than its quota allows."""
     if team_limits_concurrency(job.team_id):
         booking.quota_concurrency_check(team=job.team, start=start, end=end, gpu_count=len(gpus))
     booking.allocations_create(
-        gpus=list(gpus), team=job.team, user=job.user, kind=AllocationKind.JOB, job_id=job.pk, start=start, end=end
+        gpus=list(gpus),
+        team=job.team,
+        user=job.user,
+        kind=AllocationKind.JOB,
+        job_id=job.pk,
+        start=start,
+        end=end,
+        savepoint=savepoint,
     )
 
 

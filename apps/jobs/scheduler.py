@@ -578,8 +578,9 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
             (batch if plain else one_by_one).append(item)
         if len(batch) > 1:
             try:
+                # This savepoint is the one a failed batch rolls back to; the service adds none of its own.
                 with transaction.atomic():
-                    result.started.extend(services.jobs_start_many(items=batch, now=now))
+                    result.started.extend(services.jobs_start_many(items=batch, now=now, savepoint=False))
             except ApplicationError:
                 one_by_one = items
         else:
@@ -588,7 +589,7 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
             job, node, gpus = item.job, item.node, item.gpus
             try:
                 with transaction.atomic():
-                    services.job_start(job=job, node=node, gpus=gpus, now=now)
+                    services.job_start(job=job, node=node, gpus=gpus, now=now, savepoint=False)
                 result.started.append(job.pk)
             except ApplicationError as exc:
                 # Lost a race for a GPU (the allocation constraint), the team's concurrent-GPU quota, or the

@@ -20,14 +20,14 @@ from tests.conftest import requires_postgres
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Commands the portal sends to agents (after commit), recorded instead of going to Redis."""
-    from portal.celery import app
+    from apps.fleet import commands
 
     out: list[dict[str, Any]] = []
 
-    def record(name: str, args: Any = None, queue: str = "", **kwargs: Any) -> None:
-        out.append({"task": name, "queue": queue, "body": args[0]["body"], "envelope": args[0]})
+    def record(queue: str, task: str, envelope: dict[str, Any], **kwargs: Any) -> None:
+        out.append({"task": task, "queue": queue, "body": envelope["body"], "envelope": envelope})
 
-    monkeypatch.setattr(app, "send_task", record)
+    monkeypatch.setattr(commands, "publish_command", record)
     return out
 
 
@@ -94,6 +94,23 @@ def test_a_pass_starts_many_jobs_in_one_batch_each_as_one_start_would(
         assert not (held & gpus)
         held |= gpus
     assert len(callbacks) >= 2 * len(jobs)  # a launch and a websocket state message per job
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_pass_takes_one_savepoint_per_start_or_batch_and_no_nested_ones(alice, vision, submit, sent, count):
+    """Each savepoint is two round trips; the pass's own (per start, or for the batch) is the one a refusal rolls
+    back to, so the services inside add none (a pass starting one job used to take four)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    one_pass()  # the first pass creates the scheduler's and the policy's singleton rows (get_or_create savepoints)
+    jobs = [submit(alice, vision, gpu_count=1) for _ in range(count)]
+    with CaptureQueriesContext(connection) as queries:
+        result = one_pass(token=2)
+    assert sorted(result.started) == sorted(j.pk for j in jobs)
+    savepoints = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SAVEPOINT")]
+    assert len(savepoints) == 1
 
 
 @pytest.mark.django_db
