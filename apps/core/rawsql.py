@@ -193,3 +193,49 @@ def update(model: type[models.Model], where: dict[str, Any], values: dict[str, A
     # Table and column names from the model's metadata; every value is a parameter.
     sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"  # noqa: S608
     return execute(sql, params)
+
+
+def insert_with_child(parent: models.Model, child: models.Model, fk_attname: str) -> None:
+    """INSERT `parent`, then `child` whose `fk_attname` points at it; set both primary keys and the foreign key.
+
+    On PostgreSQL one statement (a data-modifying CTE: the child's foreign key is the parent's RETURNING id), so
+    one round trip instead of two for the pairs every job makes (a job and its first timeline event). Elsewhere
+    two INSERTs. Both instances are unsaved and of models with an auto primary key."""
+    conn = _connection()
+    if conn.vendor != "postgresql":
+        insert([parent])
+        setattr(child, fk_attname, parent.pk)
+        insert([child])
+        return
+    parent_sql, parent_fields, _ = _insert_sql(type(parent))
+    child_sql, child_fields, _ = _insert_sql(type(child))
+    quote = conn.ops.quote_name
+    parent_pk = type(parent)._meta.pk
+    child_pk = type(child)._meta.pk
+    assert parent_pk is not None and child_pk is not None
+    params: list[Any] = [f.get_db_prep_save(f.pre_save(parent, True), conn) for f in parent_fields]
+    values = []
+    fk_column = ""
+    for f in child_fields:
+        if f.attname == fk_attname:
+            fk_column = str(f.column)
+            # Names from the models' metadata; every value is a parameter.
+            values.append(f"(SELECT {quote(str(parent_pk.column))} FROM parent)")  # noqa: S608
+        else:
+            values.append("%s")
+            params.append(f.get_db_prep_save(f.pre_save(child, True), conn))
+    assert fk_column, f"{type(child).__name__} has no field {fk_attname!r}"
+    statement = (
+        f"WITH parent AS ({parent_sql}({', '.join(['%s'] * len(parent_fields))}) "
+        f"RETURNING {quote(str(parent_pk.column))}) "
+        f"{child_sql}({', '.join(values)}) RETURNING {quote(fk_column)}, {quote(str(child_pk.column))}"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    assert row is not None
+    parent.pk, child.pk = row
+    setattr(child, fk_attname, parent.pk)
+    for obj in (parent, child):
+        obj._state.adding = False
+        obj._state.db = conn.alias

@@ -88,6 +88,41 @@ def test_insert_of_a_duplicate_is_an_integrity_error_and_leaves_nothing(alice: A
 
 
 @pytest.mark.django_db
+def test_insert_with_child_writes_both_rows_linked_in_one_statement_on_postgresql(alice: Any, vision: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job = _job(vision, alice, idempotency_key="pair")
+    at = timezone.now()
+    event = JobEvent(at=at, from_state="", to_state="queued", message="ü 'quoted' \"x\"")
+
+    with CaptureQueriesContext(connection) as queries:
+        rawsql.insert_with_child(job, event, "job_id")
+
+    assert len(queries.captured_queries) == (1 if connection.vendor == "postgresql" else 2)
+    assert job.pk is not None and event.pk is not None and event.job_id == job.pk
+    assert not job._state.adding and not event._state.adding
+    stored = Job.objects.get(pk=job.pk)
+    assert stored.env == {"A": "1", "QUOTE": 'it\'s "x"'} and stored.cpus == Decimal("1.50")
+    assert stored.idempotency_key == "pair" and stored.submitted_at == job.submitted_at
+    assert list(JobEvent.objects.filter(job=job).values_list("id", "at", "from_state", "to_state", "message")) == [
+        (event.pk, at, "", "queued", "ü 'quoted' \"x\"")
+    ]
+
+
+@pytest.mark.django_db
+def test_insert_with_child_of_a_duplicate_parent_writes_neither(alice: Any, vision: Any) -> None:
+    rawsql.insert([_job(vision, alice, idempotency_key="same")])
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        rawsql.insert_with_child(
+            _job(vision, alice, idempotency_key="same"), JobEvent(at=timezone.now(), to_state="queued"), "job_id"
+        )
+
+    assert Job.objects.count() == 1 and not JobEvent.objects.exists()
+
+
+@pytest.mark.django_db
 def test_update_by_key_and_condition_counts_the_rows_it_changed(alice: Any, vision: Any) -> None:
     from apps.fleet.models import Node
 
