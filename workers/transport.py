@@ -46,6 +46,8 @@ from urllib.parse import parse_qs, urlparse
 
 from celery import Celery
 
+from workers import celery_wire
+
 logger = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
@@ -89,10 +91,17 @@ def redis_url_for(url: str) -> str:
 
 
 def make_stream_client(broker_url: str) -> Any:
-    """A redis-py client for the telemetry stream, on the broker's Redis."""
-    import redis
+    """A redis-py client on the broker's Redis: the telemetry stream, the job reports (celery_wire), the pings.
 
-    return redis.Redis.from_url(redis_url_for(broker_url), socket_connect_timeout=5, socket_timeout=5)
+    One quick retry, as the link's sends through Celery had: the link itself keeps what failed and tries again
+    every second, so redis-py's default backoff (up to ~7 s over three retries) would only hold the thread."""
+    import redis
+    from redis.backoff import ConstantBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(
+        redis_url_for(broker_url), socket_connect_timeout=5, socket_timeout=5, retry=Retry(ConstantBackoff(0.2), 1)
+    )
 
 
 def make_celery(broker_url: str, node: str) -> Celery:
@@ -322,19 +331,29 @@ class PortalLink:
                     self.stats.sent += 1
                     self._recovered()
                     continue
-                self.app.send_task(
-                    item.task,
-                    args=[item.payload],
-                    queue=CONTROL_QUEUE,
-                    expires=item.expires,
-                    ignore_result=True,
-                    # Not a repr of the payload (it carries the node token) in the message headers; it also
-                    # saves the repr's CPU on every report.
-                    argsrepr=f"({item.task})",
-                    kwargsrepr="{}",
-                    retry=True,
-                    retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1},
-                )
+                if self.broker is not None:
+                    # The bytes send_task would write, for a third of its CPU (workers/celery_wire.py). Not a repr
+                    # of the payload (it carries the node token) in the message headers.
+                    celery_wire.publish(
+                        self.broker,
+                        item.task,
+                        [item.payload],
+                        queue=CONTROL_QUEUE,
+                        expires_s=item.expires,
+                        argsrepr=f"({item.task})",
+                    )
+                else:
+                    self.app.send_task(
+                        item.task,
+                        args=[item.payload],
+                        queue=CONTROL_QUEUE,
+                        expires=item.expires,
+                        ignore_result=True,
+                        argsrepr=f"({item.task})",
+                        kwargsrepr="{}",
+                        retry=True,
+                        retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1},
+                    )
             except Exception as exc:  # broker unreachable: keep what matters, drop samples, try again shortly
                 self.stats.failures += 1
                 if not self._failing:

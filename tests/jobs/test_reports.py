@@ -27,10 +27,10 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    from portal.celery import app
+    from apps.fleet import commands
 
     out: list[dict[str, Any]] = []
-    monkeypatch.setattr(app, "send_task", lambda name, args=None, **kw: out.append({"task": name, **args[0]}))
+    monkeypatch.setattr(commands, "publish_command", lambda queue, task, envelope, **kw: out.append(dict(envelope)))
     return out
 
 
