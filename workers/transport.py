@@ -122,7 +122,16 @@ def make_celery(broker_url: str, node: str) -> Celery:
         worker_send_task_events=False,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"socket_timeout": 10, "socket_connect_timeout": 5, "visibility_timeout": 3600},
+        # No ack emulation: kombu would record every received command in the broker's `unacked` hash and remove
+        # it at the ack (two MULTI/EXEC round trips per message), to redeliver it after visibility_timeout if the
+        # agent died in between. Commands are acked on receipt (task_acks_late=False) and refused when stale, and
+        # the portal resends a launch nobody acknowledged, so that redelivery an hour later would only be refused.
+        broker_transport_options={
+            "socket_timeout": 10,
+            "socket_connect_timeout": 5,
+            "visibility_timeout": 3600,
+            "ack_emulation": False,
+        },
         task_time_limit=900,
     )
     return app

@@ -106,3 +106,27 @@ def test_a_celery_worker_runs_the_message_and_drops_an_expired_one(broker: Any) 
         output, _ = worker.communicate(timeout=30)
         broker.delete(queue, "wire-test-ran")
     assert "Discarding revoked task: wire.test_task" in output  # Celery's word for an expired message
+
+
+def test_the_agents_consumer_takes_a_command_without_unacked_bookkeeping() -> None:
+    """The agent's Celery app (workers/transport.make_celery) reads its queue with kombu's ack emulation off: a
+    received command is not written to the broker's `unacked` hash (two MULTI/EXEC round trips per message)."""
+    from tests.support.private_services import PrivateRedis
+    from workers.transport import make_celery, node_queue
+
+    with PrivateRedis() as server:
+        url = server.url(0)
+        client = redis.Redis.from_url(url)
+        app = make_celery(url, "n1")
+        try:
+            celery_wire.publish(client, "agent.launch_job", [{"job_id": 1}], queue=node_queue("n1"))
+            with app.connection_for_read() as conn:
+                queue = conn.SimpleQueue(node_queue("n1"), no_ack=False)
+                message = queue.get(timeout=10)
+                assert message.payload[0] == [{"job_id": 1}]
+                assert client.hlen("unacked") == 0 and client.zcard("unacked_index") == 0
+                message.ack()
+                queue.close()
+        finally:
+            app.close()
+            client.close()
