@@ -104,6 +104,15 @@ def field_converter(model: type[models.Model], name: str) -> Any:
     return convert
 
 
+def in_clause(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """`column` is one of `values` (not empty), as SQL and parameters. PostgreSQL gets `= ANY(%s)` with one array
+    parameter: the same statement text for any number of values, so psycopg prepares it once (an IN list of a
+    new length is a new statement to parse and plan). Elsewhere an IN list."""
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)", [list(values)]
+    return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
+
+
 def datetime_param(value: Any) -> Any:
     """A datetime as a query parameter, stored the way the ORM stores it (SQLite compares text)."""
     return connection.ops.adapt_datetimefield_value(value)

@@ -627,11 +627,29 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
 
 def _instances_for(ctx: PassContext, decisions: Decisions) -> tuple[dict[int, Gpu], dict[int, Node]]:
     """The GPUs (with their model: prices) and nodes (token digest: signing) this pass starts jobs on."""
-    gpu_ids = {int(g) for start in decisions.starts for g in start.gpu_ids}
+    gpu_ids = sorted({int(g) for start in decisions.starts for g in start.gpu_ids})
     if not gpu_ids:
         return {}, {}
-    node_ids = {ctx.nodes[start.node] for start in decisions.starts if start.node in ctx.nodes}
-    return Gpu.objects.select_related("model").in_bulk(gpu_ids), Node.objects.in_bulk(node_ids)
+    node_ids = sorted({ctx.nodes[start.node] for start in decisions.starts if start.node in ctx.nodes})
+    # Hand-written (what select_related("model").in_bulk() and in_bulk() would load): compiling those two ORM
+    # queries was a sixth of the scheduler's CPU. Table and column names from the models' metadata.
+    gpu_cols, model_cols, node_cols = rawsql.columns(Gpu, "g"), rawsql.columns(GpuModel, "m"), rawsql.columns(Node, "n")
+    quote = connection.ops.quote_name
+    model_fk = quote(Gpu._meta.get_field("model").column)
+    where, params = rawsql.in_clause("g.id", gpu_ids)
+    sql = f"SELECT {gpu_cols.sql}, {model_cols.sql} FROM {quote(Gpu._meta.db_table)} g "  # noqa: S608
+    sql += f"JOIN {quote(GpuModel._meta.db_table)} m ON m.id = g.{model_fk} WHERE {where}"
+    gpus: dict[int, Gpu] = {}
+    for row in rawsql.fetch_all(sql, params):
+        gpu = gpu_cols.load(row)
+        gpu.model = model_cols.load(row, gpu_cols.width)  # cached on the instance, as select_related does
+        gpus[gpu.pk] = gpu
+    nodes: dict[int, Node] = {}
+    if node_ids:
+        where, params = rawsql.in_clause("n.id", node_ids)
+        sql = f"SELECT {node_cols.sql} FROM {quote(Node._meta.db_table)} n WHERE {where}"  # noqa: S608
+        nodes = {n.pk: n for n in (node_cols.load(row) for row in rawsql.fetch_all(sql, params))}
+    return gpus, nodes
 
 
 def _store_reasons(ctx: PassContext, decisions: Decisions, result: PassResult) -> None:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
@@ -488,12 +488,13 @@ def jobs_start_many(*, items: Sequence[StartItem], now: datetime, savepoint: boo
     with transaction.atomic(savepoint=savepoint):
         # The row locks make the state check and the UPDATEs below one step, as job_transition's conditional
         # UPDATE does for one job (a cancel racing a start waits here, then finds the job starting).
-        queued = set(
-            Job.objects.select_for_update()
-            .filter(pk__in=ids, state=JobState.QUEUED)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
+        where, params = rawsql.in_clause("id", ids)
+        # Hand-written (the compiled ORM query was a tenth of the scheduler's CPU); FOR UPDATE where there is one
+        # (SQLite's write transaction already holds the whole database).
+        sql = f"SELECT id FROM {Job._meta.db_table} WHERE {where} AND state = %s ORDER BY id"  # noqa: S608
+        if connection.vendor == "postgresql":
+            sql += " FOR UPDATE"
+        queued = {row[0] for row in rawsql.fetch_all(sql, [*params, JobState.QUEUED])}
         if len(queued) != len(ids):
             raise TransitionRefused("A job of this pass is no longer queued.")
         by_target: dict[tuple[int, Decimal], list[int]] = {}
