@@ -124,6 +124,8 @@ def local_agent(env: dict[str, str]) -> list[Service]:
     argv = [PY, "-m", "workers.agent", "--name", "local", "--backend", env.get("PORTAL_LOCAL_AGENT_BACKEND", "auto")]
     argv += ["--gpus", "8", "--models", LOCAL_AGENT_MODELS, "--simulate-busy", "3"]
     argv += ["--state-dir", str(Path(env["PORTAL_VAR_DIR"]) / "agent" / "local")]
+    # Ctrl-C stops the whole installation: the demo's jobs stop with it instead of running on as orphans.
+    argv += ["--stop-jobs-on-exit"]
     return [Service("agent", argv, env={"GPUPORTAL_NODE_TOKEN": token, "GPUPORTAL_LOCAL_NODE_TOKEN": ""})]
 
 

@@ -62,6 +62,7 @@ class AgentConfig:
     concurrency: int = 4
     telemetry_via: str = "stream"  # stream (Redis stream fleet:ingest, batched by the portal) | celery
     runtime: str = ""  # auto | docker | process; empty = GPUPORTAL_RUNTIME or auto (workers/agent_jobs.py)
+    stop_jobs_on_exit: bool = False  # cancel this node's jobs when the agent stops (make run's local agent)
 
 
 def choose_backend(cfg: AgentConfig) -> tuple[GpuBackend, str]:
@@ -285,6 +286,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         help="how jobs run: docker (the NVIDIA Container Toolkit on GPU nodes), process, or auto (docker if an "
         "engine answers); also GPUPORTAL_RUNTIME",
     )
+    p.add_argument(
+        "--stop-jobs-on-exit",
+        action="store_true",
+        help="cancel this node's jobs when the agent stops (the all-in-one `make run`); by default they keep "
+        "running and the agent adopts them when it starts again",
+    )
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     if not a.token:
@@ -317,6 +324,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         concurrency=max(1, a.concurrency),
         telemetry_via=a.telemetry_via,
         runtime=a.runtime,
+        stop_jobs_on_exit=a.stop_jobs_on_exit,
     )
     return cfg, a.log_level
 

@@ -199,6 +199,28 @@ class JobRunner:
         self.flush()
         self.runtime.close()
 
+    def stop_jobs(self, grace_s: float = 3.0) -> list[int]:
+        """Cancel every job of this agent and wait (grace_s + 5 s at most) for their exits to be reported.
+
+        For an agent that takes its jobs with it when it stops (`--stop-jobs-on-exit`: the local agent of
+        `make run`); a real node's agent leaves them running and adopts them when it comes back."""
+        with self._lock:
+            ids = sorted(self._running | self._launching)
+        for job_id in ids:
+            try:
+                self.runtime.stop(job_id, grace_s=grace_s)
+            except Exception:
+                logger.exception("stopping job %s at shutdown failed", job_id)
+        deadline = time.monotonic() + grace_s + 5.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not (self._running | self._launching) & set(ids):
+                    break
+            time.sleep(0.05)
+        if ids:
+            logger.info("stopped %d job(s) at shutdown: %s", len(ids), ids)
+        return ids
+
     def reconcile(self) -> list[int]:
         """Adopt every job the runtime finds (after an agent restart); returns their ids."""
         adopted: list[int] = []
@@ -492,4 +514,6 @@ def install(app: Celery, agent: Agent) -> None:
 
     @signals.worker_shutdown.connect(weak=False)
     def _stop_runner(**kwargs: Any) -> None:
+        if getattr(agent.cfg, "stop_jobs_on_exit", False):
+            runner.stop_jobs()
         runner.stop()

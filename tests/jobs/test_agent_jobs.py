@@ -150,6 +150,22 @@ def test_cancel_sends_sigterm_then_reports_cancelled(make_runner):
     assert "got-term" in [text for _, _, text in sender.lines_of(12)]
 
 
+def test_stop_jobs_cancels_every_running_job_and_waits_for_their_exits(make_runner):
+    """`--stop-jobs-on-exit` (make run's local agent): the agent's shutdown takes its jobs with it."""
+    runner, sender = make_runner()
+    for job_id in (31, 32):
+        runner.launch(request(job_id, "sh", "-c", "echo ready; while true; do sleep 0.1; done"))
+    sender.wait(lambda: all(sender.lines_of(j) for j in (31, 32)))
+    pids = [int(runner.runtime.list_jobs()[i].handle.removeprefix("pid:")) for i in range(2)]
+
+    assert runner.stop_jobs(grace_s=1) == [31, 32]
+
+    for job_id in (31, 32):  # reported before stop_jobs returned
+        assert [b["reason"] for b in sender.of("jobs.report_exit") if b["job_id"] == job_id] == ["cancelled"]
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
 def test_cancel_before_launch_reports_cancelled_and_the_launch_is_ignored(make_runner):
     runner, sender = make_runner()
     assert not runner.cancel(13, grace_s=1)
