@@ -317,14 +317,22 @@ WEB_MAX_CONCURRENT_REQUESTS = env_int("WEB_MAX_CONCURRENT_REQUESTS", 16)
 WEB_QUEUE_WAIT_S = env_int("WEB_QUEUE_WAIT_S", 30)
 
 # --- Logging: tokens never appear (the Authorization header is never logged) -------------------------------
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"redact": {"()": "apps.core.logging.RedactSecretsFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # Django's own configuration (applied first) gives "django" level INFO and handlers of its own, and a
+        # record that propagates to the root's handler is not held back by the root's level: LOG_LEVEL=ERROR
+        # still printed a warning for every 4xx answer (every refused booking), and DEBUG printed each twice.
+        # Here "django" takes LOG_LEVEL and no handlers of its own (its mail_admins handler had no ADMINS).
+        "django": {"level": LOG_LEVEL},
+        "django.db.backends": {"level": "WARNING"},
+    },
 }
 
 # --- Security (production mode) -----------------------------------------------------------------------
