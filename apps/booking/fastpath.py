@@ -38,6 +38,23 @@ class GpuInfo:
     hourly_price: Decimal
     busy: bool | None = None
     maintenance: bool | None = None
+    # The active allocations clashing with the window asked, earliest first, at most CLASHES_PER_GPU (None: not
+    # looked up): what a 409 reports, read with the GPU instead of by a second query.
+    clashes: tuple[Clash, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Clash:
+    """An allocation of a GPU as a conflict report shows it (services.Slot without the GPU's own fields)."""
+
+    team_id: int
+    team: str
+    start: datetime
+    end: datetime
+    kind: str
+    reservation_id: int | None
+    job_id: int | None
+    user: str | None
 
 
 def gpu_info(gpu: Any) -> GpuInfo:
@@ -58,8 +75,13 @@ def gpu_info(gpu: Any) -> GpuInfo:
 
 _GPUS_SQL = """
 SELECT g.id, g.uuid, g."index", g.node_id, n.name, n.status, g.status, m.id, m.name, m.hourly_price,
-       EXISTS (SELECT 1 FROM booking_allocation a
-               WHERE a.gpu_id = g.id AND a.active AND a.start < %(end)s AND a."end" > %(start)s),
+       (SELECT json_agg(json_build_array(c.team_id, t.slug, c.start, c."end", c.kind, c.reservation_id, c.job_id,
+                                         u.username) ORDER BY c.start)
+        FROM (SELECT a.team_id, a.user_id, a.start, a."end", a.kind, a.reservation_id, a.job_id
+              FROM booking_allocation a
+              WHERE a.gpu_id = g.id AND a.active AND a.start < %(end)s AND a."end" > %(start)s
+              ORDER BY a.start LIMIT %(limit)s) c
+        JOIN accounts_team t ON t.id = c.team_id LEFT JOIN auth_user u ON u.id = c.user_id),
        EXISTS (SELECT 1 FROM booking_maintenancewindow w
                WHERE w.start < %(end)s AND w."end" > %(start)s
                  AND (w.gpu_id = g.id OR w.node_id = g.node_id OR (w.gpu_id IS NULL AND w.node_id IS NULL)))
@@ -68,13 +90,36 @@ WHERE g.uuid = ANY(%(uuids)s)
 """
 
 
+CLASHES_PER_GPU = 50  # = services.MAX_CONFLICTS_SHOWN: a conflict report shows no more
+
+
+def _clash(item: list[Any]) -> Clash:
+    # json_build_array writes timestamptz in ISO 8601 with the session's offset (UTC: Django sets it).
+    return Clash(
+        team_id=item[0],
+        team=item[1],
+        start=datetime.fromisoformat(item[2]),
+        end=datetime.fromisoformat(item[3]),
+        kind=item[4],
+        reservation_id=item[5],
+        job_id=item[6],
+        user=item[7],
+    )
+
+
 def gpus_by_uuid(uuids: Sequence[str], start: datetime, end: datetime) -> dict[str, GpuInfo]:
-    """The GPUs named, with whether each is held or under maintenance during [start, end): one query."""
+    """The GPUs named, with the allocations that hold each during [start, end) and whether maintenance blocks it:
+    one query (a refused booking needs no second one to say what it clashed with)."""
     with connection.cursor() as cursor:
-        cursor.execute(_GPUS_SQL, {"uuids": list(uuids), "start": start, "end": end})
+        cursor.execute(_GPUS_SQL, {"uuids": list(uuids), "start": start, "end": end, "limit": CLASHES_PER_GPU})
         rows = cursor.fetchall()
-    return {
-        r[1]: GpuInfo(
+    out: dict[str, GpuInfo] = {}
+    for r in rows:
+        raw = r[10]
+        if isinstance(raw, str):  # psycopg loads json itself; a plain string if a loader is not registered
+            raw = json.loads(raw)
+        clashes = tuple(_clash(item) for item in raw or ())
+        out[r[1]] = GpuInfo(
             id=r[0],
             uuid=r[1],
             index=r[2],
@@ -85,11 +130,11 @@ def gpus_by_uuid(uuids: Sequence[str], start: datetime, end: datetime) -> dict[s
             model_id=r[7],
             model=r[8],
             hourly_price=r[9],
-            busy=r[10],
+            busy=bool(clashes),
             maintenance=r[11],
+            clashes=clashes,
         )
-        for r in rows
-    }
+    return out
 
 
 @dataclass(frozen=True)

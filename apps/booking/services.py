@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 GPU_LOCK_NAMESPACE = 0x4750  # "GP": the first key of pg_advisory_xact_lock(int, int) for GPU locks
 MODEL_LOCK_NAMESPACE = 0x474D  # "GM": placement by GPU model
-MAX_CONFLICTS_SHOWN = 50
+MAX_CONFLICTS_SHOWN = fastpath.CLASHES_PER_GPU
 PLACEMENT_ATTEMPTS = 3
 
 # --- Allocations: the occupancy table ----------------------------------------------------------------------
@@ -777,6 +777,11 @@ def _resolve_gpus(
     return [rows[u] for u in wanted]
 
 
+def _slot(gpu: GpuInfo, c: fastpath.Clash) -> Slot:
+    return Slot(gpu.id, gpu.uuid, gpu.index, gpu.node, c.team_id, c.team, c.start, c.end, c.kind, c.reservation_id,
+                c.job_id, c.user)  # fmt: skip
+
+
 def _precheck(gpus: Sequence[GpuInfo], start: datetime, end: datetime, *, team: Team, user: Any) -> None:
     """409 before any lock when a named GPU is under maintenance or already held (the locked check repeats it)."""
     if gpus and gpus[0].maintenance is not None:
@@ -793,7 +798,11 @@ def _precheck(gpus: Sequence[GpuInfo], start: datetime, end: datetime, *, team: 
             },
         )
     if busy:
-        clashes = _clashes([g.id for g in gpus], start, end)
+        if all(g.clashes is not None for g in gpus):  # read with the GPUs (PostgreSQL): ordered as _clashes orders
+            found = [_slot(g, c) for g in gpus for c in g.clashes or ()]
+            clashes = sorted(found, key=lambda slot: (slot.gpu_id, slot.start))[:MAX_CONFLICTS_SHOWN]
+        else:
+            clashes = _clashes([g.id for g in gpus], start, end)
         if clashes:
             raise Conflict(
                 "Some of these GPUs are already held in that time.",
