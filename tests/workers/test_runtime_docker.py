@@ -78,6 +78,31 @@ def test_job_over_its_memory_limit_is_oom_killed(docker_runtime: MakeRuntime, re
     assert "OOM" in outcome.message
 
 
+def test_engine_event_log_tells_an_oom_kill_from_another_sigkill(docker_runtime: MakeRuntime) -> None:
+    # What the runtime asks when dockerd's OOMKilled flag is missing (tests/workers/test_runtime_docker_oom_flag.py):
+    # the real engine's event log, for a container the kernel OOM-killed and one whose shell SIGKILLed itself.
+    runtime = docker_runtime()
+    hog = 'x=$(head -c 100000000 /dev/zero | tr "\\0" a); echo ${#x}'
+    made = []
+    try:
+        for command in (hog, "kill -9 $$"):
+            container = runtime.client.containers.run(
+                IMAGE, ["sh", "-c", command], detach=True, mem_limit="16m", memswap_limit="16m", init=True,
+                network_mode="none",
+            )  # fmt: skip
+            made.append(container)
+            assert container.wait(timeout=60)["StatusCode"] == 137
+            container.reload()
+        oom, other = made
+        wait_until(lambda: runtime._oom_event_logged(oom))
+        assert runtime._oom_killed(oom)
+        assert not runtime._oom_event_logged(other)
+        assert not runtime._oom_killed(other)
+    finally:
+        for container in made:
+            container.remove(force=True)
+
+
 def test_job_past_max_duration_is_stopped_as_timeout(docker_runtime: MakeRuntime, recorder: EventRecorder) -> None:
     runtime = docker_runtime(timeout_grace_s=1.0)
     began = time.monotonic()

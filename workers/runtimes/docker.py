@@ -48,7 +48,7 @@ from .base import (
 
 logger = logging.getLogger(__name__)
 
-# How long a SIGKILLed, memory-limited container's OOM flag may lag its exit (see _settle_oom_flag).
+# How long a SIGKILLed, memory-limited container's OOM news may lag its exit (see _settle_oom).
 OOM_SETTLE_S = 3.0
 
 PullPolicy = Literal["never", "missing"]
@@ -412,7 +412,8 @@ class DockerRuntime:
             outcome = launch_error(job.job_id, "the container was created but never started (agent restarted?)")
             self._finish(job, outcome, container)
             return
-        self._finish(job, self._outcome(job, container), container)
+        # Exited while no agent watched: the event log is all there is to read (no waiting for late news).
+        self._finish(job, self._outcome(job, container, oom=self._oom_killed(container)), container)
 
     def _watch(self, job: _Job, container: Container, *, tail: int | Literal["all"]) -> None:
         pumps = [
@@ -437,30 +438,65 @@ class DockerRuntime:
             pump.join(timeout=10)
         try:
             container.reload()
-            self._settle_oom_flag(job, container)
+            oom = self._settle_oom(job, container)
         except NotFound:
             self._finish(job, _vanished(job.job_id), None)
             return
-        self._finish(job, self._outcome(job, container), container)
+        self._finish(job, self._outcome(job, container, oom=oom), container)
 
-    def _settle_oom_flag(self, job: _Job, container: Container) -> None:
-        """Give a late OOM event the time to land before the outcome is read.
+    def _settle_oom(self, job: _Job, container: Container) -> bool:
+        """Whether the kernel's OOM killer ended the container, giving late news time to land.
 
         dockerd records containerd's exit and OOM events on separate paths: when the exit is handled first, the
-        waiter wakes with ``OOMKilled`` still false and the flag is set a moment later (seen under load in CI on
-        dockerd 20.10). Only a SIGKILL exit (137) of a memory-limited container that we did not stop can be that
-        case, so only that case waits, and for at most ``OOM_SETTLE_S``.
+        waiter wakes with ``OOMKilled`` false, and the flag is set a moment later or, on dockerd 20.10 under load,
+        never (1 run in 30-60 with three busy loops beside it); the engine still logs the container's ``oom``
+        event, so that is asked too. Only a SIGKILL exit (137) of a memory-limited container that we did not stop
+        can be that case, so only that case looks further, and for at most ``OOM_SETTLE_S``.
         """
         state = container.attrs.get("State", {})
+        if state.get("OOMKilled"):
+            return True
         limited = bool(container.attrs.get("HostConfig", {}).get("Memory"))
-        if job.stop_reason is not None or state.get("OOMKilled") or state.get("ExitCode") != 137 or not limited:
-            return
+        if job.stop_reason is not None or state.get("ExitCode") != 137 or not limited:
+            return False
         deadline = time.monotonic() + OOM_SETTLE_S
-        while time.monotonic() < deadline and not self._closed.is_set():
-            self._closed.wait(0.1)
+        while True:
+            if self._oom_event_logged(container):
+                return True
+            if time.monotonic() >= deadline or self._closed.is_set():
+                return False
+            self._closed.wait(0.2)
             container.reload()
             if container.attrs.get("State", {}).get("OOMKilled"):
-                return
+                return True
+
+    def _oom_killed(self, container: Container) -> bool:
+        """The engine's flag, or for the case it can miss (a memory-limited container's exit 137) its event log."""
+        state = container.attrs.get("State", {})
+        if state.get("OOMKilled"):
+            return True
+        limited = bool(container.attrs.get("HostConfig", {}).get("Memory"))
+        return state.get("ExitCode") == 137 and limited and self._oom_event_logged(container)
+
+    def _oom_event_logged(self, container: Container) -> bool:
+        """Whether the engine's event log holds an ``oom`` event of this container (since it started)."""
+        started = parse_engine_time(container.attrs.get("State", {}).get("StartedAt"))
+        # The API filters by whole seconds; a second's margin on each side.
+        since = int(started.timestamp()) - 1 if started is not None else int(time.time()) - 3600
+        try:
+            stream = self._client.api.events(
+                since=since,
+                until=int(time.time()) + 1,
+                filters={"container": container.id, "event": "oom"},
+                decode=True,
+            )
+            try:
+                return any(True for _ in stream)
+            finally:
+                stream.close()
+        except (requests.exceptions.RequestException, DockerException) as exc:
+            logger.warning("could not read the engine's events for container %s: %s", container.id, exc)
+            return False
 
     def _wait_exit(self, job: _Job, container: Container) -> bool:
         """Block until the container exits (True), vanishes (False) or the runtime closes."""
@@ -501,10 +537,11 @@ class DockerRuntime:
         for line in splitter.flush():
             safe_call("on_log", self._events.on_log, job_id, stream, line)
 
-    def _outcome(self, job: _Job, container: Container) -> JobOutcome:
+    def _outcome(self, job: _Job, container: Container, *, oom: bool | None = None) -> JobOutcome:
+        """The job's outcome from the exited container; `oom` overrides the engine's flag (see _settle_oom)."""
         state = container.attrs.get("State", {})
         exit_code = state.get("ExitCode")
-        oom = bool(state.get("OOMKilled"))
+        oom = bool(state.get("OOMKilled")) if oom is None else oom
         started_at, finished_at = engine_run_times(state)
         outcome = outcome_from_exit(
             job.job_id,
@@ -577,7 +614,7 @@ class DockerRuntime:
             handle=container.id,
             # A container that never started has ExitCode 0 in the engine; that is not a success.
             exit_code=None if running or started_at is None or not isinstance(exit_code, int) else exit_code,
-            oom_killed=bool(state.get("OOMKilled")),
+            oom_killed=not running and self._oom_killed(container),
             started_at=started_at,
             finished_at=None if running else finished_at,
             watched=watched,
