@@ -24,8 +24,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 #   and would each keep a connection until the garbage collector finds it (Django's docs: disable persistent
 #   connections under ASGI); the launcher and compose give the web process a connection pool instead
 #   (DB_POOL_MAX_SIZE). Celery workers and the scheduler, single-threaded and long-lived, keep theirs;
-# - a statement (lock waits included) may run 30 s: a request stuck behind a lock answers 503, not never.
-_WEB_DEFAULTS = {"DB_CONN_MAX_AGE": "0", "DB_STATEMENT_TIMEOUT_MS": "30000"}
+# - a statement (lock waits included) may run 30 s: a request stuck behind a lock answers 503, not never;
+# - the token and team rows that every API request reads are cached in the process, invalidated by PostgreSQL's
+#   notifications (apps/core/rowcache.py).
+_WEB_DEFAULTS = {"DB_CONN_MAX_AGE": "0", "DB_STATEMENT_TIMEOUT_MS": "30000", "DB_ROW_CACHE": "1"}
 _added = [name for name in _WEB_DEFAULTS if name not in os.environ]
 os.environ.update({name: _WEB_DEFAULTS[name] for name in _added})
 django_wsgi_app = get_wsgi_application()

@@ -143,6 +143,10 @@ else:
     # Django's backend with cheaper health checks: one poll of the socket instead of a query before each request's
     # pooled connection and each task's or pass's persistent one (portal/pgbackend/base.py).
     DATABASES["default"]["ENGINE"] = "portal.pgbackend"
+# The web process caches the token and team rows every API request reads, invalidated by PostgreSQL's
+# notifications (apps/core/rowcache.py); portal/asgi.py turns it on there. Off elsewhere (tests run in-process
+# inside transactions; workers do not make these lookups), and always off on SQLite.
+DB_ROW_CACHE = env_bool("DB_ROW_CACHE", False)
 IS_POSTGRES = DATABASES["default"]["ENGINE"] in {"django.db.backends.postgresql", "portal.pgbackend"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

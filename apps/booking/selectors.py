@@ -50,15 +50,17 @@ def policy_cache_clear() -> None:
 
 def team_for_booking(*, slug: str, user: Any) -> Team | None:
     """The team by slug, annotated with `is_member` (whether `user` belongs to it), in one hand-written query:
-    every booking and job submission makes it, and compiling the ORM's version cost more than running it."""
+    every booking and job submission makes it, and compiling the ORM's version cost more than running it. Served
+    from the web process's row cache where it may be (apps/core/rowcache.py)."""
     from apps.accounts.models import Membership
-    from apps.core import rawsql
+    from apps.core import rawsql, rowcache
 
     cols = rawsql.columns(Team, "t")
     # Table and column names from the models' metadata; the user and slug are parameters.
     sql = f"SELECT {cols.sql}, EXISTS (SELECT 1 FROM {Membership._meta.db_table} m WHERE m.team_id = t.id "  # noqa: S608
     sql += f"AND m.user_id = %s) FROM {Team._meta.db_table} t WHERE t.slug = %s"
-    row = rawsql.fetch_one(sql, [getattr(user, "pk", None) or 0, slug])
+    user_id = getattr(user, "pk", None) or 0
+    row = rowcache.fetch_one(("team", slug, user_id), sql, [user_id, slug])
     if row is None:
         return None
     team: Team = cols.load(row)

@@ -1,0 +1,163 @@
+"""A per-process cache of the few rows every API request reads, dropped the moment PostgreSQL says they changed.
+
+Why: every API request looks up its token with the token's user, and every booking and job submission the team
+with the caller's membership. Those two one-row queries were ~19% of a booking request's CPU in the web process
+and two of its five statements in PostgreSQL (py-spy and bench/booking_load.py, 2026-12-04), for rows that change
+a few times a day.
+
+Why it stays right: triggers on the tables behind these rows (migration accounts 0002) send
+`NOTIFY portal_rowcache` on every change, delivered when the changing transaction commits. Each web process has
+one thread that LISTENs on a connection of its own and, for every notification, moves a generation counter on and
+empties the cache; an entry counts only under the generation read before its query was sent, so a row read just
+before a change committed is never served after the notification arrived. The window that remains is the one
+between a commit and its notification reaching the process (a millisecond or so; the same as a request that
+started just before the change). While the listener is not connected and confirmed alive (process start, database
+restart, a silent network failure: it checks in every HEARTBEAT_S), nothing is served from the cache and every
+lookup goes to the database. Entries also expire after MAX_AGE_S, a backstop should a notification ever be lost.
+
+Lookups inside a transaction (`atomic`) skip the cache: that transaction may itself have changed the rows, and
+its notification is only sent at commit. On by default in the web process on PostgreSQL (portal/asgi.py);
+`DB_ROW_CACHE=0` turns it off; SQLite has no LISTEN/NOTIFY, so it is always off there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from apps.core import rawsql
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "portal_rowcache"  # = accounts migration 0002
+HEARTBEAT_S = 5.0
+POLL_S = 1.0  # how long one wait for notifications lasts: the listener sees a stop request this soon
+# The listener counts as alive this long after its last confirmed round trip: past it, the cache stands aside.
+ALIVE_FOR_S = 3 * HEARTBEAT_S
+MAX_AGE_S = 60.0
+MAX_ENTRIES = 20_000  # past this, the cache starts over (a dict this size is a few MB)
+RECONNECT_MAX_S = 10.0
+
+
+class _Listener:
+    """The thread that LISTENs and invalidates. `generation()` is None while the cache must not be used."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Hashable, tuple[int, float, tuple[Any, ...]]] = {}
+        self._generation = 0
+        self._alive_at = -1e9  # monotonic time of the last confirmed round trip on a LISTENing connection
+        self.notifications = 0  # received (tests, diagnostics)
+        self.connections = 0  # LISTENing connections made so far
+        self.last_payload = ""  # the last notification's payload (the table's name; tests send markers)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rowcache-listener", daemon=True)
+        self._thread.start()
+
+    def generation(self) -> int | None:
+        if time.monotonic() - self._alive_at > ALIVE_FOR_S:
+            return None
+        return self._generation
+
+    def invalidate(self) -> None:
+        self._generation += 1  # first: a lookup racing this stores under the old generation, which no longer counts
+        self.entries.clear()
+
+    def stop(self, wait_s: float = POLL_S + 2) -> None:
+        self._stop.set()
+        self._alive_at = -1e9
+        self.invalidate()
+        self._thread.join(wait_s)  # its connection closed (a test database can be dropped after this)
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        params = connections[DEFAULT_DB_ALIAS].get_connection_params()
+        for name in ("cursor_factory", "context", "prepare_threshold"):  # Django's, for its own connections
+            params.pop(name, None)
+        params["application_name"] = "portal-rowcache"  # recognisable in pg_stat_activity
+        return psycopg.connect(**params, autocommit=True)
+
+    def _run(self) -> None:
+        backoff = 0.25
+        while not self._stop.is_set():
+            try:
+                with self._connect() as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    # Whatever changed while nobody listened: start from nothing.
+                    self.invalidate()
+                    self._alive_at = time.monotonic()
+                    self.connections += 1
+                    backoff = 0.25
+                    while not self._stop.is_set():
+                        for notify in conn.notifies(timeout=POLL_S):
+                            self.invalidate()
+                            self.last_payload = notify.payload
+                            self.notifications += 1
+                        if time.monotonic() - self._alive_at >= HEARTBEAT_S:
+                            # A silently dead connection fails here (or hangs: then ALIVE_FOR_S passes).
+                            conn.execute("SELECT 1")
+                            self._alive_at = time.monotonic()
+            except Exception as exc:  # any database or network error: stand aside, then reconnect
+                self._alive_at = -1e9
+                self.invalidate()
+                if not self._stop.is_set():
+                    logger.warning("row cache listener: %s; lookups go to the database until it reconnects", exc)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+
+_listener: _Listener | None = None
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return bool(getattr(settings, "DB_ROW_CACHE", False)) and connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+
+
+def listener() -> _Listener | None:
+    """This process's listener (started on first use), or None where the cache is off."""
+    global _listener
+    if _listener is None:
+        if not enabled():
+            return None
+        with _lock:
+            if _listener is None:
+                _listener = _Listener()
+    return _listener
+
+
+def reset() -> None:
+    """Stop this process's listener and forget what it cached (tests)."""
+    global _listener
+    with _lock:
+        if _listener is not None:
+            _listener.stop()
+        _listener = None
+
+
+def fetch_one(key: Hashable, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """`rawsql.fetch_one(sql, params)`, served from the cache when it may be. `key` names the row among all
+    callers' (e.g. ("token", prefix)); it must determine the row as `sql` and `params` do. Misses (no row) are
+    not cached."""
+    cache = listener()
+    if cache is None or connections[DEFAULT_DB_ALIAS].in_atomic_block:
+        return rawsql.fetch_one(sql, params)
+    generation = cache.generation()
+    if generation is None:
+        return rawsql.fetch_one(sql, params)
+    now = time.monotonic()
+    entry = cache.entries.get(key)
+    if entry is not None and entry[0] == generation and now - entry[1] < MAX_AGE_S:
+        return entry[2]
+    row = rawsql.fetch_one(sql, params)
+    if row is not None:
+        if len(cache.entries) >= MAX_ENTRIES:
+            cache.entries.clear()
+        cache.entries[key] = (generation, now, tuple(row))
+    return row
