@@ -8,26 +8,31 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
-from rest_framework import exceptions
-from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
+from rest_framework import HTTP_HEADER_ENCODING, exceptions
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.request import Request
 
 from apps.accounts import tokens
 from apps.accounts.models import ApiToken
-from apps.core import rawsql
+from apps.core import rawsql, rowcache
 
 _LAST_USED_RESOLUTION = timedelta(minutes=1)
+# When this process last wrote a token's last_used_at (token pk -> time): a cached token row keeps the value it
+# was read with, so without this every request after the first minute would write it again.
+_last_used_written: dict[int, Any] = {}
 
 
 def _token_with_user(prefix: str) -> ApiToken | None:
     """The token with this prefix and its user, in one hand-written query: every API request makes it, and the
-    ORM spent more CPU compiling it than PostgreSQL running it (apps/core/rawsql.py)."""
+    ORM spent more CPU compiling it than PostgreSQL running it (apps/core/rawsql.py). Served from the web
+    process's row cache where it may be (apps/core/rowcache.py); the caller still checks digest, revocation,
+    expiry and the user's state on every request."""
     user_model = get_user_model()
     tok, usr = rawsql.columns(ApiToken, "t"), rawsql.columns(user_model, "u")
     # Table and column names from the models' metadata; the prefix is a parameter.
     sql = f"SELECT {tok.sql}, {usr.sql} FROM {ApiToken._meta.db_table} t JOIN {user_model._meta.db_table} u "  # noqa: S608
     sql += f"ON u.{user_model._meta.pk.column} = t.user_id WHERE t.prefix = %s"
-    row = rawsql.fetch_one(sql, [prefix])
+    row = rowcache.fetch_one(("token", prefix), sql, [prefix])
     if row is None:
         return None
     token: ApiToken = tok.load(row)
@@ -51,8 +56,12 @@ def authenticate_token(plaintext: str) -> tuple[AbstractBaseUser, ApiToken]:
         raise exceptions.AuthenticationFailed("User is inactive.")
     now = timezone.now()
     # One write a minute at most: a CI loop polling every second must not turn reads into writes.
-    if token.last_used_at is None or now - token.last_used_at > _LAST_USED_RESOLUTION:
+    last_used = max(filter(None, (token.last_used_at, _last_used_written.get(token.pk))), default=None)
+    if last_used is None or now - last_used > _LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        if len(_last_used_written) > 100_000:
+            _last_used_written.clear()
+        _last_used_written[token.pk] = now
     return token.user, token
 
 
@@ -60,7 +69,10 @@ class BearerTokenAuthentication(BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
-        header = get_authorization_header(request).split()
+        # META, not DRF's get_authorization_header: that reads request.headers, which builds a dict of every
+        # header of the request (~3% of a booking request's CPU) to return one of them.
+        raw = request.META.get("HTTP_AUTHORIZATION", b"")
+        header = (raw.encode(HTTP_HEADER_ENCODING) if isinstance(raw, str) else raw).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             return None
         if len(header) != 2:
