@@ -3,8 +3,8 @@ SQLite and is the reference; the tests run both).
 
 Why: a booking through the ORM costs ~20 queries and most of its CPU in query compilation; here the checks are
 one query, and the writes (reservation, allocations, quota counters, quota hold, audit entry) are one statement
-that inserts nothing when an active allocation clashes. Lock order as in services.py: the team's QuotaUsage rows
-(`lock_usage`), then the GPUs (`services._lock_gpus`), then `insert_booking`, whose snapshot is taken after the GPU
+that inserts nothing when an active allocation clashes. Lock order as in services.py: the team's QuotaUsage rows,
+then the GPUs (both in `lock_usage`'s statement), then `insert_booking`, whose snapshot is taken after the GPU
 locks, so it sees every booking committed before them; the exclusion constraint stays the last guard.
 """
 
@@ -144,7 +144,18 @@ class UsageRow:
     used: quota_math.Amount
 
 
+# The quota rows are locked in (month, slot) order by the first CTE; with GPUs given, the second takes their
+# advisory locks (ascending ids) after it: its condition reads all of `u`, so every quota row is locked before
+# the first GPU lock (the order services.py keeps everywhere), and only when every month's slot 0 exists (else
+# the caller creates the missing rows first, which may wait on another booking: it must hold no GPU then).
 _LOCK_USAGE_SQL = """
+WITH u AS MATERIALIZED (
+    SELECT u.id, u.month, u.gpu_hours, u.cost, u.slot FROM booking_quotausage u
+    WHERE u.team_id = %(team)s AND u.month = ANY(%(months)s) ORDER BY u.month, u.slot FOR UPDATE OF u
+), g AS MATERIALIZED (
+    SELECT count(pg_advisory_xact_lock(%(ns)s, x)) AS n FROM unnest(%(gpus)s::int[]) AS x
+    WHERE (SELECT count(DISTINCT u.month) FROM u WHERE u.slot = 0) = cardinality(%(months)s::date[])
+)
 SELECT u.id, u.month, u.gpu_hours, u.cost,
        (SELECT coalesce(json_agg(json_build_object(
                    'month', q.month, 'gpu_hours', q.gpu_hours::text, 'max_concurrent_gpus', q.max_concurrent_gpus,
@@ -152,10 +163,9 @@ SELECT u.id, u.month, u.gpu_hours, u.cost,
                    'models', ARRAY(SELECT am.gpumodel_id FROM booking_quota_allowed_models am
                                    WHERE am.quota_id = q.id))),
                 '[]')
-        FROM booking_quota q WHERE q.team_id = %(team)s AND (q.month = ANY(%(months)s) OR q.month IS NULL))
-       , u.slot
-FROM booking_quotausage u
-WHERE u.team_id = %(team)s AND u.month = ANY(%(months)s) ORDER BY u.month, u.slot FOR UPDATE OF u
+        FROM booking_quota q WHERE q.team_id = %(team)s AND (q.month = ANY(%(months)s) OR q.month IS NULL)),
+       u.slot, (SELECT n FROM g)
+FROM u ORDER BY u.month, u.slot
 """
 _CREATE_USAGE_SQL = """
 INSERT INTO booking_quotausage (team_id, month, slot, gpu_hours, cost, updated_at)
@@ -183,12 +193,18 @@ def _limits_from_json(rows: list[dict[str, Any]], months: Sequence[date]) -> dic
     return {m: by_month.get(m, default) for m in months}
 
 
-def lock_usage(team_id: int, months: Sequence[date]) -> tuple[dict[date, UsageRow], dict[date, quota_math.Limits]]:
+def lock_usage(
+    team_id: int, months: Sequence[date], gpu_ids: Sequence[int] = ()
+) -> tuple[dict[date, UsageRow], dict[date, quota_math.Limits]]:
     """Lock the team's QuotaUsage rows (every slot) of `months` (creating slot 0 where missing) in (month, slot)
-    order, and read the limits that apply to each month, in one statement; needs a transaction. A month's `used`
-    is the sum over its slots; `id` is its slot 0, which the booking's write updates."""
+    order, read the limits that apply to each month and, with `gpu_ids`, take the GPUs' advisory locks after
+    them (what services._lock_gpus does), in one statement; needs a transaction. A month's `used` is the sum
+    over its slots; `id` is its slot 0, which the booking's write updates."""
+    from apps.booking.services import GPU_LOCK_NAMESPACE
+
     wanted = sorted(set(months))
-    params: dict[str, Any] = {"team": team_id, "months": wanted}
+    gpus = sorted(set(gpu_ids))
+    params: dict[str, Any] = {"team": team_id, "months": wanted, "ns": GPU_LOCK_NAMESPACE, "gpus": gpus}
     with connection.cursor() as cursor:
         cursor.execute(_LOCK_USAGE_SQL, params)
         rows = cursor.fetchall()
@@ -196,6 +212,8 @@ def lock_usage(team_id: int, months: Sequence[date]) -> tuple[dict[date, UsageRo
             cursor.execute(_CREATE_USAGE_SQL, params)
             cursor.execute(_LOCK_USAGE_SQL, params)
             rows = cursor.fetchall()
+    if not rows or rows[0][6] != len(gpus):  # cannot happen once slot 0 exists; never write without the locks
+        raise RuntimeError(f"quota rows or GPU locks not taken for team {team_id}")
     usage: dict[date, UsageRow] = {}
     for r in rows:
         seen = usage.get(r[1])

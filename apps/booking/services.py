@@ -1146,12 +1146,14 @@ def _book_pg(
     model_ids: Collection[int],
     audit_data: dict[str, Any],
 ) -> tuple[Reservation, list[dict[str, Any]]]:
-    """The PostgreSQL write path of `reservation_create`, inside its transaction: lock the quota rows, check,
-    lock the GPUs, write everything in one statement (apps.booking.fastpath)."""
+    """The PostgreSQL write path of `reservation_create`, inside its transaction: lock the quota rows and the
+    GPUs, check, write everything in one statement (apps.booking.fastpath)."""
     amounts = quota_math.hold_amounts(
         start=start, end=end, gpu_count=len(chosen), hourly_rate=rate, tz=selectors.local_tz()
     )
-    usage, limits = fastpath.lock_usage(team.pk, list(amounts))
+    gpu_ids = [g.id for g in chosen]
+    # The quota rows, then the GPUs (services' lock order), in one round trip; a refusal below rolls both back.
+    usage, limits = fastpath.lock_usage(team.pk, list(amounts), gpu_ids)
     _models_allowed(team=team, limits=limits, model_ids=model_ids)
     warnings = _quota_verdicts(
         team=team,
@@ -1162,8 +1164,6 @@ def _book_pg(
         end=end,
         gpu_count=len(chosen),
     )
-    gpu_ids = [g.id for g in chosen]
-    _lock_gpus(gpu_ids)
     try:
         rid = fastpath.insert_booking(
             team_id=team.pk, user_id=getattr(user, "pk", None), model_id=model_id, gpus=gpu_ids, start=start, end=end,
