@@ -35,7 +35,7 @@ class Service:
 
 
 def web_pool_size(env: dict[str, str]) -> int:
-    return int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 16) + 8
+    return int(env.get("WEB_MAX_CONCURRENT_REQUESTS") or 4) + 8  # settings' default, plus websocket handshakes
 
 
 def background_env(env: dict[str, str]) -> dict[str, str]:

@@ -316,8 +316,13 @@ SPECTACULAR_SETTINGS = {
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
 # Requests one web process works on at once (each holds a database connection); more wait up to
-# WEB_QUEUE_WAIT_S, then get 503 busy. Processes x this must stay well under PostgreSQL's max_connections.
-WEB_MAX_CONCURRENT_REQUESTS = env_int("WEB_MAX_CONCURRENT_REQUESTS", 16)
+# WEB_QUEUE_WAIT_S (on the event loop, cheaply), then get 503 busy. Processes x this must stay well under
+# PostgreSQL's max_connections. 4: a request here is mostly Python under one GIL, so more threads per process
+# add GIL hand-offs and more backends queueing on the same row locks, not throughput (bench/booking_load.py:
+# 278/278 bookings/s with 4 against 248/191 with 16, PostgreSQL 0.95 against 1.1-1.2 ms CPU per request; Rails
+# cut Puma's default threads from 5 to 3 for the same reason). Raise it for slow endpoints or when processes
+# wait on something other than the database.
+WEB_MAX_CONCURRENT_REQUESTS = env_int("WEB_MAX_CONCURRENT_REQUESTS", 4)
 WEB_QUEUE_WAIT_S = env_int("WEB_QUEUE_WAIT_S", 30)
 
 # --- Logging: tokens never appear (the Authorization header is never logged) -------------------------------
