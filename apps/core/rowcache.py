@@ -12,8 +12,9 @@ empties the cache; an entry counts only under the generation read before its que
 before a change committed is never served after the notification arrived. The window that remains is the one
 between a commit and its notification reaching the process (a millisecond or so; the same as a request that
 started just before the change). While the listener is not connected and confirmed alive (process start, database
-restart, a silent network failure: it checks in every HEARTBEAT_S), nothing is served from the cache and every
-lookup goes to the database. Entries also expire after MAX_AGE_S, a backstop should a notification ever be lost.
+restart, a silent network failure, a pooler that swallows notifications: every HEARTBEAT_S it sends a notification
+to itself and counts as alive only while they come back), nothing is served from the cache and every lookup goes
+to the database. Entries also expire after MAX_AGE_S, a backstop should a notification ever be lost.
 
 Lookups inside a transaction (`atomic`) skip the cache: that transaction may itself have changed the rows, and
 its notification is only sent at commit. On by default in the web process on PostgreSQL (portal/asgi.py);
@@ -23,6 +24,7 @@ its notification is only sent at commit. On by default in the web process on Pos
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Hashable, Sequence
@@ -36,7 +38,8 @@ from apps.core import rawsql
 logger = logging.getLogger(__name__)
 
 CHANNEL = "portal_rowcache"  # = accounts migration 0002
-HEARTBEAT_S = 5.0
+HEARTBEAT_S = 5.0  # a NOTIFY to itself this often proves the listener hears (see _Listener._listen)
+HEARTBEAT_PREFIX = "heartbeat:"
 POLL_S = 1.0  # how long one wait for notifications lasts: the listener sees a stop request this soon
 # The listener counts as alive this long after its last confirmed round trip: past it, the cache stands aside.
 ALIVE_FOR_S = 3 * HEARTBEAT_S
@@ -51,7 +54,7 @@ class _Listener:
     def __init__(self) -> None:
         self.entries: dict[Hashable, tuple[int, float, tuple[Any, ...]]] = {}
         self._generation = 0
-        self._alive_at = -1e9  # monotonic time of the last confirmed round trip on a LISTENing connection
+        self._alive_at = -1e9  # when the last heartbeat that came back was sent (monotonic)
         self.notifications = 0  # received (tests, diagnostics)
         self.connections = 0  # LISTENing connections made so far
         self.last_payload = ""  # the last notification's payload (the table's name; tests send markers)
@@ -91,18 +94,9 @@ class _Listener:
                     conn.execute(f"LISTEN {CHANNEL}")
                     # Whatever changed while nobody listened: start from nothing.
                     self.invalidate()
-                    self._alive_at = time.monotonic()
                     self.connections += 1
                     backoff = 0.25
-                    while not self._stop.is_set():
-                        for notify in conn.notifies(timeout=POLL_S):
-                            self.invalidate()
-                            self.last_payload = notify.payload
-                            self.notifications += 1
-                        if time.monotonic() - self._alive_at >= HEARTBEAT_S:
-                            # A silently dead connection fails here (or hangs: then ALIVE_FOR_S passes).
-                            conn.execute("SELECT 1")
-                            self._alive_at = time.monotonic()
+                    self._listen(conn)
             except Exception as exc:  # any database or network error: stand aside, then reconnect
                 self._alive_at = -1e9
                 self.invalidate()
@@ -110,6 +104,33 @@ class _Listener:
                     logger.warning("row cache listener: %s; lookups go to the database until it reconnects", exc)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+    def _listen(self, conn: Any) -> None:
+        """Receive notifications until stopped. Alive = a heartbeat this thread sent through NOTIFY came back:
+        not merely a working connection, since behind a pooler in transaction mode (PgBouncer) LISTEN succeeds
+        and notifications never arrive. Notifications arrive in commit order, so the heartbeat's return also
+        proves that every change committed before it was sent has been seen."""
+        sent: dict[str, float] = {}  # heartbeat payload -> monotonic time sent
+        beats = 0
+        last_sent = -1e9
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_sent >= HEARTBEAT_S:
+                beats += 1
+                payload = f"{HEARTBEAT_PREFIX}{os.getpid()}:{id(self)}:{beats}"
+                conn.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+                sent[payload] = last_sent = now
+                if len(sent) > 8:  # lost ones (the connection hangs): forget the oldest
+                    sent.pop(next(iter(sent)))
+            for notify in conn.notifies(timeout=POLL_S):
+                if notify.payload.startswith(HEARTBEAT_PREFIX):  # a process's heartbeat, not a change
+                    at = sent.pop(notify.payload, None)
+                    if at is not None:
+                        self._alive_at = max(self._alive_at, at)
+                    continue
+                self.invalidate()
+                self.last_payload = notify.payload
+                self.notifications += 1
 
 
 _listener: _Listener | None = None

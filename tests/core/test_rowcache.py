@@ -160,6 +160,46 @@ def test_a_lost_listener_connection_empties_the_cache_and_reconnects(cache: Any,
     assert _queries(lambda: authenticate_token(plaintext)) == 0
 
 
+class _Deaf:
+    """A connection on which LISTEN is accepted and nothing is ever delivered: what a pooler in transaction mode
+    (PgBouncer) amounts to."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> _Deaf:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._conn.close()
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        return self._conn.execute("SELECT 1" if sql.startswith("LISTEN") else sql, params)
+
+    def notifies(self, timeout: float) -> Any:
+        return self._conn.notifies(timeout=timeout)
+
+
+def test_a_listener_that_hears_nothing_is_never_trusted(
+    settings: Any, monkeypatch: Any, alice: Any, make_token: Any
+) -> None:
+    settings.DB_ROW_CACHE = True
+    rowcache.reset()
+    real_connect = rowcache._Listener._connect
+    monkeypatch.setattr(rowcache._Listener, "_connect", lambda self: _Deaf(real_connect(self)))
+    try:
+        listener = rowcache.listener()
+        assert listener is not None
+        _until(lambda: listener.connections == 1)
+        time.sleep(2 * rowcache.POLL_S)  # its first heartbeat went out at once and never came back
+        assert listener.generation() is None
+        plaintext = make_token(alice, ["read"])
+        authenticate_token(plaintext)
+        assert _queries(lambda: authenticate_token(plaintext)) == 1
+    finally:
+        rowcache.reset()
+
+
 def test_off_unless_enabled(settings: Any, alice: Any, make_token: Any) -> None:
     settings.DB_ROW_CACHE = False
     rowcache.reset()
