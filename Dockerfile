@@ -26,4 +26,5 @@ RUN pip install --no-cache-dir --no-deps -e . \
 ENV STATIC_ROOT=/app/static PORTAL_PRODUCTION=1
 USER portal
 EXPOSE 8000
-CMD ["uvicorn", "portal.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--ws-per-message-deflate", "false", "--ws-max-size", "65536", "--proxy-headers"]
+# WEB_PROCESSES uvicorn processes (one per core), each accepting on a socket of its own (portal/serve.py).
+CMD ["python", "-m", "portal.serve", "--host", "0.0.0.0", "--port", "8000", "--ws-max-size", "65536"]

@@ -316,7 +316,10 @@ def start_server(kind: str, workers: int, port: int, env: dict[str, str], quiet:
     common = ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--no-access-log"]
     common += ["--log-level", "warning", "--http", "httptools", "--loop", "uvloop"]
     if kind == "asgi":
-        argv = [PY, "-m", "uvicorn", "portal.asgi:application", "--lifespan", "off", *common]
+        # What the portal ships: portal.serve, a socket per process (uvicorn --workers shares one, and the
+        # keep-alive clients then landed unevenly: 29/3, 32/0).
+        argv = [PY, "-m", "portal.serve", "--host", "127.0.0.1", "--port", str(port), "--processes", str(workers)]
+        argv += ["--log-level", "warning"]
     elif kind == "wsgi":
         argv = [PY, "-m", "uvicorn", "portal.wsgi:application", "--interface", "wsgi", *common]
     else:

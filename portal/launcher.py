@@ -56,24 +56,20 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
     return [
         Service(
             "web",
+            # uvicorn through portal.serve: WEB_PROCESSES processes (default 1), each on a socket of its own, with
+            # websocket compression off and no lifespan protocol.
             [
                 PY,
                 "-m",
-                "uvicorn",
-                "portal.asgi:application",
+                "portal.serve",
                 "--host",
                 env.get("HOST", "127.0.0.1"),
                 "--port",
                 str(port),
-                "--ws-per-message-deflate",
-                "false",
                 # Clients send small control messages only; uvicorn's default (16 MiB) would let one socket
                 # make the server buffer 16 MiB. An oversized frame closes that socket with 1009.
                 "--ws-max-size",
                 env.get("WS_MAX_BYTES", str(WS_MAX_BYTES)),
-                "--no-access-log",
-                "--lifespan",
-                "off",
             ],
             # A connection pool for the web process on PostgreSQL (ignored on SQLite): a connection per request
             # otherwise, and connecting cost a third of the API's throughput (bench/load_test.py). Room for the
