@@ -4,7 +4,7 @@
 
 It starts a private PostgreSQL cluster and redis-server for the run (or uses `--database-url` / `--redis-url`),
 creates a fresh database, migrates it, seeds teams, users, tokens, GPU models, nodes, GPUs and an allowed image,
-starts the web tier (uvicorn with the launcher's arguments, `--workers` processes) and runs the clients: each
+starts the web tier (portal.serve with the launcher's arguments, `--workers` processes) and runs the clients: each
 keeps one HTTP/1.1 connection and loops over a weighted mix of reads (me, teams, gpus, reservation and job
 lists), bookings and job submissions. It prints requests/s, p50/p99 latency per kind, error rate and 5xx count,
 then audits the database: no two active allocations overlap on a GPU, no duplicate ledger rows, every booking
@@ -451,7 +451,7 @@ def _web_command(port: int, workers: int, env: dict[str, str]) -> tuple[list[str
     web = next(s for s in services(port, {**env, "HOST": "127.0.0.1"}) if s.name == "web")
     argv = [*web.argv, "--log-level", "warning"]
     if workers > 1:
-        argv += ["--workers", str(workers)]
+        argv += ["--processes", str(workers)]  # portal.serve: a socket per process
     return argv, {**env, **web.env}
 
 
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         help="mean seconds a client waits between requests (exponential); 0: closed loop, each client sends its "
         "next request as soon as the last is answered (the saturation test)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--workers", type=int, default=2, help="web processes (portal.serve --processes)")
     parser.add_argument("--teams", type=int, default=8)
     parser.add_argument("--users-per-team", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=8)
@@ -580,9 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, web)
         pacing = f"think time {args.think:g}s (mean)" if args.think > 0 else "closed loop"
-        print(
-            f"web: {args.workers} uvicorn worker(s) at {url}; {args.clients} clients for {args.duration:.0f}s, {pacing}"
-        )
+        print(f"web: {args.workers} process(es) at {url}; {args.clients} clients for {args.duration:.0f}s, {pacing}")
         stats, elapsed = asyncio.run(
             run_clients(
                 url,
