@@ -17,9 +17,8 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection
-
 from apps.booking import quota as quota_math
+from apps.core.rawsql import statement_cursor
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ def _clash(item: list[Any]) -> Clash:
 def gpus_by_uuid(uuids: Sequence[str], start: datetime, end: datetime) -> dict[str, GpuInfo]:
     """The GPUs named, with the allocations that hold each during [start, end) and whether maintenance blocks it:
     one query (a refused booking needs no second one to say what it clashed with)."""
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(_GPUS_SQL, {"uuids": list(uuids), "start": start, "end": end, "limit": CLASHES_PER_GPU})
         rows = cursor.fetchall()
     out: dict[str, GpuInfo] = {}
@@ -205,7 +204,7 @@ def lock_usage(
     wanted = sorted(set(months))
     gpus = sorted(set(gpu_ids))
     params: dict[str, Any] = {"team": team_id, "months": wanted, "ns": GPU_LOCK_NAMESPACE, "gpus": gpus}
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(_LOCK_USAGE_SQL, params)
         rows = cursor.fetchall()
         if {r[1] for r in rows if r[5] == 0} != set(wanted):
@@ -308,7 +307,7 @@ def insert_booking(
         "repr": f" {team_id}: {len(gpus)} GPU {start:%Y-%m-%d %H:%M}-{end:%H:%M}",
         "data": json.dumps(audit_data),
     }
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(_INSERT_SQL, params)
         rid, n_alloc, n_usage, n_hold, n_audit = cursor.fetchone()
     if rid is None:

@@ -8,12 +8,14 @@ through the same database converters as the ORM's (JSON, decimals, time zones).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 
 M = TypeVar("M", bound=models.Model)
 
@@ -66,15 +68,69 @@ def columns(model: type[models.Model], alias: str) -> Columns:
     return Columns(model, alias)
 
 
+class _KeptCursor:
+    """The driver cursor kept on one database connection for statement_cursor(), and whether it is in use."""
+
+    __slots__ = ("busy", "cursor")
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+        self.busy = False
+
+
+_KEPT = "_portal_kept_cursor"  # attribute on the driver's connection object (psycopg's Connection has a __dict__)
+
+
+@contextmanager
+def statement_cursor() -> Iterator[CursorWrapper]:
+    """A cursor for hand-written statements whose results are read at once (execute, then fetch), like
+    `connection.cursor()` but reusing one driver cursor per database connection.
+
+    Why: opening a cursor through Django and closing it again costs more CPU than running a small prepared
+    statement (~60-80 us against ~40 on this machine), and a booking runs three. Django's part (connection checks,
+    error wrapping, the debug wrapper that records queries) is kept: only the driver cursor is reused, and with it
+    psycopg's loaders for the result columns, which a new cursor looks up and builds again for every statement.
+
+    The cursor lives as long as its connection (a pooled connection keeps it while other requests use the
+    connection: one thread at a time). Not for results read lazily or for ORM code that may run another statement
+    in between: a nested statement_cursor() gets a cursor of its own. Exceptions are Django's, as with
+    connection.cursor().
+    """
+    wrapper = _connection()
+    if wrapper.vendor != "postgresql":  # SQLite: its cursors cost little, and its connection takes no attributes
+        with wrapper.cursor() as cursor:
+            yield cursor
+        return
+    wrapper.close_if_health_check_failed()
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    kept: _KeptCursor | None = getattr(raw, _KEPT, None)
+    if kept is None or kept.cursor.closed:
+        with wrapper.wrap_database_errors:
+            kept = _KeptCursor(wrapper.create_cursor())
+        setattr(raw, _KEPT, kept)
+    if kept.busy:  # nested: a cursor of its own, closed after
+        with wrapper.cursor() as cursor:
+            yield cursor
+        return
+    kept.busy = True
+    try:
+        with wrapper.wrap_database_errors:
+            wrapped = wrapper._prepare_cursor(kept.cursor)
+        yield wrapped
+    finally:
+        kept.busy = False
+
+
 def fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:
     """Run a statement; returns how many rows it changed."""
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
 
