@@ -1,0 +1,101 @@
+"""The PostgreSQL fast path finds clashes by reading only the allocations that end inside the window and the first
+one ending after it (active allocations of a GPU never overlap). Checked against the plain definition (active and
+start < end and end > start) over random calendars: the GPU lookup's conflict report (earliest first, capped) and
+the write's own check, which must refuse exactly when something clashes."""
+
+from __future__ import annotations
+
+import random
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from apps.booking import fastpath, quota
+from apps.booking.models import Allocation, AllocationKind, Reservation
+from tests.conftest import requires_postgres
+
+pytestmark = [requires_postgres, pytest.mark.django_db(transaction=True)]
+
+QUARTER = timedelta(minutes=15)
+
+
+def _calendar(rng: random.Random, gpu: Any, team: Any, user: Any, origin: datetime) -> list[Allocation]:
+    """Active allocations that never overlap (gaps, touching ends, short and long ones) and inactive ones that
+    overlap anything, over six days."""
+    rows: list[Allocation] = []
+    moment = origin
+    while moment < origin + timedelta(days=6):
+        moment += QUARTER * rng.choice([0, 0, 0, 1, 3, 8])
+        length = QUARTER * rng.choice([1, 1, 2, 2, 4, 8, 40])
+        reservation = Reservation.objects.create(
+            team=team, user=user, gpu_count=1, start=moment, end=moment + length, booked_end=moment + length
+        )
+        rows.append(
+            Allocation(
+                gpu=gpu,
+                team=team,
+                user=user,
+                kind=AllocationKind.RESERVATION,
+                reservation=reservation,
+                start=moment,
+                end=moment + length,
+                active=True,
+            )
+        )
+        if rng.random() < 0.3:  # a cancelled one lying across it
+            rows.append(
+                Allocation(
+                    gpu=gpu,
+                    team=team,
+                    kind=AllocationKind.JOB,
+                    start=moment - QUARTER * 2,
+                    end=moment + length + QUARTER * 2,
+                    active=False,
+                )
+            )
+        moment += length
+    return Allocation.objects.bulk_create(rows)
+
+
+def _months(start: datetime, end: datetime) -> list[date]:
+    return sorted({date(m.year, m.month, 1) for m in (timezone.localtime(start), timezone.localtime(end - QUARTER))})
+
+
+def test_clashes_equal_the_plain_definition(fleet: dict[str, Any], vision: Any, alice: Any) -> None:
+    rng = random.Random(7)
+    gpu = fleet["gpus"]["big/0"]
+    origin = timezone.now().replace(second=0, microsecond=0) + timedelta(days=2)
+    origin -= timedelta(minutes=origin.minute % 15)
+    allocations = _calendar(rng, gpu, vision, alice, origin)
+    active = sorted((a for a in allocations if a.active), key=lambda a: a.start)
+    assert len(active) > 60  # more than a report shows, so the cap is exercised too
+    cases = [(origin - timedelta(hours=2), origin + timedelta(days=7))]  # the whole calendar: capped report
+    for _ in range(250):
+        start = origin + QUARTER * rng.randint(-8, 6 * 96 + 8)
+        cases.append((start, start + QUARTER * rng.choice([1, 2, 3, 8, 30, 200])))
+    refused = 0
+    for start, end in cases:
+        expected = [a for a in active if a.start < end and a.end > start][: fastpath.CLASHES_PER_GPU]
+        info = fastpath.gpus_by_uuid([gpu.uuid], start, end)[gpu.uuid]
+        assert [(c.start, c.end, c.reservation_id) for c in info.clashes or ()] == [
+            (a.start, a.end, a.reservation_id) for a in expected
+        ], (start, end)
+        assert info.busy == bool(expected)
+
+        # The write's check, under the same locks as a booking, rolled back after.
+        with transaction.atomic():
+            months = _months(start, end)
+            usage, _ = fastpath.lock_usage(vision.pk, months, [gpu.pk])
+            rid = fastpath.insert_booking(
+                team_id=vision.pk, user_id=alice.pk, model_id=None, gpus=[gpu.pk], start=start, end=end,
+                status="booked", note="", now=timezone.now(), activated_at=None, rate=Decimal("1"), usage=usage,
+                amounts={m: quota.Amount(Decimal("0"), Decimal("0")) for m in months}, audit_data={},
+            )  # fmt: skip
+            assert (rid is None) == bool(expected), (start, end)
+            refused += rid is None
+            transaction.set_rollback(True)
+    assert 20 < refused < len(cases) - 20  # both answers were exercised
