@@ -115,9 +115,9 @@ def statement_cursor() -> Iterator[CursorWrapper]:
         return
     kept.busy = True
     try:
-        with wrapper.wrap_database_errors:
-            wrapped = wrapper._prepare_cursor(kept.cursor)
-        yield wrapped
+        # What Django's cursor() does with a new driver cursor (BaseDatabaseWrapper._prepare_cursor).
+        wrapper.validate_thread_sharing()
+        yield wrapper.make_debug_cursor(kept.cursor) if wrapper.queries_logged else wrapper.make_cursor(kept.cursor)
     finally:
         kept.busy = False
 
