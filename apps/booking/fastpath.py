@@ -109,22 +109,63 @@ def gpus_by_uuid(uuids: Sequence[str], start: datetime, end: datetime) -> dict[s
         if isinstance(raw, str):  # psycopg loads json itself; a plain string if a loader is not registered
             raw = json.loads(raw)
         clashes = tuple(_clash(item) for item in raw or ())
-        out[r[1]] = GpuInfo(
-            id=r[0],
-            uuid=r[1],
-            index=r[2],
-            node_id=r[3],
-            node=r[4],
-            node_status=r[5],
-            status=r[6],
-            model_id=r[7],
-            model=r[8],
-            hourly_price=r[9],
-            busy=bool(clashes),
-            maintenance=r[11],
-            clashes=clashes,
-        )
+        out[r[1]] = _gpu_row(r, busy=bool(clashes), maintenance=r[11], clashes=clashes)
     return out
+
+
+def _gpu_row(r: Sequence[Any], **looked_up: Any) -> GpuInfo:
+    """GpuInfo from the first ten columns both GPU statements select (id, uuid, index, node id, node name and
+    status, GPU status, model id, name and price)."""
+    return GpuInfo(
+        id=r[0], uuid=r[1], index=r[2], node_id=r[3], node=r[4], node_status=r[5], status=r[6], model_id=r[7],
+        model=r[8], hourly_price=r[9], **looked_up,
+    )  # fmt: skip
+
+
+# Every bookable GPU of a model with whether it is taken in [start, end) (an active allocation, found as in the
+# GPU lookup, or a maintenance window), for placement: tuples, no ORM objects, one statement. With the pool loaded
+# as ORM objects and the busy GPUs asked for by an IN list of all their ids, a booking by model of a 2,048-GPU
+# model cost 71 ms in the web process and 56 ms in PostgreSQL, all under the model's placement lock.
+_POOL_SQL = """
+WITH mw AS MATERIALIZED (
+    SELECT w.gpu_id, w.node_id FROM booking_maintenancewindow w WHERE w.start < %(end)s AND w."end" > %(start)s
+)
+SELECT g.id, g.uuid, g."index", g.node_id, n.name, n.status, g.status, m.id, m.name, m.hourly_price,
+       EXISTS (SELECT 1 FROM booking_allocation a
+               WHERE a.gpu_id = g.id AND a.active AND a."end" > %(start)s AND a."end" <= %(end)s)
+       OR EXISTS (SELECT 1 FROM (SELECT a.start FROM booking_allocation a
+                                 WHERE a.gpu_id = g.id AND a.active AND a."end" > %(end)s AND a.start < a."end"
+                                 ORDER BY a."end" LIMIT 1) b
+                  WHERE b.start < %(end)s)
+       OR EXISTS (SELECT 1 FROM mw
+                  WHERE mw.gpu_id = g.id OR mw.node_id = g.node_id OR (mw.gpu_id IS NULL AND mw.node_id IS NULL))
+FROM fleet_gpu g JOIN fleet_node n ON n.id = g.node_id JOIN fleet_gpumodel m ON m.id = g.model_id
+WHERE g.model_id = %(model)s
+  AND CASE WHEN %(include_offline)s THEN g.status <> %(lost)s ELSE g.status = %(ok)s AND n.status = %(online)s END
+ORDER BY n.name, g."index"
+"""
+
+
+def placement_pool(
+    model_id: int, start: datetime, end: datetime, *, include_offline: bool = False
+) -> list[tuple[GpuInfo, bool]]:
+    """Each bookable GPU of the model (selectors.bookable_gpus), ordered by node name and index, with whether it is
+    taken in [start, end): held by an active allocation or blocked by a maintenance window."""
+    from apps.fleet.models import GpuStatus, NodeStatus
+
+    params: dict[str, Any] = {
+        "model": model_id,
+        "start": start,
+        "end": end,
+        "include_offline": include_offline,
+        "lost": GpuStatus.LOST.value,
+        "ok": GpuStatus.OK.value,
+        "online": NodeStatus.ONLINE.value,
+    }
+    with statement_cursor() as cursor:
+        cursor.execute(_POOL_SQL, params)
+        rows = cursor.fetchall()
+    return [(_gpu_row(r), bool(r[10])) for r in rows]
 
 
 @dataclass(frozen=True)

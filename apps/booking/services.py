@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import Count, F
 from django.utils import timezone
 
 from apps.accounts.models import Role, Team
@@ -880,30 +880,36 @@ def _place_locked(
     """Pick `count` free GPUs of `model` for [start, end) under the model's placement lock (inside the
     caller's transaction); 409 when there are not enough."""
     _lock_model(model.pk)
-    pool = list(
-        selectors.bookable_gpus(model=model, include_offline=include_offline)
-        .select_related("node", "model")
-        .order_by("node__name", "index")
-    )
-    taken = selectors.busy_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in pool])
-    taken |= selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in pool])
+    pool: list[tuple[GpuInfo, bool]]
+    if connection.vendor == "postgresql":  # one statement, tuples (fastpath.placement_pool says why)
+        pool = fastpath.placement_pool(model.pk, start, end, include_offline=include_offline)
+    else:
+        gpus = list(
+            selectors.bookable_gpus(model=model, include_offline=include_offline)
+            .select_related("node", "model")
+            .order_by("node__name", "index")
+        )
+        taken = selectors.busy_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in gpus])
+        taken |= selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=[g.pk for g in gpus])
+        pool = [(gpu_info(g), g.pk in taken) for g in gpus]
     sizes: dict[str, int] = {}
-    for g in pool:
-        sizes[g.node.name] = sizes.get(g.node.name, 0) + 1
-    free = [g for g in pool if g.pk not in taken]
+    for info, _ in pool:
+        sizes[info.node] = sizes.get(info.node, 0) + 1
+    free = [info for info, taken_ in pool if not taken_]
     picked = place(
-        [FreeGpu(g.pk, g.node.name, g.index) for g in free], count, sizes, allow_multi_node=policy.allow_multi_node
+        [FreeGpu(g.id, g.node, g.index) for g in free], count, sizes, allow_multi_node=policy.allow_multi_node
     )
     if picked is None:
+        clashes = _clashes([g.id for g, _ in pool], start, end)
         raise Conflict(
             f"Not enough {model.name} GPUs are free in that time ({len(free)} free, {count} asked).",
             extra={
-                "conflicts": describe_slots(_clashes([g.pk for g in pool], start, end), team_id=team.pk, viewer=user),
+                "conflicts": describe_slots(clashes, team_id=team.pk, viewer=user),
                 "free": len(free),
             },
         )
-    by_id = {g.pk: g for g in free}
-    return [gpu_info(by_id[i]) for i in picked]
+    by_id = {g.id: g for g in free}
+    return [by_id[i] for i in picked]
 
 
 def reservation_create(
@@ -962,11 +968,14 @@ def reservation_create(
         if gpu_count is None or gpu_count <= 0:
             raise ValidationFailed("Book at least one GPU.", fields={"gpu_count": ["At least 1."]})
         count = gpu_count
-        per_node: dict[int, int] = {}
-        for node_id in selectors.bookable_gpus(model=model, include_offline=include_offline).values_list(
-            "node_id", flat=True
-        ):
-            per_node[node_id] = per_node.get(node_id, 0) + 1
+        # GPUs per node, counted by the database (a row per node, not per GPU).
+        per_node = dict(
+            selectors.bookable_gpus(model=model, include_offline=include_offline)
+            .order_by()
+            .values("node_id")
+            .annotate(n=Count("id"))
+            .values_list("node_id", "n")
+        )
         most = max(per_node.values(), default=0) if not policy.allow_multi_node else sum(per_node.values())
         if count > most:
             where = "node" if not policy.allow_multi_node else "fleet"

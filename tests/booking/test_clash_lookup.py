@@ -1,7 +1,8 @@
 """The PostgreSQL fast path finds clashes by reading only the allocations that end inside the window and the first
 one ending after it (active allocations of a GPU never overlap). Checked against the plain definition (active and
 start < end and end > start) over random calendars: the GPU lookup's conflict report (earliest first, capped) and
-the write's own check, which must refuse exactly when something clashes."""
+the write's own check, which must refuse exactly when something clashes; and placement's pool of a model against
+the ORM's bookable, busy and maintenance-blocked GPUs."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from apps.booking import fastpath, quota
-from apps.booking.models import Allocation, AllocationKind, Reservation
+from apps.booking import fastpath, quota, selectors
+from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation
+from apps.fleet.models import GpuStatus, NodeStatus
 from tests.conftest import requires_postgres
+from tests.factories import GpuFactory, NodeFactory
 
 pytestmark = [requires_postgres, pytest.mark.django_db(transaction=True)]
 
@@ -99,3 +102,42 @@ def test_clashes_equal_the_plain_definition(fleet: dict[str, Any], vision: Any, 
             refused += rid is None
             transaction.set_rollback(True)
     assert 20 < refused < len(cases) - 20  # both answers were exercised
+
+
+def test_placement_pool_equals_the_orm_definition(fleet: dict[str, Any], vision: Any, alice: Any, a100: Any) -> None:
+    """fastpath.placement_pool (PostgreSQL's placement input) against selectors' bookable, busy and
+    maintenance-blocked GPUs, over random calendars on several GPUs, maintenance windows of a GPU, of a node and of
+    everything, a degraded GPU, an offline one and an offline node (with and without include_offline)."""
+    rng = random.Random(11)
+    gpus = fleet["gpus"]
+    origin = timezone.now().replace(second=0, microsecond=0) + timedelta(days=2)
+    origin -= timedelta(minutes=origin.minute % 15)
+    for name in ("big/0", "big/3", "small/1"):
+        _calendar(rng, gpus[name], vision, alice, origin)
+    gpus["big/5"].status = GpuStatus.DEGRADED
+    gpus["big/5"].save(update_fields=["status"])
+    gpus["small/2"].status = GpuStatus.OFFLINE
+    gpus["small/2"].save(update_fields=["status"])
+    down = NodeFactory(name="down", status=NodeStatus.OFFLINE)  # its GPUs report ok: only include_offline books them
+    for i in range(2):
+        GpuFactory(node=down, index=i, model=a100, uuid=f"GPU-down-{i}")
+    MaintenanceWindow.objects.create(
+        gpu=gpus["big/6"], start=origin + timedelta(hours=5), end=origin + timedelta(hours=9)
+    )
+    MaintenanceWindow.objects.create(
+        node=fleet["nodes"]["small"], start=origin + timedelta(days=1), end=origin + timedelta(days=1, hours=3)
+    )
+    MaintenanceWindow.objects.create(start=origin + timedelta(days=4), end=origin + timedelta(days=4, hours=1))
+    for _ in range(150):
+        start = origin + QUARTER * rng.randint(-8, 6 * 96 + 8)
+        end = start + QUARTER * rng.choice([1, 4, 12, 100])
+        for include_offline in (False, True):
+            ordered = list(
+                selectors.bookable_gpus(model=a100, include_offline=include_offline).order_by("node__name", "index")
+            )
+            ids = [g.pk for g in ordered]
+            taken = selectors.busy_gpu_ids(start=start, end=end, gpu_ids=ids)
+            taken |= selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=ids)
+            expected = [(g.pk, g.uuid, g.node.name, g.pk in taken) for g in ordered]
+            pool = fastpath.placement_pool(a100.pk, start, end, include_offline=include_offline)
+            assert [(g.id, g.uuid, g.node, t) for g, t in pool] == expected, (start, end, include_offline)
