@@ -43,6 +43,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "django_filters",
+    "pgtrigger",
     "apps.core",
     "apps.accounts",
     "apps.audit",
