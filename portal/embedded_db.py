@@ -271,3 +271,28 @@ def start_for_command(var_dir: Path) -> None:
     server = EmbeddedPostgres.for_var_dir(var_dir)
     if server.ensure_running():
         atexit.register(server.stop_if_owner)
+
+
+# A test or benchmark server's data is thrown away at the end: durability only costs time.
+THROWAWAY_SERVER_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "200",  # live servers, Celery workers and the race tests' parallel clients at once
+}
+
+
+@contextmanager
+def throwaway_server(folder: Path) -> Iterator[str]:
+    """A PostgreSQL server with its data in `folder` (for the test suite and the benchmarks when no DATABASE_URL
+    is given): yields its DATABASE_URL; stopped at the end (the caller deletes the folder)."""
+    server = EmbeddedPostgres.for_var_dir(folder / "var")
+    server.ensure_running(settings=THROWAWAY_SERVER_SETTINGS)
+    try:
+        yield server.url()
+    finally:
+        server.stop_if_owner()
+        if server.socket_dir != folder / "var" / "run" / "postgres":
+            import shutil
+
+            shutil.rmtree(server.socket_dir, ignore_errors=True)

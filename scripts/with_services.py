@@ -6,20 +6,11 @@ folder and are stopped and deleted afterwards."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
-
-# A test server's data is thrown away at the end: durability only costs time.
-THROWAWAY_SERVER_SETTINGS = {
-    "fsync": "off",
-    "synchronous_commit": "off",
-    "full_page_writes": "off",
-    "max_connections": "200",  # live servers, Celery workers and the race tests' parallel clients at once
-}
 
 
 def main() -> int:
@@ -36,18 +27,14 @@ def main() -> int:
 
 def start_postgres(tmp: Path, stack: ExitStack) -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from portal.embedded_db import EmbeddedDatabaseError, EmbeddedPostgres
+    from portal.embedded_db import EmbeddedDatabaseError, throwaway_server
 
-    server = EmbeddedPostgres.for_var_dir(tmp / "var")
     try:
-        server.ensure_running(settings=THROWAWAY_SERVER_SETTINGS)
+        url = stack.enter_context(throwaway_server(tmp))
     except EmbeddedDatabaseError as exc:
         sys.exit(f"[tests] {exc}")
-    # Registered after the temporary folder, so it runs first: stop the server, then delete its data.
-    stack.callback(shutil.rmtree, server.socket_dir, ignore_errors=True)
-    stack.callback(server.stop_if_owner)
-    print(f"[tests] embedded PostgreSQL in {server.data_dir}; set DATABASE_URL to use another server", flush=True)
-    return server.url()
+    print(f"[tests] embedded PostgreSQL in {tmp}; set DATABASE_URL to use another server", flush=True)
+    return url
 
 
 def start_redis(tmp: Path, stack: ExitStack) -> str:
