@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -288,3 +290,203 @@ def launch_error(job_id: int, message: str) -> JobOutcome:
 
 def default_path() -> str:
     return os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def adopted_deadline(max_duration_s: int, started_at: datetime | None) -> float | None:
+    """The ``time.monotonic()`` deadline of a job found running after a restart: its start is a wall-clock time."""
+    if max_duration_s <= 0 or started_at is None:
+        return None
+    elapsed = (utcnow() - started_at).total_seconds()
+    return time.monotonic() + max_duration_s - elapsed
+
+
+@dataclass
+class WatchedJob:
+    """What the shared watcher logic keeps of one job; each runtime adds its own handle on it.
+
+    ``started``: the container or process runs (or ran), so a stop can be sent to it. A stop requested before
+    that is remembered in ``stop_reason`` and applied by the launcher as soon as the job starts.
+    """
+
+    job_id: int
+    max_duration_s: int = 0
+    started: bool = False
+    deadline: float | None = None  # time.monotonic() value
+    stop_reason: OutcomeReason | None = None
+    stop_grace_s: float = 10.0
+    stopping: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+J = TypeVar("J", bound=WatchedJob)
+
+
+class WatcherRuntime(Generic[J]):
+    """The bookkeeping of the ``Runtime`` contract that both runtimes share: one record per launched or adopted
+    job, stop requests (our cancel, our deadline), and exactly one ``on_exit`` per job.
+
+    A subclass says how a job starts (``_run``, on its own thread), how one is found again after a restart
+    (``_adoption``), how it is stopped (``_stop_job``, on its own thread since it blocks for the grace period),
+    and watches it, ending with ``_finish``.
+    """
+
+    kind: ClassVar[str]  # names the runtime's threads
+
+    def __init__(
+        self,
+        *,
+        events: RuntimeEvents | None,
+        timeout_grace_s: float,
+        keep_exited: bool,
+        max_line_bytes: int,
+    ) -> None:
+        self._events = events or RuntimeEvents()
+        self._timeout_grace_s = timeout_grace_s
+        self._keep_exited = keep_exited
+        self._max_line_bytes = max_line_bytes
+        self._jobs: dict[int, J] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    # -- what a runtime provides ----------------------------------------------------------------------------
+
+    def _new_job(self, spec: LaunchSpec) -> J:
+        raise NotImplementedError
+
+    def _run(self, job: J, spec: LaunchSpec) -> None:
+        """Start the job, call ``_started`` once it runs, watch it, ``_finish`` it (launch errors too)."""
+        raise NotImplementedError
+
+    def _adoption(self, job_id: int) -> tuple[J, Callable[[], None]] | None:
+        """The record of a job found on the host and the watch to run for it on a new thread, or None."""
+        raise NotImplementedError
+
+    def _stop_job(self, job: J) -> None:
+        """SIGTERM, ``job.stop_grace_s``, SIGKILL; may block that long."""
+        raise NotImplementedError
+
+    def _left_behind(self, job_id: int) -> bool:
+        """Whether the host has this job from before a restart (a launch must then adopt, not start it)."""
+        return False
+
+    def _may_signal(self, job: J) -> bool:
+        """Whether a stop can reach the started job yet (the container may still lack its id)."""
+        return True
+
+    def _ended_unwatched(self, job: J) -> bool:
+        """Whether the job had already ended on its own when it was adopted: a stop then changes nothing."""
+        return False
+
+    def _record(self, job: J, outcome: JobOutcome) -> None:
+        """Keep the outcome on the host before reporting it (for the next agent if this one dies in on_exit)."""
+        return None
+
+    # -- the Runtime contract -------------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec) -> bool:
+        job = self._new_job(spec)
+        with self._lock:
+            if self._closed.is_set():
+                raise RuntimeError("runtime is closed")
+            # Broker messages are delivered at least once: a repeated launch must not start a second copy.
+            if spec.job_id in self._jobs or self._left_behind(spec.job_id):
+                return False
+            self._jobs[spec.job_id] = job
+        self._spawn(f"{self.kind}-job-{spec.job_id}", self._run, job, spec)
+        return True
+
+    def stop(self, job_id: int, grace_s: float = 10.0) -> bool:
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None:
+            # After a restart the portal may cancel a job this instance has not adopted yet.
+            if not self.adopt(job_id):
+                return False
+            with self._lock:
+                job = self._jobs.get(job_id)
+            if job is None:
+                return True
+        self._request_stop(job, "cancelled", grace_s)
+        return True
+
+    def adopt(self, job_id: int) -> bool:
+        with self._lock:
+            if job_id in self._jobs:
+                return True
+        found = self._adoption(job_id)
+        if found is None:
+            return False
+        job, watch = found
+        with self._lock:
+            if job_id in self._jobs:
+                return True
+            self._jobs[job_id] = job
+        self._spawn(f"{self.kind}-adopt-{job_id}", watch)
+        return True
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # -- shared steps ---------------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+    def _watched(self, job_id: int) -> bool:
+        with self._lock:
+            return job_id in self._jobs
+
+    def _started(self, job: J) -> None:
+        """The job runs: its deadline starts now, and a stop requested while it was starting is sent."""
+        with job.lock:
+            job.started = True
+            if job.max_duration_s > 0:
+                job.deadline = time.monotonic() + job.max_duration_s
+            pending = job.stop_reason is not None and not job.stopping
+            if pending:
+                job.stopping = True
+        if pending:
+            self._spawn_stopper(job)
+
+    def _request_stop(self, job: J, reason: OutcomeReason, grace_s: float) -> None:
+        with job.lock:
+            if self._ended_unwatched(job):
+                return  # it ended on its own before anyone asked; its outcome stays what it was
+            if job.stop_reason is None:
+                job.stop_reason = reason
+                job.stop_grace_s = grace_s
+            if not job.started or job.stopping or not self._may_signal(job):
+                return  # not started yet: the launcher sees stop_reason and stops it (or never starts it)
+            job.stopping = True
+        self._spawn_stopper(job)
+
+    def _spawn_stopper(self, job: J) -> None:
+        # A stop blocks for the whole grace period; stop() must return at once.
+        self._spawn(f"{self.kind}-stop-{job.job_id}", self._stop_job, job)
+
+    def _wait_chunk(self, job: J, chunk: float, *, floor: float) -> float:
+        """How long the watcher may wait before looking again: ``chunk``, shortened to the job's deadline. Past
+        the deadline this asks for the timeout stop (once) and the job is then waited for like any other."""
+        if job.deadline is None or job.stop_reason is not None:
+            return chunk
+        now = time.monotonic()
+        if now >= job.deadline:
+            self._request_stop(job, "timeout", self._timeout_grace_s)
+            return chunk
+        return min(chunk, max(floor, job.deadline - now))
+
+    def _emit_log(self, job: J, stream: LogStream, line: str) -> None:
+        safe_call("on_log", self._events.on_log, job.job_id, stream, line)
+
+    def _finish(self, job: J, outcome: JobOutcome, cleanup: Callable[[], None] | None = None) -> None:
+        """Report the outcome once and forget the job; ``cleanup`` (removing what the job left on the host) runs
+        only once the report went through, so a failed report leaves the job for ``list_jobs`` to find again."""
+        if self._closed.is_set():
+            # Shutting down: the next agent instance finds the job on the host and reports it.
+            return
+        self._record(job, outcome)
+        reported = safe_call("on_exit", self._events.on_exit, outcome)
+        if cleanup is not None and reported and not self._keep_exited:
+            cleanup()
+        with self._lock:
+            self._jobs.pop(job.job_id, None)

@@ -14,8 +14,10 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
 import docker
@@ -35,9 +37,11 @@ from .base import (
     LaunchSpec,
     LineSplitter,
     LogStream,
-    OutcomeReason,
     RuntimeEvents,
     RuntimeJob,
+    WatchedJob,
+    WatcherRuntime,
+    adopted_deadline,
     gpu_env,
     launch_error,
     normalize_mounts,
@@ -67,18 +71,10 @@ class _CancelledBeforeStart(Exception):
 
 
 @dataclass
-class _Job:
-    job_id: int
-    max_duration_s: int = 0
+class _Job(WatchedJob):
     container_id: str | None = None
-    running: bool = False
-    deadline: float | None = None  # time.monotonic() value
-    stop_reason: OutcomeReason | None = None
-    stop_grace_s: float = 10.0
-    stopping: bool = False
     memory_mib: int = 0
     exited_before_adopt: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def engine_message(exc: BaseException) -> str:
@@ -114,7 +110,7 @@ def engine_run_times(state: dict[str, Any]) -> tuple[datetime | None, datetime |
     return started, finished
 
 
-class DockerRuntime:
+class DockerRuntime(WatcherRuntime[_Job]):
     """Runs jobs as containers; see ``Runtime`` in base.py for the contract.
 
     ``pull="never"`` (the default: these nodes have no registry) fails a job whose image is not on the node;
@@ -144,7 +140,9 @@ class DockerRuntime:
     ) -> None:
         if pull not in ("never", "missing"):
             raise ValueError(f"unknown pull policy {pull!r}")
-        self._events = events or RuntimeEvents()
+        super().__init__(
+            events=events, timeout_grace_s=timeout_grace_s, keep_exited=keep_exited, max_line_bytes=max_line_bytes
+        )
         self._owns_client = client is None
         # version="auto": the nodes run whatever Docker their distribution ships (20.10 speaks API 1.41).
         # A bigger pool because every running job holds up to three streaming connections.
@@ -154,49 +152,19 @@ class DockerRuntime:
         self._agent = agent
         self._pull = pull
         self._pull_timeout_s = pull_timeout_s
-        self._keep_exited = keep_exited
         self._pids_limit = pids_limit
-        self._timeout_grace_s = timeout_grace_s
         self._init = init
         self._shm_size_mib = shm_size_mib
         self._log_max_size = log_max_size
-        self._max_line_bytes = max_line_bytes
         self._name_prefix = name_prefix
-        self._jobs: dict[int, _Job] = {}
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
 
     @property
     def client(self) -> docker.DockerClient:
         return self._client
 
-    # -- the Runtime contract --------------------------------------------------------------------------
+    kind = "docker"
 
-    def launch(self, spec: LaunchSpec) -> bool:
-        job = _Job(job_id=spec.job_id, max_duration_s=spec.max_duration_s, memory_mib=spec.memory_mib)
-        with self._lock:
-            if self._closed.is_set():
-                raise RuntimeError("runtime is closed")
-            if spec.job_id in self._jobs:
-                # Broker messages are delivered at least once: a repeated launch must not start a second copy.
-                return False
-            self._jobs[spec.job_id] = job
-        threading.Thread(target=self._run, args=(job, spec), name=f"docker-job-{spec.job_id}", daemon=True).start()
-        return True
-
-    def stop(self, job_id: int, grace_s: float = 10.0) -> bool:
-        with self._lock:
-            job = self._jobs.get(job_id)
-        if job is None:
-            # After a restart the portal may cancel a job this instance has not adopted yet.
-            if not self.adopt(job_id):
-                return False
-            with self._lock:
-                job = self._jobs.get(job_id)
-            if job is None:
-                return True
-        self._request_stop(job, "cancelled", grace_s)
-        return True
+    # -- the Runtime contract (launch, stop, adopt: WatcherRuntime) ----------------------------------------
 
     def list_jobs(self) -> list[RuntimeJob]:
         jobs = []
@@ -206,35 +174,32 @@ class DockerRuntime:
                 jobs.append(listed)
         return sorted(jobs, key=lambda j: j.job_id)
 
-    def adopt(self, job_id: int) -> bool:
-        with self._lock:
-            if job_id in self._jobs:
-                return True
-        container = self._find(job_id)
-        if container is None:
-            return False
-        labels = container.labels
-        state = container.attrs.get("State", {})
-        job = _Job(job_id=job_id, container_id=container.id, max_duration_s=_int_label(labels, LABEL_MAX_DURATION))
-        started_at = parse_engine_time(state.get("StartedAt"))
-        if job.max_duration_s > 0 and started_at is not None:
-            elapsed = (utcnow() - started_at).total_seconds()
-            job.deadline = time.monotonic() + job.max_duration_s - elapsed
-        job.running = state.get("Status") in _RUNNING_STATES
-        job.exited_before_adopt = not job.running
-        with self._lock:
-            if job_id in self._jobs:
-                return True
-            self._jobs[job_id] = job
-        threading.Thread(
-            target=self._watch_adopted, args=(job, container), name=f"docker-adopt-{job_id}", daemon=True
-        ).start()
-        return True
-
     def close(self) -> None:
-        self._closed.set()
+        super().close()
         if self._owns_client:
             self._client.close()
+
+    def _new_job(self, spec: LaunchSpec) -> _Job:
+        return _Job(job_id=spec.job_id, max_duration_s=spec.max_duration_s, memory_mib=spec.memory_mib)
+
+    def _adoption(self, job_id: int) -> tuple[_Job, Callable[[], None]] | None:
+        container = self._find(job_id)
+        if container is None:
+            return None
+        state = container.attrs.get("State", {})
+        job = _Job(
+            job_id=job_id, container_id=container.id, max_duration_s=_int_label(container.labels, LABEL_MAX_DURATION)
+        )
+        job.deadline = adopted_deadline(job.max_duration_s, parse_engine_time(state.get("StartedAt")))
+        job.started = state.get("Status") in _RUNNING_STATES
+        job.exited_before_adopt = not job.started
+        return job, partial(self._watch_adopted, job, container)
+
+    def _may_signal(self, job: _Job) -> bool:
+        return job.container_id is not None
+
+    def _ended_unwatched(self, job: _Job) -> bool:
+        return job.exited_before_adopt
 
     # -- launching -------------------------------------------------------------------------------------
 
@@ -242,7 +207,7 @@ class DockerRuntime:
         try:
             container = self._start_container(job, spec)
         except _LaunchFailed as exc:
-            self._finish(job, launch_error(job.job_id, str(exc)), None)
+            self._finish(job, launch_error(job.job_id, str(exc)))
             return
         except _CancelledBeforeStart:
             outcome = JobOutcome(
@@ -253,11 +218,11 @@ class DockerRuntime:
                 "cancelled before it started",
                 finished_at=utcnow(),
             )
-            self._finish(job, outcome, None)
+            self._finish(job, outcome)
             return
         except Exception as exc:  # an unexpected SDK failure must still produce an outcome
             logger.exception("launching job %s failed", job.job_id)
-            self._finish(job, launch_error(job.job_id, f"{type(exc).__name__}: {exc}"), None)
+            self._finish(job, launch_error(job.job_id, f"{type(exc).__name__}: {exc}"))
             return
         self._watch(job, container, tail="all")
 
@@ -283,15 +248,7 @@ class DockerRuntime:
             # state; it would otherwise sit there and show up in list_jobs forever.
             self._remove(container)
             raise _LaunchFailed(engine_message(exc)) from exc
-        with job.lock:
-            job.running = True
-            if spec.max_duration_s > 0:
-                job.deadline = time.monotonic() + spec.max_duration_s
-            pending = job.stop_reason is not None and not job.stopping
-            if pending:
-                job.stopping = True
-        if pending:
-            self._spawn_stopper(job)
+        self._started(job)
         safe_call("on_started", self._events.on_started, job.job_id, container.id)
         return container
 
@@ -367,26 +324,7 @@ class DockerRuntime:
 
     # -- stopping --------------------------------------------------------------------------------------
 
-    def _request_stop(self, job: _Job, reason: OutcomeReason, grace_s: float) -> None:
-        with job.lock:
-            if job.exited_before_adopt:
-                return  # it ended on its own before anyone asked; its outcome stays what it was
-            if job.stop_reason is None:
-                job.stop_reason = reason
-                job.stop_grace_s = grace_s
-            if not job.running or job.stopping or job.container_id is None:
-                # Not started yet: the launcher sees stop_reason and stops it (or never starts it).
-                return
-            job.stopping = True
-        self._spawn_stopper(job)
-
-    def _spawn_stopper(self, job: _Job) -> None:
-        # docker stop blocks for the whole grace period; stop() must return at once.
-        threading.Thread(
-            target=self._stop_container, args=(job,), name=f"docker-stop-{job.job_id}", daemon=True
-        ).start()
-
-    def _stop_container(self, job: _Job) -> None:
+    def _stop_job(self, job: _Job) -> None:
         assert job.container_id is not None
         try:
             container = self._client.containers.get(job.container_id)
@@ -400,20 +338,21 @@ class DockerRuntime:
     # -- watching --------------------------------------------------------------------------------------
 
     def _watch_adopted(self, job: _Job, container: Container) -> None:
-        if job.running:
+        if job.started:
             self._watch(job, container, tail=0)
             return
         try:
             container.reload()
         except NotFound:
-            self._finish(job, _vanished(job.job_id), None)
+            self._finish(job, _vanished(job.job_id))
             return
         if parse_engine_time(container.attrs["State"].get("StartedAt")) is None:
             outcome = launch_error(job.job_id, "the container was created but never started (agent restarted?)")
-            self._finish(job, outcome, container)
+            self._finish(job, outcome, partial(self._remove, container))
             return
         # Exited while no agent watched: the event log is all there is to read (no waiting for late news).
-        self._finish(job, self._outcome(job, container, oom=self._oom_killed(container)), container)
+        outcome = self._outcome(job, container, oom=self._oom_killed(container))
+        self._finish(job, outcome, partial(self._remove, container))
 
     def _watch(self, job: _Job, container: Container, *, tail: int | Literal["all"]) -> None:
         pumps = [
@@ -431,7 +370,7 @@ class DockerRuntime:
         if self._closed.is_set():
             return
         if not exited:
-            self._finish(job, _vanished(job.job_id), None)
+            self._finish(job, _vanished(job.job_id))
             return
         for pump in pumps:
             # The streams end when the container stops; the bound only guards against a wedged engine.
@@ -440,9 +379,9 @@ class DockerRuntime:
             container.reload()
             oom = self._settle_oom(job, container)
         except NotFound:
-            self._finish(job, _vanished(job.job_id), None)
+            self._finish(job, _vanished(job.job_id))
             return
-        self._finish(job, self._outcome(job, container, oom=oom), container)
+        self._finish(job, self._outcome(job, container, oom=oom), partial(self._remove, container))
 
     def _settle_oom(self, job: _Job, container: Container) -> bool:
         """Whether the kernel's OOM killer ended the container, giving late news time to land.
@@ -501,13 +440,8 @@ class DockerRuntime:
     def _wait_exit(self, job: _Job, container: Container) -> bool:
         """Block until the container exits (True), vanishes (False) or the runtime closes."""
         while not self._closed.is_set():
+            chunk = self._wait_chunk(job, _WAIT_CHUNK_S, floor=0.05)
             now = time.monotonic()
-            chunk = _WAIT_CHUNK_S
-            if job.deadline is not None and job.stop_reason is None:
-                if now >= job.deadline:
-                    self._request_stop(job, "timeout", self._timeout_grace_s)
-                else:
-                    chunk = min(chunk, max(0.05, job.deadline - now))
             try:
                 container.wait(timeout=chunk)
                 return True
@@ -563,16 +497,6 @@ class DockerRuntime:
             message = f"{message}; engine: {state['Error']}"
         return JobOutcome(**{**outcome.__dict__, "message": message})
 
-    def _finish(self, job: _Job, outcome: JobOutcome, container: Container | None) -> None:
-        if self._closed.is_set():
-            # Shutting down: the next agent instance finds the container and reports it.
-            return
-        reported = safe_call("on_exit", self._events.on_exit, outcome)
-        if container is not None and reported and not self._keep_exited:
-            self._remove(container)
-        with self._lock:
-            self._jobs.pop(job.job_id, None)
-
     def _remove(self, container: Container) -> None:
         try:
             container.remove(force=True)
@@ -606,8 +530,7 @@ class DockerRuntime:
         running = state.get("Status") in _RUNNING_STATES
         started_at, finished_at = engine_run_times(state)
         exit_code = state.get("ExitCode")
-        with self._lock:
-            watched = job_id in self._jobs
+        watched = self._watched(job_id)
         return RuntimeJob(
             job_id=job_id,
             status="running" if running else "exited",

@@ -38,9 +38,10 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,11 @@ from .base import (
     LaunchSpec,
     LineSplitter,
     LogStream,
-    OutcomeReason,
     RuntimeEvents,
     RuntimeJob,
+    WatchedJob,
+    WatcherRuntime,
+    adopted_deadline,
     default_path,
     gpu_env,
     launch_error,
@@ -85,22 +88,14 @@ _FINAL_READ_S = 10.0
 
 
 @dataclass
-class _Job:
-    job_id: int
+class _Job(WatchedJob):
     pid: int = 0
     start_ticks: int | None = None
     proc: subprocess.Popen[bytes] | None = None  # None for an adopted process (not our child)
-    started: bool = False
     started_at: datetime | None = None
-    max_duration_s: int = 0
-    deadline: float | None = None
     memory_limited: bool = False
-    stop_reason: OutcomeReason | None = None
-    stop_grace_s: float = 10.0
-    stopping: bool = False
     exited: threading.Event = field(default_factory=threading.Event)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -166,7 +161,7 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
-class ProcessRuntime:
+class ProcessRuntime(WatcherRuntime[_Job]):
     """Runs jobs as local subprocesses; see ``Runtime`` in base.py for the contract.
 
     ``base_env`` is the whole environment a job starts from (default: PATH, LANG, HOME only); the agent's own
@@ -186,50 +181,23 @@ class ProcessRuntime:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         poll_interval_s: float = 0.1,
     ) -> None:
+        super().__init__(
+            events=events, timeout_grace_s=timeout_grace_s, keep_exited=keep_exited, max_line_bytes=max_line_bytes
+        )
         self._state_dir = Path(state_dir)
         self._state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._events = events or RuntimeEvents()
         self._base_env = dict(
             base_env
             if base_env is not None
             else {"PATH": default_path(), "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/")}
         )
         self._cwd = cwd
-        self._timeout_grace_s = timeout_grace_s
-        self._keep_exited = keep_exited
         self._limit_memory_with_gpus = limit_memory_with_gpus
-        self._max_line_bytes = max_line_bytes
         self._poll_s = poll_interval_s
-        self._jobs: dict[int, _Job] = {}
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
 
-    # -- the Runtime contract -----------------------------------------------------------------------------
+    kind = "process"
 
-    def launch(self, spec: LaunchSpec) -> bool:
-        job = _Job(job_id=spec.job_id, max_duration_s=spec.max_duration_s)
-        with self._lock:
-            if self._closed.is_set():
-                raise RuntimeError("runtime is closed")
-            # A state file without a watcher is a job from before a restart: adopt it, do not start it twice.
-            if spec.job_id in self._jobs or self._state_path(spec.job_id).exists():
-                return False
-            self._jobs[spec.job_id] = job
-        threading.Thread(target=self._run, args=(job, spec), name=f"process-job-{spec.job_id}", daemon=True).start()
-        return True
-
-    def stop(self, job_id: int, grace_s: float = 10.0) -> bool:
-        with self._lock:
-            job = self._jobs.get(job_id)
-        if job is None:
-            if not self.adopt(job_id):
-                return False
-            with self._lock:
-                job = self._jobs.get(job_id)
-            if job is None:
-                return True
-        self._request_stop(job, "cancelled", grace_s)
-        return True
+    # -- the Runtime contract (launch, stop, adopt, close: WatcherRuntime) ---------------------------------
 
     def list_jobs(self) -> list[RuntimeJob]:
         jobs = []
@@ -239,8 +207,7 @@ class ProcessRuntime:
             if match is None or record is None:
                 continue
             job_id = int(match.group(1))
-            with self._lock:
-                watched = job_id in self._jobs
+            watched = self._watched(job_id)
             exit_record = record.get("exit")
             alive = exit_record is None and self._alive(record)
             exit_code = exit_record.get("exit_code") if exit_record else None
@@ -260,13 +227,17 @@ class ProcessRuntime:
             )
         return sorted(jobs, key=lambda j: j.job_id)
 
-    def adopt(self, job_id: int) -> bool:
-        with self._lock:
-            if job_id in self._jobs:
-                return True
+    def _new_job(self, spec: LaunchSpec) -> _Job:
+        return _Job(job_id=spec.job_id, max_duration_s=spec.max_duration_s)
+
+    def _left_behind(self, job_id: int) -> bool:
+        # A state file without a watcher is a job from before a restart: adopt it, do not start it twice.
+        return self._state_path(job_id).exists()
+
+    def _adoption(self, job_id: int) -> tuple[_Job, Callable[[], None]] | None:
         record = self._read_state(self._state_path(job_id))
         if record is None:
-            return False
+            return None
         job = _Job(
             job_id=job_id,
             pid=int(record.get("pid", 0)),
@@ -276,30 +247,18 @@ class ProcessRuntime:
             max_duration_s=int(record.get("max_duration_s", 0)),
             memory_limited=bool(record.get("memory_limited")),
         )
-        if job.max_duration_s > 0 and job.started_at is not None:
-            elapsed = (utcnow() - job.started_at).total_seconds()
-            job.deadline = time.monotonic() + job.max_duration_s - elapsed
+        job.deadline = adopted_deadline(job.max_duration_s, job.started_at)
         # Decided here, not in the watcher thread: a stop() right after adopt() may kill the process before
         # that thread looks, and the job must then read as cancelled, not as "ended unwatched".
         alive = record.get("exit") is None and self._alive(record)
-        with self._lock:
-            if job_id in self._jobs:
-                return True
-            self._jobs[job_id] = job
-        threading.Thread(
-            target=self._watch_adopted, args=(job, record, alive), name=f"process-adopt-{job_id}", daemon=True
-        ).start()
-        return True
-
-    def close(self) -> None:
-        self._closed.set()
+        return job, partial(self._watch_adopted, job, record, alive)
 
     # -- launching ----------------------------------------------------------------------------------------
 
     def _run(self, job: _Job, spec: LaunchSpec) -> None:
         if job.stop_reason is not None:
             outcome = JobOutcome(job.job_id, "cancelled", "cancelled", None, "cancelled before it started")
-            self._finish(job, outcome)
+            self._done(job, outcome)
             return
         env = {**self._base_env, **gpu_env(spec)}
         job.memory_limited = spec.memory_mib > 0 and (not spec.gpu_uuids or self._limit_memory_with_gpus)
@@ -312,7 +271,7 @@ class ProcessRuntime:
         if shutil.which(spec.command[0], path=env.get("PATH", os.defpath)) is None:
             self._remove_files(job.job_id)
             message = f"cannot execute {spec.command[0]!r}: not found, or not an executable file"
-            self._finish(job, launch_error(job.job_id, message), keep_state=False)
+            self._done(job, launch_error(job.job_id, message))
             return
         try:
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
@@ -331,41 +290,21 @@ class ProcessRuntime:
         except OSError as exc:
             self._remove_files(job.job_id)
             message = f"cannot execute {spec.command[0]!r}: {exc.strerror or exc}"
-            self._finish(job, launch_error(job.job_id, message), keep_state=False)
+            self._done(job, launch_error(job.job_id, message))
             return
         with job.lock:
             job.proc = proc
             job.pid = proc.pid
             job.start_ticks = process_start_ticks(proc.pid)
             job.started_at = utcnow()
-            job.started = True
-            if spec.max_duration_s > 0:
-                job.deadline = time.monotonic() + spec.max_duration_s
-            pending = job.stop_reason is not None and not job.stopping
-            if pending:
-                job.stopping = True
         self._write_state(job, None)
-        if pending:
-            self._spawn_stopper(job)
+        self._started(job)
         safe_call("on_started", self._events.on_started, job.job_id, f"pid:{proc.pid}")
         self._watch(job, from_end=False)
 
     # -- stopping -----------------------------------------------------------------------------------------
 
-    def _request_stop(self, job: _Job, reason: OutcomeReason, grace_s: float) -> None:
-        with job.lock:
-            if job.stop_reason is None:
-                job.stop_reason = reason
-                job.stop_grace_s = grace_s
-            if not job.started or job.stopping:
-                return
-            job.stopping = True
-        self._spawn_stopper(job)
-
-    def _spawn_stopper(self, job: _Job) -> None:
-        threading.Thread(target=self._terminate, args=(job,), name=f"process-stop-{job.job_id}", daemon=True).start()
-
-    def _terminate(self, job: _Job) -> None:
+    def _stop_job(self, job: _Job) -> None:
         self._signal_group(job, signal.SIGTERM)
         if not job.exited.wait(job.stop_grace_s):
             self._signal_group(job, signal.SIGKILL)
@@ -385,7 +324,7 @@ class ProcessRuntime:
         exit_record = record.get("exit")
         if exit_record is not None:
             # Exited before the last agent could report it (or its report failed): report it now.
-            self._finish(job, _outcome_from_record(job.job_id, exit_record))
+            self._done(job, _outcome_from_record(job.job_id, exit_record))
             return
         if not alive:
             code = self._read_exit_code(job.job_id)
@@ -402,7 +341,7 @@ class ProcessRuntime:
                 started_at=job.started_at,
                 finished_at=utcnow(),
             )
-            self._finish(job, outcome)
+            self._done(job, outcome)
             return
         self._watch(job, from_end=True)
 
@@ -437,7 +376,7 @@ class ProcessRuntime:
         finally:
             for log in logs:
                 log.close()
-        self._finish(job, self._outcome(job, returncode, exited_at))
+        self._done(job, self._outcome(job, returncode, exited_at))
 
     def _read_logs(self, job: _Job, logs: list[_LogFile]) -> None:
         for log in logs:
@@ -454,14 +393,8 @@ class ProcessRuntime:
         try:
             while not self._closed.is_set():
                 self._read_logs(job, logs)
-                now = time.monotonic()
                 # Output left unread (a flood): look at the process and go on reading at once.
-                chunk = 0.0 if any(log.more for log in logs) else self._poll_s
-                if job.deadline is not None and job.stop_reason is None:
-                    if now >= job.deadline:
-                        self._request_stop(job, "timeout", self._timeout_grace_s)
-                    else:
-                        chunk = min(chunk, max(0.0, job.deadline - now))
+                chunk = self._wait_chunk(job, 0.0 if any(log.more for log in logs) else self._poll_s, floor=0.0)
                 if pidfd is not None:
                     readable, _, _ = select.select([pidfd], [], [], chunk)
                     if readable:
@@ -484,7 +417,7 @@ class ProcessRuntime:
     def _emit_log(self, job: _Job, stream: LogStream, line: str) -> None:
         if stream == "stderr":
             job.stderr_tail.append(line)
-        safe_call("on_log", self._events.on_log, job.job_id, stream, line)
+        super()._emit_log(job, stream, line)
 
     def _outcome(self, job: _Job, returncode: int | None, exited_at: datetime) -> JobOutcome:
         exit_code = signal_exit_code(returncode) if returncode is not None else None
@@ -517,17 +450,13 @@ class ProcessRuntime:
             finished_at=exited_at,
         )
 
-    def _finish(self, job: _Job, outcome: JobOutcome, *, keep_state: bool = True) -> None:
-        if self._closed.is_set():
-            return
-        if keep_state and job.started:
+    def _done(self, job: _Job, outcome: JobOutcome) -> None:
+        self._finish(job, outcome, partial(self._remove_files, job.job_id))
+
+    def _record(self, job: _Job, outcome: JobOutcome) -> None:
+        if job.started:
             # Written before reporting: if the agent dies in on_exit, the next one finds the result here.
             self._write_state(job, outcome)
-        reported = safe_call("on_exit", self._events.on_exit, outcome)
-        if reported and not self._keep_exited:
-            self._remove_files(job.job_id)
-        with self._lock:
-            self._jobs.pop(job.job_id, None)
 
     # -- state files --------------------------------------------------------------------------------------
 
