@@ -8,18 +8,21 @@ Lock order (booking's): the team's QuotaUsage rows first, then the GPUs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apps.booking import services as booking
 from apps.booking.models import AllocationKind, Quota
-from apps.fleet.models import GpuModel
+from apps.core import ttlcache
+from apps.fleet.models import Gpu, GpuModel
+
+if TYPE_CHECKING:
+    from apps.jobs.models import Job
 
 
-def allocate(*, job: Any, gpus: Sequence[Any], start: datetime, end: datetime, savepoint: bool = True) -> None:
+def allocate(*, job: Job, gpus: Sequence[Gpu], start: datetime, end: datetime, savepoint: bool = True) -> None:
     """Book `gpus` for the job over [start, end) after the team's concurrent-GPU quota check.
 
     Raises Conflict if any GPU is already held then (savepoint: the caller may go on; `savepoint=False` for a
@@ -38,48 +41,41 @@ def allocate(*, job: Any, gpus: Sequence[Any], start: datetime, end: datetime, s
     )
 
 
-_CONCURRENCY_TTL_S = 5.0
-_concurrency_cache: dict[int, tuple[float, bool]] = {}
+# Team id -> whether any of its quotas caps concurrent GPUs.
+_limits_concurrency = ttlcache.TTLCache[int, bool](ttl_s=5.0)
 
 
 def team_limits_concurrency(team_id: int) -> bool:
     """Whether any quota of the team caps concurrent GPUs (cached a few seconds: the scheduler asks per start).
 
     Teams without such a cap skip booking's concurrency check, which locks the team's usage rows."""
-    now = time.monotonic()
-    hit = _concurrency_cache.get(team_id)
-    if hit is not None and now - hit[0] < _CONCURRENCY_TTL_S:
-        return hit[1]
-    value = Quota.objects.filter(team_id=team_id, max_concurrent_gpus__isnull=False).exists()
-    _concurrency_cache[team_id] = (now, value)
-    return value
+    return _limits_concurrency.get_or_set(
+        team_id, lambda: Quota.objects.filter(team_id=team_id, max_concurrent_gpus__isnull=False).exists()
+    )
 
 
-def release(*, job: Any, end: datetime) -> None:
+def release(*, job: Job, end: datetime) -> None:
     """Cut the job's allocations at `end`: the GPUs are free from then on (idempotent)."""
     booking.allocations_end_of_job(job_id=job.pk, at=end)
 
 
-_MODELS_TTL_S = 5.0
-_models_cache: dict[tuple[str, ...], tuple[float, list[int], Decimal]] = {}
+# Sorted model names -> (their ids, the dearest one's hourly price).
+_models = ttlcache.TTLCache[tuple[str, ...], tuple[list[int], Decimal]](ttl_s=5.0)
 
 
 def _models_facts(gpu_models: Sequence[str]) -> tuple[list[int], Decimal]:
     """(ids of these models, the dearest one's hourly price); all models for []. Cached for a few seconds: every
     submission asks, and a price an admin changes applies to holds from then on."""
-    key = tuple(sorted(gpu_models))
-    now = time.monotonic()
-    hit = _models_cache.get(key)
-    if hit is not None and now - hit[0] < _MODELS_TTL_S:
-        return hit[1], hit[2]
-    qs = GpuModel.objects.all()
-    if gpu_models:
-        qs = qs.filter(name__in=list(gpu_models))
-    rows = list(qs.values_list("pk", "hourly_price"))
-    ids = [pk for pk, _ in rows] if gpu_models else []
-    top = max((price for _, price in rows), default=Decimal("0"))
-    _models_cache[key] = (now, ids, top)
-    return ids, top
+
+    def read() -> tuple[list[int], Decimal]:
+        qs = GpuModel.objects.all()
+        if gpu_models:
+            qs = qs.filter(name__in=list(gpu_models))
+        rows = list(qs.values_list("pk", "hourly_price"))
+        ids = [pk for pk, _ in rows] if gpu_models else []
+        return ids, max((price for _, price in rows), default=Decimal("0"))
+
+    return _models.get_or_set(tuple(sorted(gpu_models)), read)
 
 
 def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
@@ -87,7 +83,7 @@ def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
     return _models_facts(gpu_models)[1] * gpu_count
 
 
-def quota_hold(*, job: Any, start: datetime, end: datetime, quotas: Mapping[date, Any] | None = None) -> None:
+def quota_hold(*, job: Job, start: datetime, end: datetime, quotas: Mapping[date, Any] | None = None) -> None:
     """Count the job's max duration against its team's quota (QuotaExceeded / model_not_allowed if it does not fit).
 
     The concurrent-GPU limit is checked when the job is placed (a queued job holds no GPU). Call it inside the
@@ -108,7 +104,7 @@ def quota_hold(*, job: Any, start: datetime, end: datetime, quotas: Mapping[date
     )
 
 
-def quota_settle(*, job: Any, start: datetime | None, end: datetime | None) -> None:
+def quota_settle(*, job: Job, start: datetime | None, end: datetime | None) -> None:
     """Replace the job's hold by what it really used ([start, end)); give it all back if it never ran."""
     if start is None or end is None or end <= start:
         booking.quota_hold_release(job_id=job.pk)
@@ -117,9 +113,6 @@ def quota_settle(*, job: Any, start: datetime | None, end: datetime | None) -> N
 
 
 def forget_caches() -> None:
-    """Drop this process's cached quota facts (tests; an admin change is otherwise seen within seconds)."""
-    _concurrency_cache.clear()
-    _models_cache.clear()
-    from apps.jobs import services
-
-    services._fleet_shape_cache.clear()
+    """Drop this process's cached facts (tests; an admin change is otherwise seen within seconds). Every such cache
+    is a TTLCache, so this drops all of them, the submission's fleet shape included."""
+    ttlcache.clear_all()

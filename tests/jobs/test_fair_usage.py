@@ -1,4 +1,4 @@
-"""The scheduler's decayed usage per team: PostgreSQL sums it in SQL, equal to the Python reference."""
+"""The scheduler's decayed usage per team: PostgreSQL sums it in SQL, equal to the core's integral per job."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models import Q
 from django.utils import timezone
 
-from apps.core import rawsql
 from apps.jobs import scheduler
 from apps.jobs.models import Job
 from apps.jobs.scheduling import decayed_gpu_seconds
-from tests.conftest import requires_postgres
 
 HOUR = 3600.0
 
@@ -21,7 +20,7 @@ def _ran(team: Any, user: Any, gpus: int, started: Any, ended: Any) -> None:
     job = Job(team=team, user=user, image="local/process", command=["true"], gpu_count=gpus, cpus=1,
               memory_mib=64, max_duration_s=3600, state="succeeded" if ended else "running",
               started_at=started, ended_at=ended)  # fmt: skip
-    rawsql.insert([job])
+    job.save()
 
 
 def _history(alice: Any, charlie: Any, vision: Any, nlp: Any, now: Any) -> dict[str, float]:
@@ -60,15 +59,30 @@ def test_the_usage_cache_gives_each_teams_decayed_gpu_seconds(alice, charlie, vi
         assert usage[team] == pytest.approx(value, rel=1e-9, abs=1e-6)
 
 
-@requires_postgres
+def _usage_job_by_job(*, now: Any, horizon: Any, half_life_s: float) -> dict[str, float]:
+    """The reference: the core's `decayed_gpu_seconds` summed over each job row that ran since `horizon`."""
+    now_s = scheduler.epoch(now)
+    usage: dict[str, float] = {}
+    rows = (
+        Job.objects.filter(started_at__isnull=False)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=horizon))
+        .values_list("team_id", "gpu_count", "started_at", "ended_at")
+    )
+    for team_id, gpus, started, ended in rows:
+        end = scheduler.epoch(ended) if ended else now_s
+        key = str(team_id)
+        usage[key] = usage.get(key, 0.0) + decayed_gpu_seconds(gpus, scheduler.epoch(started), end, now_s, half_life_s)
+    return usage
+
+
 @pytest.mark.django_db
-def test_the_sql_sum_equals_the_python_reference(alice, charlie, vision, nlp) -> None:
+def test_the_sql_sum_equals_the_job_by_job_reference(alice, charlie, vision, nlp) -> None:
     now = timezone.now()
     _history(alice, charlie, vision, nlp, now)
     horizon = now - timedelta(hours=8)
 
-    in_sql = scheduler.team_usage_in_sql(now=now, horizon=horizon, half_life_s=2 * HOUR)
-    in_python = scheduler.team_usage_in_python(now=now, horizon=horizon, half_life_s=2 * HOUR)
+    in_sql = scheduler.team_usage(now=now, horizon=horizon, half_life_s=2 * HOUR)
+    in_python = _usage_job_by_job(now=now, horizon=horizon, half_life_s=2 * HOUR)
 
     assert in_sql.keys() == in_python.keys() and len(in_sql) == 2
     for team, value in in_python.items():

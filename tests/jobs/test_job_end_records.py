@@ -53,12 +53,12 @@ def test_job_on_node_only_for_its_own_node_and_with_the_node_loaded(
     job = submit(alice, vision, gpu_count=1, gpu_model="A100-80GB")
     services.job_start(job=job, node=fleet["node01"], gpus=fleet["gpus01"][:1], now=timezone.now())
     with django_assert_num_queries(1):
-        found = services._job_on_node(job.pk, fleet["node01"].pk)
+        found = services.job_on_node(job.pk, fleet["node01"].pk)
         assert found is not None and found.node.name == "node01"
     assert found.state == JobState.STARTING and found.command == ["echo", "hi"]
     assert found.scheduled_at is not None and found.scheduled_at.tzinfo is not None
-    assert services._job_on_node(job.pk, fleet["node02"].pk) is None
-    assert services._job_on_node(job.pk + 1000, fleet["node01"].pk) is None
+    assert services.job_on_node(job.pk, fleet["node02"].pk) is None
+    assert services.job_on_node(job.pk + 1000, fleet["node01"].pk) is None
 
 
 def test_a_jobs_hold_is_found_settled_and_released(alice, vision, fleet, submit):

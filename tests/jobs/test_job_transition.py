@@ -15,7 +15,6 @@ from apps.core.errors import Conflict
 from apps.jobs import services
 from apps.jobs.models import TRANSITIONS, Job, JobEvent, JobReason, JobState
 from apps.jobs.services import TransitionRefused
-from tests.conftest import requires_postgres
 
 
 def _start(job, fleet, n=1):
@@ -121,7 +120,6 @@ def test_two_jobs_cannot_be_started_on_one_gpu(alice, vision, fleet, submit):
     assert second.node is None
 
 
-@requires_postgres
 @pytest.mark.django_db(transaction=True)
 def test_racing_transitions_on_postgres_have_exactly_one_winner(alice, vision, fleet, submit):
     job = _start(submit(alice, vision), fleet)

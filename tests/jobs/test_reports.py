@@ -20,7 +20,6 @@ from apps.fleet import services as fleet
 from apps.jobs import conf, scheduler, services, tasks
 from apps.jobs.models import Job, JobEvent, JobLogLine, JobState
 from apps.jobs.scheduling import FAIR
-from tests.conftest import requires_postgres
 
 pytestmark = pytest.mark.django_db
 
@@ -123,7 +122,6 @@ def test_a_late_batch_older_than_the_kept_window_is_not_stored_again(alice, visi
     assert JobLogLine.objects.filter(job=job).order_by("seq").first().seq == oldest
 
 
-@requires_postgres
 @pytest.mark.django_db(transaction=True)
 def test_parallel_log_batches_of_one_job_each_land_once(alice, vision, fleet, submit) -> None:
     """Eight threads (own connections) deliver 40 batches of one job, shuffled, half of them twice: every line is

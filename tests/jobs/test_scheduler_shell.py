@@ -11,10 +11,9 @@ from django.utils import timezone
 
 from apps.booking.models import Allocation, Reservation
 from apps.fleet.models import NodeStatus
-from apps.jobs import scheduler
+from apps.jobs import conf, scheduler
 from apps.jobs.models import Job, JobState, SchedulerState
 from apps.jobs.scheduling import FAIR, FIFO
-from tests.conftest import requires_postgres
 
 
 @pytest.fixture
@@ -60,15 +59,15 @@ def test_a_pass_starts_a_queued_job_and_sends_the_launch_after_commit(
 def test_a_pass_starts_many_jobs_in_one_batch_each_as_one_start_would(
     alice, vision, submit, sent, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from apps.jobs import services
     from apps.jobs.models import JobEvent
+    from apps.jobs.services import starting
 
     jobs = [submit(alice, vision, gpu_count=n) for n in (1, 2, 1, 3)]
 
     def one_at_a_time(**kwargs: Any) -> None:
         raise AssertionError("the batch should have started them all")
 
-    monkeypatch.setattr(services, "job_start", one_at_a_time)
+    monkeypatch.setattr(starting, "job_start", one_at_a_time)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         result = one_pass()
     assert sorted(result.started) == sorted(j.pk for j in jobs) and not result.refused
@@ -83,7 +82,7 @@ def test_a_pass_starts_many_jobs_in_one_batch_each_as_one_start_would(
         assert job.hourly_price == sum(g.model.hourly_price for g in job.gpus.all())
         allocations = Allocation.objects.filter(job_id=job.pk, kind="job", active=True)
         assert {a.gpu_id for a in allocations} == gpus and all(a.team_id == vision.pk for a in allocations)
-        assert all(a.end - a.start == timedelta(seconds=600 + scheduler.conf.ALLOCATION_SLACK_S) for a in allocations)
+        assert all(a.end - a.start == timedelta(seconds=600 + conf.ALLOCATION_SLACK_S) for a in allocations)
         assert list(JobEvent.objects.filter(job=job).values_list("from_state", "to_state")) == [
             ("", "queued"),
             ("queued", "starting"),
@@ -120,6 +119,7 @@ def test_a_batch_refused_in_part_starts_the_rest_one_by_one(alice, vision, fleet
     from apps.booking import services as booking
     from apps.jobs import services
     from apps.jobs.scheduling import schedule
+    from apps.jobs.services import starting
 
     jobs = [submit(alice, vision, gpu_count=1, gpu_model="A100-80GB") for _ in range(4)]
     now = timezone.now()
@@ -134,13 +134,13 @@ def test_a_batch_refused_in_part_starts_the_rest_one_by_one(alice, vision, fleet
     )  # fmt: skip
     services.job_cancel(job=Job.objects.get(pk=cancelled_job.pk), user=alice)
     tried: list[int] = []
-    batch = services.jobs_start_many
+    batch = starting.jobs_start_many
 
     def spy(**kwargs: Any) -> list[int]:
         tried.append(len(kwargs["items"]))
         return batch(**kwargs)
 
-    monkeypatch.setattr(services, "jobs_start_many", spy)
+    monkeypatch.setattr(starting, "jobs_start_many", spy)
     result = scheduler.apply_decisions(ctx, decisions, token=1, leader="test")
     assert tried == [4]
     assert sorted(result.started) == sorted([jobs[2].pk, jobs[3].pk])
@@ -161,7 +161,9 @@ def test_nothing_is_sent_when_the_apply_transaction_rolls_back(alice, vision, su
     def boom(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("crash after the starts")
 
-    monkeypatch.setattr(scheduler, "_store_reasons", boom)
+    from apps.jobs.scheduler import apply
+
+    monkeypatch.setattr(apply, "_store_reasons", boom)
     with pytest.raises(RuntimeError):
         one_pass()
     assert Job.objects.get().state == JobState.QUEUED
@@ -358,7 +360,9 @@ def test_the_leaders_pass_moves_reservations_at_their_start_and_end(
     alice, vision, fleet, sent, django_capture_on_commit_callbacks, monkeypatch
 ):
     """Not up to the beat's 15 s lifecycle tick later: the pass after the boundary activates and releases."""
-    monkeypatch.setattr(scheduler, "close_old_connections", lambda: None)  # the test's transaction holds it
+    from apps.jobs.scheduler import loop as scheduler_loop
+
+    monkeypatch.setattr(scheduler_loop, "close_old_connections", lambda: None)  # the test's transaction holds it
     now = timezone.now()
     starting = Reservation.objects.create(
         team=vision, user=alice, gpu_count=1, start=now - timedelta(seconds=1), end=now + timedelta(hours=1),
@@ -382,50 +386,25 @@ def test_the_leaders_pass_moves_reservations_at_their_start_and_end(
 # --- Leadership -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.django_db
-def test_redis_lease_has_one_holder_and_a_rising_token():
-    from apps.core.redis import get_redis
-
-    redis = get_redis()
-    redis.delete(scheduler.LEASE_KEY)
-    first = scheduler.RedisLeadership(redis, lease_s=0.5)
-    second = scheduler.RedisLeadership(redis, lease_s=0.5)
-    assert first.acquire()
-    assert not second.acquire()
-    assert first.still_leader()
-    first.release()
-    assert second.acquire()
-    assert second.token > first.token or first.token == 0
-
-
-@pytest.mark.django_db
-def test_redis_lease_expires_when_the_leader_stops_renewing():
-    from apps.core.redis import get_redis
-
-    redis = get_redis()
-    redis.delete(scheduler.LEASE_KEY)
-    first = scheduler.RedisLeadership(redis, lease_s=0.3)
-    second = scheduler.RedisLeadership(redis, lease_s=0.3)
-    assert first.acquire()
-    time.sleep(0.45)  # the leader is "paused": its lease lapses
-    assert second.acquire()
-    assert not first.still_leader()
-
-
-@requires_postgres
 @pytest.mark.django_db(transaction=True)
-def test_postgres_advisory_lock_has_one_holder():
+def test_postgres_advisory_lock_has_one_holder_and_a_rising_token():
     first = scheduler.PostgresLeadership()
     second = scheduler.PostgresLeadership()
     try:
         assert first.acquire()
         assert not second.acquire()
+        assert first.still_leader()
+        scheduler.claim_fence(first.token, "first")  # the first leader applied a pass
         first.conn.close()  # the leader's connection dies: the server frees the lock once its backend exits
         deadline = time.monotonic() + 10
         while not second.acquire():
             assert time.monotonic() < deadline, "the lock was not freed"
             time.sleep(0.05)
         assert not first.still_leader()
+        assert second.token > first.token
+        scheduler.claim_fence(second.token, "second")
+        with pytest.raises(scheduler.NotLeader):  # the old leader, paused until now, cannot apply any more
+            scheduler.claim_fence(first.token, "first")
     finally:
         first.release()
         second.release()

@@ -1,0 +1,275 @@
+"""A scheduler pass's reads: the snapshot of the fleet, running and queued jobs, reservations and maintenance
+windows, and each team's decayed usage, as the pure core's plain data.
+
+The snapshot's queries are hand-written SQL returning plain rows: an idle leader passes every second, and compiling
+the ORM queries and building model instances of the whole fleet was most of such a pass. Table names come from the
+models' metadata and every value is a parameter. Only the queued jobs are loaded as instances (the apply step
+starts them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from apps.accounts.models import Team
+from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
+from apps.core.ttlcache import TTLCache
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
+from apps.jobs import conf
+from apps.jobs.models import ON_NODE_STATES, Job, JobState
+from apps.jobs.scheduling import Gpu as CoreGpu
+from apps.jobs.scheduling import PendingJob as CorePending
+from apps.jobs.scheduling import Reservation as CoreReservation
+from apps.jobs.scheduling import RunningJob as CoreRunning
+from apps.jobs.scheduling import Snapshot
+
+MAX_PENDING = 20_000
+USAGE_REFRESH_S = 30.0
+MAINTENANCE_TEAM = "__maintenance__"
+
+
+def epoch(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+@dataclass
+class RunningRow:
+    """What a pass reads of a job on a node."""
+
+    id: int
+    team_id: int
+    started_at: datetime | None
+    scheduled_at: datetime | None
+    max_duration_s: int
+    reservation_id: int | None
+    stop_requested_at: datetime | None
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """What a pass reads of a schedulable GPU (plain values: the apply step loads model instances of the GPUs it
+    starts jobs on, not of the whole fleet on every pass)."""
+
+    id: int
+    node_id: int
+    node: str
+    model: str
+
+
+@dataclass
+class PassContext:
+    """The snapshot plus the rows the apply step needs, keyed by the core's string ids."""
+
+    now: datetime
+    snapshot: Snapshot
+    gpus: dict[str, GpuRow] = field(default_factory=dict)
+    nodes: dict[str, int] = field(default_factory=dict)  # node name -> id
+    pending: dict[str, Job] = field(default_factory=dict)
+    running: dict[str, RunningRow] = field(default_factory=dict)
+    reservation_ends: dict[str, datetime] = field(default_factory=dict)
+
+
+class UsageCache:
+    """Decayed GPU-seconds per team, recomputed from job rows at most every USAGE_REFRESH_S (one per leadership:
+    a new leader starts from fresh numbers)."""
+
+    def __init__(self, half_life_s: float = conf.FAIRSHARE_HALF_LIFE_S) -> None:
+        self.half_life_s = half_life_s
+        self._cache = TTLCache[str, dict[str, float]](ttl_s=USAGE_REFRESH_S, maxsize=1)
+
+    def get(self, now: datetime) -> dict[str, float]:
+        hit = self._cache.get("usage")
+        if hit:
+            return hit
+        horizon = now - timedelta(seconds=self.half_life_s * 4)
+        usage = team_usage(now=now, horizon=horizon, half_life_s=self.half_life_s)
+        self._cache.set("usage", usage)
+        return usage
+
+
+def team_usage(*, now: datetime, horizon: datetime, half_life_s: float) -> dict[str, float]:
+    """Decayed GPU-seconds per team of the jobs that ran since `horizon`, summed by PostgreSQL: one row per team
+    instead of one per job of the last four half-lives (hundreds of thousands on a busy installation). The same
+    integral as the core's `decayed_gpu_seconds`; exponents are floored at -700 (exp underflows to an error in
+    PostgreSQL below about -745, and the term is 0 there anyway)."""
+    lam = math.log(2.0) / half_life_s
+    sql = (
+        "SELECT team_id, SUM(gpu_count * (EXP(GREATEST(-700.0, -%(lam)s * EXTRACT(EPOCH FROM (%(now)s - e)))) "  # noqa: S608
+        "- EXP(GREATEST(-700.0, -%(lam)s * EXTRACT(EPOCH FROM (%(now)s - started_at))))) / %(lam)s) "
+        f"FROM (SELECT team_id, gpu_count, started_at, LEAST(COALESCE(ended_at, %(now)s), %(now)s) AS e "
+        f"FROM {Job._meta.db_table} WHERE started_at IS NOT NULL AND (ended_at IS NULL OR ended_at > %(horizon)s)) j "
+        "WHERE e > started_at GROUP BY team_id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"lam": lam, "now": now, "horizon": horizon})
+        return {str(team_id): float(value) for team_id, value in cursor.fetchall()}
+
+
+def _snapshot_sql() -> dict[str, str]:
+    """The snapshot's queries, written by hand: compiling eight ORM queries was most of an idle pass's CPU (and an
+    idle pass runs every second). Table names from the models' metadata; every value is a parameter."""
+    q = connection.ops.quote_name
+    job, job_gpus = Job._meta.db_table, Job.gpus.through._meta.db_table
+    alloc, resv, window = Allocation._meta.db_table, Reservation._meta.db_table, MaintenanceWindow._meta.db_table
+    gpu, node, model = Gpu._meta.db_table, Node._meta.db_table, GpuModel._meta.db_table
+    return {
+        "gpus": (
+            f"SELECT g.id, g.node_id, n.name, m.name FROM {gpu} g JOIN {node} n ON n.id = g.node_id "  # noqa: S608
+            f"JOIN {model} m ON m.id = g.model_id WHERE g.retired_at IS NULL AND g.status = %s AND n.status = %s "
+            # A node without a token cannot verify a launch command: nothing is placed there.
+            "AND n.draining = %s AND n.token_digest <> '' ORDER BY g.id"
+        ),
+        "running": (
+            "SELECT id, team_id, started_at, scheduled_at, max_duration_s, reservation_id, stop_requested_at "  # noqa: S608
+            f"FROM {job} WHERE state IN (%s, %s) ORDER BY id"
+        ),
+        "held_by": (
+            f"SELECT jg.job_id, jg.gpu_id FROM {job_gpus} jg JOIN {job} j ON j.id = jg.job_id "  # noqa: S608
+            "WHERE j.state IN (%s, %s) ORDER BY jg.gpu_id"
+        ),
+        "held_now": (
+            f"SELECT DISTINCT gpu_id FROM {alloc} WHERE active = %s AND kind = %s AND start <= %s AND {q('end')} > %s"  # noqa: S608
+        ),
+        "reservations": (
+            f"SELECT id, team_id, start, {q('end')} FROM {resv} WHERE (status IN (%s, %s) AND {q('end')} > %s) "  # noqa: S608
+            f"OR id IN (SELECT DISTINCT reservation_id FROM {job} WHERE state IN (%s, %s) AND reservation_id "
+            "IS NOT NULL) ORDER BY id"
+        ),
+        "reservation_gpus": f"SELECT reservation_id, gpu_id FROM {alloc} WHERE kind = %s AND reservation_id = ANY(%s)",  # noqa: S608
+        "windows": f"SELECT id, gpu_id, node_id, start, {q('end')} FROM {window} WHERE {q('end')} > %s ORDER BY id",  # noqa: S608
+        "shares": f"SELECT id, share FROM {Team._meta.db_table}",  # noqa: S608
+    }
+
+
+_SQL: dict[str, str] = {}
+
+
+def _sql(name: str) -> str:
+    if not _SQL:
+        _SQL.update(_snapshot_sql())
+    return _SQL[name]
+
+
+def _rows(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext:
+    """Read everything one pass needs (a handful of queries, no query per job)."""
+    ctx = PassContext(now=now, snapshot=Snapshot(gpus=(), pending=()))
+    on_node = sorted(ON_NODE_STATES)
+    # The fleet as plain rows: model instances of every GPU with its node and model, on every pass, grew with the
+    # fleet; the apply step loads instances of the GPUs it starts jobs on.
+    gpu_rows = [GpuRow(*row) for row in _rows(_sql("gpus"), [GpuStatus.OK, NodeStatus.ONLINE, False])]
+    ctx.gpus = {str(g.id): g for g in gpu_rows}
+    ctx.nodes = {g.node: g.node_id for g in gpu_rows}
+
+    # Running jobs as plain rows (every pass reads them all; model instances with their JSON fields and a GPU
+    # prefetch were about a quarter of a pass's CPU). A stop, rare, loads its job.
+    running_rows = [
+        RunningRow(
+            id=r[0],
+            team_id=r[1],
+            started_at=r[2],
+            scheduled_at=r[3],
+            max_duration_s=r[4],
+            reservation_id=r[5],
+            stop_requested_at=r[6],
+        )
+        for r in _rows(_sql("running"), on_node)
+    ]
+    ctx.running = {str(r.id): r for r in running_rows}
+    held_by: dict[int, list[str]] = {}
+    for job_id, gpu_id in _rows(_sql("held_by"), on_node):
+        held_by.setdefault(job_id, []).append(str(gpu_id))
+    running: list[CoreRunning] = []
+    for row in running_rows:
+        start = row.started_at or row.scheduled_at or now
+        running.append(
+            CoreRunning(
+                id=str(row.id),
+                team=str(row.team_id),
+                gpu_ids=tuple(held_by.get(row.id, ())),
+                start=epoch(start),
+                max_duration_s=float(row.max_duration_s),
+                reservation_id=str(row.reservation_id) if row.reservation_id else None,
+            )
+        )
+
+    # A GPU held now by an allocation the snapshot cannot explain (a job row that ended without cutting it, a
+    # hold of some other kind) is not free.
+    explained = {int(gid) for r in running for gid in r.gpu_ids}
+    held_now = {r[0] for r in _rows(_sql("held_now"), [True, AllocationKind.JOB, now, now])}
+    blocked = held_now - explained
+
+    # Reservations: booked/active ones not over yet, and those of running jobs (even released: the core stops
+    # their jobs once the reservation's end has passed).
+    resv_rows = _rows(_sql("reservations"), [ReservationStatus.BOOKED, ReservationStatus.ACTIVE, now, *on_node])
+    resv_gpus: dict[int, set[str]] = {}
+    if resv_rows:
+        for rid, gid in _rows(_sql("reservation_gpus"), [AllocationKind.RESERVATION, [r[0] for r in resv_rows]]):
+            resv_gpus.setdefault(rid, set()).add(str(gid))
+    reservations = [
+        CoreReservation(str(rid), str(team_id), frozenset(resv_gpus.get(rid, ())), epoch(begin), epoch(end))
+        for rid, team_id, begin, end in resv_rows
+    ]
+    ctx.reservation_ends = {str(rid): end for rid, _, _, end in resv_rows}
+
+    # Maintenance windows behave as reservations of nobody: a job must be done before one starts.
+    node_gpus: dict[int, list[str]] = {}
+    for key, gpu_row in ctx.gpus.items():
+        node_gpus.setdefault(gpu_row.node_id, []).append(key)
+    for wid, gpu_id, node_id, begin, end in _rows(_sql("windows"), [now]):
+        if gpu_id:
+            ids = [str(gpu_id)]
+        elif node_id:
+            ids = node_gpus.get(node_id, [])
+        else:
+            ids = list(ctx.gpus)
+        if ids:
+            reservations.append(CoreReservation(f"m{wid}", MAINTENANCE_TEAM, frozenset(ids), epoch(begin), epoch(end)))
+
+    pending_rows = _pending_jobs()
+    ctx.pending = {str(j.pk): j for j in pending_rows}
+    pending = [
+        CorePending(
+            id=str(j.pk),
+            team=str(j.team_id),
+            user=str(j.user_id),
+            gpu_count=j.gpu_count,
+            max_duration_s=float(j.max_duration_s),
+            submitted_at=epoch(j.submitted_at),
+            models=frozenset(j.gpu_models) if j.gpu_models else None,
+            priority=j.priority,
+            reservation_id=str(j.reservation_id) if j.reservation_id else None,
+        )
+        for j in pending_rows
+    ]
+    gpus = tuple(
+        CoreGpu(id=gid, node=g.node, model=g.model, free=0.0 if g.id in blocked else 1.0) for gid, g in ctx.gpus.items()
+    )
+    shares = {str(pk): float(share) for pk, share in _rows(_sql("shares"), [])}
+    ctx.snapshot = Snapshot(
+        gpus=gpus,
+        pending=tuple(pending),
+        running=tuple(running),
+        reservations=tuple(reservations),
+        team_usage=(usage or UsageCache()).get(now) if pending else {},
+        team_shares=shares,
+    )
+    return ctx
+
+
+def _pending_jobs() -> list[Job]:
+    """Queued jobs in arrival order with their team and user (the apply step books allocations for them), as
+    instances: the start transitions work on them."""
+    queued = Job.objects.select_related("team", "user").filter(state=JobState.QUEUED)
+    return list(queued.order_by("submitted_at", "id")[:MAX_PENDING])
