@@ -29,40 +29,22 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.agent_app import install_tasks
+from workers.agent_host import DEFAULT_MODELS, AgentConfig
+from workers.agent_jobs import JobRunner
 from workers.agent_state import HoldStore
 from workers.gpu.base import GpuBackend, GpuInfo
 from workers.sampler import Sampler
 from workers.transport import AGENT_VERSION, PortalLink, make_celery, make_stream_client, node_queue
 
+__all__ = ["Agent", "AgentConfig", "choose_backend", "main", "parse_args"]
+
 logger = logging.getLogger("workers.agent")
 
-DEFAULT_MODELS = "A100-80GB"
 PROBE_TIMEOUT_S = 600.0
-
-
-@dataclass
-class AgentConfig:
-    name: str
-    token: str
-    broker: str
-    backend: str = "auto"  # auto | nvml | simulated
-    gpus: int = 8
-    models: tuple[str, ...] = (DEFAULT_MODELS,)
-    seed: int = 0
-    heartbeat_s: float = 5.0
-    register_every_s: float = 300.0
-    sample_period_s: float = 1.0
-    probe_on_start: bool = False
-    state_dir: Path | None = None
-    simulate_busy: int = 0  # simulated backend: GPUs given a trace workload at start (demos, benchmarks)
-    concurrency: int = 4
-    telemetry_via: str = "stream"  # stream (Redis stream fleet:ingest, batched by the portal) | celery
-    runtime: str = ""  # auto | docker | process; empty = GPUPORTAL_RUNTIME or auto (workers/agent_jobs.py)
-    stop_jobs_on_exit: bool = False  # cancel this node's jobs when the agent stops (make run's local agent)
 
 
 def choose_backend(cfg: AgentConfig) -> tuple[GpuBackend, str]:
@@ -113,9 +95,7 @@ class Agent:
         self.stop_event = threading.Event()
         self.probe_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        from workers.agent_app import install_tasks
-
-        install_tasks(self.app, self)
+        self.job_runner: JobRunner = install_tasks(self.app, self)
 
     # -- messages to the portal ----------------------------------------------------------------------------
 

@@ -13,30 +13,21 @@ it never raises into Celery (no retries of something that will never be valid).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 
+from workers import agent_jobs
+from workers.agent_host import AgentHost, command_body
+from workers.agent_jobs import JobRunner
 from workers.agent_state import parse_hold
-from workers.transport import CommandRejected, verify_command
-
-if TYPE_CHECKING:
-    from workers.agent import Agent
 
 logger = logging.getLogger(__name__)
 
 
-def command_body(agent: Agent, task: str, envelope: Any) -> dict[str, Any] | None:
-    """The verified body of a command for this agent, or None (logged) when refused."""
-    try:
-        return verify_command(envelope, node=agent.cfg.name, token=agent.cfg.token, task=task)
-    except CommandRejected as exc:
-        logger.warning("%s refused: %s", task, exc)
-        return None
-
-
-def install_tasks(app: Celery, agent: Agent) -> None:
-    """Register the agent's tasks on its Celery app (called once, before the worker starts)."""
+def install_tasks(app: Celery, agent: AgentHost) -> JobRunner:
+    """Register the agent's tasks on its Celery app (called once, before the worker starts); returns the job
+    runner that serves the job commands."""
 
     @app.task(name="agent.hold_gpus", ignore_result=True, shared=False)
     def hold_gpus(envelope: Any) -> int | None:
@@ -73,6 +64,4 @@ def install_tasks(app: Celery, agent: Agent) -> None:
             return
         agent.run_probe(uuid)
 
-    from workers import agent_jobs
-
-    agent_jobs.install(app, agent)
+    return agent_jobs.install(app, agent)

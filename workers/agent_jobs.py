@@ -44,15 +44,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from celery import Celery
 
+from workers.agent_host import AgentHost, command_body
 from workers.runtimes.base import JobOutcome, LogStream, Runtime, RuntimeEvents
 from workers.runtimes.policy import ContainerPolicy, PolicyViolation, validate_launch_request
-
-if TYPE_CHECKING:
-    from workers.agent import Agent
 
 logger = logging.getLogger("workers.agent.jobs")
 
@@ -445,7 +443,7 @@ class JobRunner:
 # --- Installing into the agent -----------------------------------------------------------------------------
 
 
-def _simulated_gpus(agent: Agent) -> Callable[[int, list[str], bool], None] | None:
+def _simulated_gpus(agent: AgentHost) -> Callable[[int, list[str], bool], None] | None:
     """With simulated GPUs, make their telemetry follow the jobs (busy while a job runs, idle after)."""
     backend = agent.backend
     if agent.backend_kind != "simulated" or not hasattr(backend, "assign"):
@@ -464,10 +462,9 @@ def _simulated_gpus(agent: Agent) -> Callable[[int, list[str], bool], None] | No
     return follow
 
 
-def install(app: Celery, agent: Agent) -> None:
-    """Register `agent.launch_job` / `agent.cancel_job` on the agent's app and start the job runner."""
-    from workers.agent_app import command_body
-
+def install(app: Celery, agent: AgentHost) -> JobRunner:
+    """Register `agent.launch_job` / `agent.cancel_job` on the agent's app, and the job runner's start and stop on
+    the worker's; returns the runner."""
     requested = getattr(agent.cfg, "runtime", None) or os.environ.get("GPUPORTAL_RUNTIME", "auto")
     url = docker_url()
     kind = resolve_runtime_kind(requested, url)
@@ -481,7 +478,6 @@ def install(app: Celery, agent: Agent) -> None:
         ),
         on_gpus=_simulated_gpus(agent),
     )
-    agent.job_runner = runner  # type: ignore[attr-defined]
     logger.info("jobs run with the %s runtime%s", kind, f" ({url})" if kind == "docker" else f" (state {state_dir})")
 
     # shared=False: a shared task is added to every Celery app created later in the process, bound to this
@@ -517,3 +513,5 @@ def install(app: Celery, agent: Agent) -> None:
         if getattr(agent.cfg, "stop_jobs_on_exit", False):
             runner.stop_jobs()
         runner.stop()
+
+    return runner
