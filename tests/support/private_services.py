@@ -1,16 +1,15 @@
 """A private PostgreSQL cluster and a private redis-server, for fault tests that stop and restart them.
 
-The shared servers other tests (and other engineers) use are never touched: each helper starts its own process
-on a free port in a temporary directory and stops only that. PostgreSQL runs as the `postgres` OS user
-(`runuser -u postgres --`), because initdb refuses to run as root.
+The shared servers other tests use are never touched: each helper starts its own process on a free port in a
+temporary directory and stops only that. PostgreSQL comes from the same wheel as the embedded default (so these
+tests run on a machine without a PostgreSQL package); as root it runs as the wheel's system user, because initdb
+refuses to run as root.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import pwd
 import shutil
 import socket
 import subprocess
@@ -18,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from portal.embedded_db import bin_dir, prepare_for_server_user, server_user
 
 
 def free_port() -> int:
@@ -38,45 +39,27 @@ def _wait_port(port: int, timeout: float, *, up: bool = True) -> None:
     raise TimeoutError(f"port {port} not {'up' if up else 'down'} after {timeout}s")
 
 
-def postgres_bin_dir() -> Path | None:
-    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(d.split("/")[-2]))
-    return Path(dirs[-1]) if dirs and Path(dirs[-1], "initdb").exists() else None
-
-
-def can_run_private_postgres() -> bool:
-    if postgres_bin_dir() is None or shutil.which("runuser") is None:
-        return False
-    try:
-        pwd.getpwnam("postgres")
-    except KeyError:
-        return False
-    return os.geteuid() == 0
-
-
 class PrivatePostgres:
     """initdb + pg_ctl in a temp dir owned by `postgres`; trust auth on 127.0.0.1 only; fsync off (tests)."""
 
     def __init__(self, max_connections: int = 200) -> None:
         self.max_connections = max_connections
-        bindir = postgres_bin_dir()
-        if bindir is None:
-            raise RuntimeError("no PostgreSQL server binaries under /usr/lib/postgresql")
-        self.bindir = bindir
+        self.bindir = bin_dir()
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="portal-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
-        pw = pwd.getpwnam("postgres")
-        os.chown(self.root, pw.pw_uid, pw.pw_gid)
+        prepare_for_server_user(self.root)
         os.chmod(self.root, 0o700)
         self._as_postgres(
             str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-            "-E", "UTF8", "--locale", "C.UTF-8", "--no-sync",
+            "-E", "UTF8", "--locale", "C", "--no-sync",
         )  # fmt: skip
 
     def _as_postgres(self, *argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["runuser", "-u", "postgres", "--", *argv],
+            list(argv),
+            user=server_user(),
             check=check,
             capture_output=True,
             text=True,
