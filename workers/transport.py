@@ -46,7 +46,7 @@ from urllib.parse import parse_qs, urlparse
 
 from celery import Celery
 
-from workers import celery_wire
+from workers.internals import celery_wire
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def make_stream_client(broker_url: str) -> Any:
 
 def make_celery(broker_url: str, node: str) -> Celery:
     """The agent's own Celery app: same broker as the portal, JSON only, no result backend."""
-    from workers.broker import reuse_redis_clients
+    from workers.internals.kombu_clients import reuse_redis_clients
 
     reuse_redis_clients()
     app = Celery(f"gpuportal-agent-{node}", broker=broker_url_for(broker_url), set_as_current=True)
@@ -341,8 +341,8 @@ class PortalLink:
                     self._recovered()
                     continue
                 if self.broker is not None:
-                    # The bytes send_task would write, for a third of its CPU (workers/celery_wire.py). Not a repr
-                    # of the payload (it carries the node token) in the message headers.
+                    # The bytes send_task would write, for a fraction of its CPU (workers/internals/celery_wire.py).
+                    # Not a repr of the payload (it carries the node token) in the message headers.
                     celery_wire.publish(
                         self.broker,
                         item.task,

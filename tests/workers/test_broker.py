@@ -1,4 +1,4 @@
-"""workers.broker: kombu's Redis channel reuses one redis-py client (a real redis-server of the test's own)."""
+"""workers.internals.kombu_clients: kombu's Redis channel reuses one redis-py client (a private redis-server)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import redis
 from kombu import Connection
 
 from tests.support.private_services import PrivateRedis
-from workers.broker import reuse_redis_clients
+from workers.internals.kombu_clients import reuse_redis_clients
 
 pytestmark = pytest.mark.timeout(120)
 

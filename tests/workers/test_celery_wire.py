@@ -1,4 +1,4 @@
-"""workers/celery_wire.py writes what Celery's send_task writes, and a Celery worker runs it.
+"""workers/internals/celery_wire.py writes what Celery's send_task writes, and a Celery worker runs it.
 
 The comparison runs against the installed Celery and kombu through a real Redis, so an upgrade that changes the
 message format fails here; the end-to-end job tests (tests/jobs/stack.py: real agents and a real portal worker)
@@ -22,7 +22,7 @@ import redis
 from celery import Celery
 from django.conf import settings
 
-from workers import celery_wire
+from workers.internals import celery_wire
 
 # Differ per message or per sender by design: ids, the sending process, the result queue Celery names per thread.
 PER_MESSAGE = {"id", "root_id", "correlation_id", "delivery_tag", "origin", "reply_to", "expires"}
