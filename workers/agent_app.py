@@ -29,7 +29,6 @@ def install_tasks(app: Celery, agent: AgentHost) -> JobRunner:
     """Register the agent's tasks on its Celery app (called once, before the worker starts); returns the job
     runner that serves the job commands."""
 
-    @app.task(name="agent.hold_gpus", ignore_result=True, shared=False)
     def hold_gpus(envelope: Any) -> int | None:
         body = command_body(agent, "agent.hold_gpus", envelope)
         if body is None:
@@ -53,7 +52,6 @@ def install_tasks(app: Celery, agent: AgentHost) -> JobRunner:
         logger.info("holds updated: %d received, %d active", len(holds), active)
         return active
 
-    @app.task(name="agent.run_probe", ignore_result=True, time_limit=900, shared=False)
     def run_probe(envelope: Any) -> None:
         body = command_body(agent, "agent.run_probe", envelope)
         if body is None:
@@ -64,4 +62,7 @@ def install_tasks(app: Celery, agent: AgentHost) -> JobRunner:
             return
         agent.run_probe(uuid)
 
+    # shared=False: see agent_jobs.install.
+    app.task(name="agent.hold_gpus", ignore_result=True, shared=False)(hold_gpus)
+    app.task(name="agent.run_probe", ignore_result=True, time_limit=900, shared=False)(run_probe)
     return agent_jobs.install(app, agent)

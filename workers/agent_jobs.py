@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from celery import Celery
+from celery import Celery, signals
 
 from workers.agent_host import AgentHost, command_body
+from workers.gpu.simulated import SimulatedBackend
 from workers.runtimes.base import JobOutcome, LogStream, Runtime, RuntimeEvents
 from workers.runtimes.policy import ContainerPolicy, PolicyViolation, validate_launch_request
 
@@ -446,16 +447,16 @@ class JobRunner:
 def _simulated_gpus(agent: AgentHost) -> Callable[[int, list[str], bool], None] | None:
     """With simulated GPUs, make their telemetry follow the jobs (busy while a job runs, idle after)."""
     backend = agent.backend
-    if agent.backend_kind != "simulated" or not hasattr(backend, "assign"):
+    if agent.backend_kind != "simulated" or not isinstance(backend, SimulatedBackend):
         return None
 
     def follow(job_id: int, gpus: list[str], running: bool) -> None:
         for gpu in gpus:
             try:
                 if running:
-                    backend.assign(gpu, f"job-{job_id}")  # type: ignore[attr-defined]
+                    backend.assign(gpu, f"job-{job_id}")
                 else:
-                    backend.release(gpu)  # type: ignore[attr-defined]
+                    backend.release(gpu)
             except Exception:
                 logger.debug("simulated GPU %s does not follow job %s", gpu, job_id, exc_info=True)
 
@@ -465,7 +466,7 @@ def _simulated_gpus(agent: AgentHost) -> Callable[[int, list[str], bool], None] 
 def install(app: Celery, agent: AgentHost) -> JobRunner:
     """Register `agent.launch_job` / `agent.cancel_job` on the agent's app, and the job runner's start and stop on
     the worker's; returns the runner."""
-    requested = getattr(agent.cfg, "runtime", None) or os.environ.get("GPUPORTAL_RUNTIME", "auto")
+    requested = agent.cfg.runtime or os.environ.get("GPUPORTAL_RUNTIME", "auto")
     url = docker_url()
     kind = resolve_runtime_kind(requested, url)
     base = agent.cfg.state_dir or Path(tempfile.gettempdir()) / f"gpuportal-agent-{agent.cfg.name}"
@@ -480,16 +481,12 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
     )
     logger.info("jobs run with the %s runtime%s", kind, f" ({url})" if kind == "docker" else f" (state {state_dir})")
 
-    # shared=False: a shared task is added to every Celery app created later in the process, bound to this
-    # agent's runner; a second agent in one process (tests, a multi-node simulator) would run the first one's.
-    @app.task(name="agent.launch_job", ignore_result=True, shared=False)
     def launch_job(envelope: Any) -> bool:
         body = command_body(agent, "agent.launch_job", envelope)
         if body is None:
             return False
         return runner.launch(body)
 
-    @app.task(name="agent.cancel_job", ignore_result=True, shared=False)
     def cancel_job(envelope: Any) -> bool:
         body = command_body(agent, "agent.cancel_job", envelope)
         if body is None:
@@ -500,18 +497,22 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
             return False
         return runner.cancel(job_id, float(min(max(grace, 0.0), 300.0)))
 
-    from celery import signals
+    # shared=False: a shared task is added to every Celery app created later in the process, bound to this
+    # agent's runner; a second agent in one process (tests, a multi-node simulator) would run the first one's.
+    app.task(name="agent.launch_job", ignore_result=True, shared=False)(launch_job)
+    app.task(name="agent.cancel_job", ignore_result=True, shared=False)(cancel_job)
 
-    @signals.worker_ready.connect(weak=False)
-    def _start_runner(**kwargs: Any) -> None:
+    def start_runner(**kwargs: Any) -> None:
         # After the link is up (Agent.start_background ran before the worker), so the reports can leave.
         runner.start()
         runner.reconcile()
 
-    @signals.worker_shutdown.connect(weak=False)
-    def _stop_runner(**kwargs: Any) -> None:
-        if getattr(agent.cfg, "stop_jobs_on_exit", False):
+    def stop_runner(**kwargs: Any) -> None:
+        if agent.cfg.stop_jobs_on_exit:
             runner.stop_jobs()
         runner.stop()
+
+    signals.worker_ready.connect(start_runner, weak=False)
+    signals.worker_shutdown.connect(stop_runner, weak=False)
 
     return runner

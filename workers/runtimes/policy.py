@@ -15,7 +15,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, TypeGuard
 
 from .base import RESERVED_ENV, LaunchSpec, Mount
 
@@ -142,15 +142,15 @@ def validate_launch_request(request: Mapping[str, Any], policy: ContainerPolicy)
     )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass; True must not pass as job 1 or 1 MiB.
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_job_id(value: object) -> int:
-    if not _is_int(value) or value <= 0:  # type: ignore[operator]
+    if not _is_int(value) or value <= 0:
         raise PolicyViolation("job_id", "must be a positive integer")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def parse_image(ref: str) -> tuple[str, str | None, str | None]:
@@ -264,9 +264,9 @@ def _check_cpus(value: object, policy: ContainerPolicy) -> float:
 
 
 def _check_bounded_int(field: str, value: object, limit: int | None) -> int:
-    if not _is_int(value) or value < 0:  # type: ignore[operator]
+    if not _is_int(value) or value < 0:
         raise PolicyViolation(field, "must be a non-negative integer")
-    number = int(value)  # type: ignore[call-overload]
+    number = int(value)
     # With a node limit, 0 ("unlimited") would dodge it.
     if limit is not None and not 0 < number <= limit:
         raise PolicyViolation(field, f"must be in [1, {limit}] on this node")
