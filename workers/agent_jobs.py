@@ -23,7 +23,7 @@ Reports (queue `control`, through agent.link; node and token added there):
 
 (*) plus handle and started_at when the job ended before its start was reported: a job shorter than
 START_REPORT_DELAY_S that prints nothing costs the portal one message, not two (CI smoke jobs, jobs that fail at
-once; at 35 jobs/s of such jobs the portal's worker was the bottleneck with two messages each).
+once: with two messages each, the portal's worker was the bottleneck of a stream of such jobs).
 
 Reconciliation: at start the runner lists the jobs its runtime finds (containers labelled for this agent, or the
 process runtime's state files) and adopts them all: running ones are watched again, ended ones report their exit.

@@ -388,7 +388,7 @@ class DockerRuntime(WatcherRuntime[_Job]):
 
         dockerd records containerd's exit and OOM events on separate paths: when the exit is handled first, the
         waiter wakes with ``OOMKilled`` false, and the flag is set a moment later or, on dockerd 20.10 under load,
-        never (1 run in 30-60 with three busy loops beside it); the engine still logs the container's ``oom``
+        never (rarely, with busy neighbours); the engine still logs the container's ``oom``
         event, so that is asked too. Only a SIGKILL exit (137) of a memory-limited container that we did not stop
         can be that case, so only that case looks further, and for at most ``OOM_SETTLE_S``.
         """

@@ -73,8 +73,8 @@ _SHELL = "/bin/sh"
 # (RLIMIT_AS, soft and hard) for itself and so for the job; the rest: the job's argv, run as given (no word
 # splitting, no globbing), and through `exec` so that a program named like a shell builtin (echo, test, kill) is
 # the program, not the builtin. The limit is set here rather than by a preexec_fn in the agent: any preexec_fn
-# makes Python fork the agent instead of vfork, 3.7 ms of the agent's CPU per job and 9 ms to start (measured with
-# a 120 MB process) against 0.1 ms and 0.9 ms.
+# makes Python fork the agent instead of vfork, which costs the agent CPU and start latency in proportion to its
+# memory on every job.
 _WRAPPER = (
     'f=$1; m=$2; shift 2; if [ "$m" != 0 ]; then ulimit -v "$m" || { printf "125\\n" > "$f"; exit 125; }; fi; '
     'trap : TERM INT HUP; (exec "$@"); c=$?; printf "%s\\n" "$c" > "$f"; exit "$c"'
