@@ -4,18 +4,18 @@ from apps.jobs.models import ContainerImage, Job, JobEvent, SchedulerState, Team
 
 
 @admin.register(ContainerImage)
-class ContainerImageAdmin(admin.ModelAdmin):
+class ContainerImageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("name", "description", "enabled", "created_at")
     list_filter = ("enabled",)
     search_fields = ("name", "description")
 
 
 @admin.register(TeamJobPolicy)
-class TeamJobPolicyAdmin(admin.ModelAdmin):
+class TeamJobPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("team", "max_priority", "max_duration_s", "max_gpus_per_job", "max_queued_jobs")
 
 
-class JobEventInline(admin.TabularInline):
+class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
     model = JobEvent
     extra = 0
     can_delete = False
@@ -23,7 +23,7 @@ class JobEventInline(admin.TabularInline):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Read-mostly: states change only through the services (cancel from the job page or the API)."""
 
     list_display = ("id", "name", "team", "user", "image", "gpu_count", "state", "reason", "node", "submitted_at")
@@ -37,6 +37,6 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(SchedulerState)
-class SchedulerStateAdmin(admin.ModelAdmin):
+class SchedulerStateAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("leader", "fence", "last_pass_at", "last_pass_ms", "pending", "passes")
     readonly_fields = ("leader", "fence", "last_pass_at", "last_pass_ms", "last_started", "pending", "passes")

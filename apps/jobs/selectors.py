@@ -1,20 +1,21 @@
-"""Reads for jobs: lists with filters, one job, its logs and timeline, the image allow-list."""
+"""Reads for jobs: lists, one job, its logs and timeline, the image allow-list."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
+from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
-from apps.core.errors import NotFound, ValidationFailed
+from apps.core.errors import NotFound
 from apps.fleet.models import Gpu
 from apps.jobs import conf
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobState, TeamJobPolicy
+from apps.jobs.types import Viewer
 
 
-def images_visible_to(*, user: Any) -> QuerySet[ContainerImage]:
+def images_visible_to(*, user: Viewer) -> QuerySet[ContainerImage]:
     return ContainerImage.objects.visible_to(user).filter(enabled=True).order_by("name")
 
 
@@ -40,7 +41,9 @@ def submission_facts(*, team_id: int, image: str) -> SubmissionFacts:
     sql += "WHERE j.team_id = %s AND j.state = %s) FROM (SELECT 1 AS one) AS x "
     sql += f"LEFT JOIN {TeamJobPolicy._meta.db_table} p ON p.team_id = %s "
     sql += f"LEFT JOIN {ContainerImage._meta.db_table} i ON i.name = %s AND i.enabled = %s"
-    row = rawsql.fetch_one(sql, [team_id, JobState.QUEUED, team_id, image, True])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [team_id, JobState.QUEUED, team_id, image, True])
+        row = cursor.fetchone()
     assert row is not None  # the FROM clause always has its one row
     # A LEFT JOIN that found nothing gives NULLs, the primary key's included.
     policy = policy_cols.load(row) if row[policy_cols.pk_index] is not None else None
@@ -49,25 +52,12 @@ def submission_facts(*, team_id: int, image: str) -> SubmissionFacts:
     return SubmissionFacts(policy=policy, image=image_row, queued=int(row[policy_cols.width + image_cols.width]))
 
 
-def jobs_visible_to(
-    *, user: Any, state: str | None = None, team: str | None = None, username: str | None = None
-) -> QuerySet[Job]:
-    """The jobs the user may see, newest first, optionally filtered (state may be a comma-separated list)."""
-    qs = Job.objects.visible_to(user).select_related("team", "user", "node")
-    if state:
-        states = [s.strip() for s in state.split(",") if s.strip()]
-        unknown = [s for s in states if s not in JobState.values]
-        if unknown:
-            raise ValidationFailed(f"Unknown state {unknown[0]!r}.", fields={"state": [f"one of {JobState.values}"]})
-        qs = qs.filter(state__in=states)
-    if team:
-        qs = qs.filter(team__slug=team)
-    if username:
-        qs = qs.filter(user__username=username)
-    return qs.order_by("-submitted_at", "-id")
+def jobs_visible_to(*, user: Viewer) -> QuerySet[Job]:
+    """The jobs the user may see, newest first (filters: apps.jobs.filtersets.JobFilterSet)."""
+    return Job.objects.visible_to(user).select_related("team", "user", "node").order_by("-submitted_at", "-id")
 
 
-def job_detail_queryset(*, user: Any) -> QuerySet[Job]:
+def job_detail_queryset(*, user: Viewer) -> QuerySet[Job]:
     return (
         Job.objects.visible_to(user)
         .select_related("team", "user", "node")
@@ -75,7 +65,7 @@ def job_detail_queryset(*, user: Any) -> QuerySet[Job]:
     )
 
 
-def job_get(*, user: Any, job_id: int) -> Job:
+def job_get(*, user: Viewer, job_id: int) -> Job:
     """One visible job, or NotFound (someone else's job is as absent as a missing one)."""
     job = job_detail_queryset(user=user).filter(pk=job_id).first()
     if job is None:

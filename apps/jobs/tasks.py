@@ -20,6 +20,8 @@ from apps.jobs import messages, services
 
 logger = logging.getLogger(__name__)
 
+# Celery ships no type information: its task decorator is untyped, hence the ignores on each task.
+
 
 def _stop_on_node(node_id: int, job_id: int) -> None:
     from apps.fleet.commands import agent_send
@@ -32,7 +34,7 @@ def _stop_on_node(node_id: int, job_id: int) -> None:
         agent_send(node=node, task="agent.cancel_job", body={"job_id": job_id, "grace_s": float(conf.CANCEL_GRACE_S)})
 
 
-@shared_task(name="jobs.report_started", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_started", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)  # type: ignore[untyped-decorator]
 def report_started(payload: dict[str, Any]) -> bool:
     try:
         msg = messages.check_started(payload)
@@ -47,7 +49,7 @@ def report_started(payload: dict[str, Any]) -> bool:
     return verdict == "running"
 
 
-@shared_task(name="jobs.report_logs", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_logs", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)  # type: ignore[untyped-decorator]
 def report_logs(payload: dict[str, Any]) -> int:
     try:
         msg = messages.check_logs(payload)
@@ -64,7 +66,7 @@ def report_logs(payload: dict[str, Any]) -> int:
     return stored
 
 
-@shared_task(name="jobs.report_exit", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_exit", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)  # type: ignore[untyped-decorator]
 def report_exit(payload: dict[str, Any]) -> bool:
     try:
         msg = messages.check_exit(payload)
@@ -86,7 +88,7 @@ def report_exit(payload: dict[str, Any]) -> bool:
     )
 
 
-@shared_task(name="jobs.report_inventory", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.report_inventory", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)  # type: ignore[untyped-decorator]
 def report_inventory(payload: dict[str, Any]) -> dict[str, list[int]]:
     try:
         msg = messages.check_inventory(payload)
@@ -99,11 +101,11 @@ def report_inventory(payload: dict[str, Any]) -> dict[str, list[int]]:
     return services.node_reconcile(node=node, items=items, complete=msg.complete)
 
 
-@shared_task(name="jobs.sweep", ignore_result=True, time_limit=60, soft_time_limit=50)
+@shared_task(name="jobs.sweep", ignore_result=True, time_limit=60, soft_time_limit=50)  # type: ignore[untyped-decorator]
 def sweep() -> dict[str, int]:
     return services.jobs_sweep()
 
 
-@shared_task(name="jobs.stop_for_reservation", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)
+@shared_task(name="jobs.stop_for_reservation", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=True)  # type: ignore[untyped-decorator]
 def stop_for_reservation(reservation_id: int, team_id: int, gpu_ids: list[int]) -> list[int]:
     return services.jobs_stop_for_reservation(reservation_id=reservation_id, team_id=team_id, gpu_ids=gpu_ids)

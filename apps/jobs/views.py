@@ -17,8 +17,10 @@ from apps.accounts.models import Team
 from apps.core.errors import ApplicationError, NotFound
 from apps.fleet.models import GpuModel
 from apps.jobs import selectors, services
+from apps.jobs.filtersets import JobFilterSet
 from apps.jobs.forms import JobForm
 from apps.jobs.models import JobState
+from apps.jobs.types import signed_in
 
 
 def _form_for(request: HttpRequest) -> JobForm:
@@ -42,12 +44,12 @@ def index(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state") or None
     team = request.GET.get("team") or None
     mine = request.GET.get("mine") == "1"
-    try:
-        jobs = selectors.jobs_visible_to(
-            user=request.user, state=state, team=team, username=request.user.get_username() if mine else None
-        )
-    except ApplicationError:
-        jobs = selectors.jobs_visible_to(user=request.user)
+    filters = JobFilterSet(
+        {"state": state or "", "team": team or "", "user": request.user.get_username() if mine else ""},
+        queryset=selectors.jobs_visible_to(user=request.user),
+    )
+    # A filter the page's own form cannot produce (an edited URL): the whole list rather than an error page.
+    jobs = filters.qs if filters.is_valid() else filters.queryset
     page = Paginator(jobs, 50).get_page(request.GET.get("page"))
     return render(
         request,
@@ -69,7 +71,7 @@ def submit(request: HttpRequest) -> HttpResponse:
         try:
             team = Team.objects.visible_to(request.user).get(slug=data["team"])
             job = services.job_submit(
-                user=request.user,
+                user=signed_in(request.user),
                 team=team,
                 name=data["name"],
                 image=data["image"],
@@ -125,7 +127,7 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     try:
         job = selectors.job_get(user=request.user, job_id=job_id)
-        services.job_cancel(job=job, user=request.user)
+        services.job_cancel(job=job, user=signed_in(request.user))
         messages.success(request, f"Cancelling job {job_id}.")
     except NotFound:
         raise Http404("No such job.") from None

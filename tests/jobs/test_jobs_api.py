@@ -135,7 +135,10 @@ def test_list_filters(alice, bob, vision, submit, api_as):
     assert [j["id"] for j in client.get("/api/v1/jobs/?state=cancelled,failed").json()["results"]] == [b.pk]
     assert [j["id"] for j in client.get("/api/v1/jobs/?user=bob").json()["results"]] == [b.pk]
     assert len(client.get("/api/v1/jobs/?team=vision").json()["results"]) == 2
-    assert client.get("/api/v1/jobs/?state=sleeping").status_code == 400
+    assert [j["id"] for j in client.get("/api/v1/jobs/?state=failed, cancelled").json()["results"]] == [b.pk]
+    refused = client.get("/api/v1/jobs/?state=sleeping")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "invalid" and "sleeping" in refused.json()["fields"]["state"][0]
 
 
 def test_env_values_are_shown_to_the_submitter_only(alice, bob, vision, submit, api_as):

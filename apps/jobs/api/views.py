@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -20,7 +21,9 @@ from apps.core.errors import NotFound, ValidationFailed
 from apps.core.idempotency import idempotent
 from apps.jobs import selectors, services, validation
 from apps.jobs.api.serializers import ImageOutput, JobDetailOutput, JobInput, JobOutput, LogLineOutput, LogsOutput
+from apps.jobs.filtersets import JobFilterSet
 from apps.jobs.models import ContainerImage, Job
+from apps.jobs.types import User, signed_in
 
 MAX_LOG_LIMIT = 5000
 
@@ -40,7 +43,7 @@ def _job_input_names() -> frozenset[str]:
     return frozenset(JobInput().fields)
 
 
-def _team_for(user: Any, slug: str | None) -> Team:
+def _team_for(user: User, slug: str | None) -> Team:
     if slug:
         # With `is_member` for the user (one query), which job_submit's membership check then uses.
         team = booking_selectors.team_for_booking(slug=slug, user=user)
@@ -60,24 +63,14 @@ class JobListCreateView(ScopedListAPIView):
     serializer_class = JobOutput
     write_scope = Scope.JOBS_WRITE
 
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = JobFilterSet
+
     def base_queryset(self) -> QuerySet[Any]:
-        params = self.request.query_params
-        return selectors.jobs_visible_to(
-            user=self.request.user, state=params.get("state"), team=params.get("team"), username=params.get("user")
-        )
+        return selectors.jobs_visible_to(user=self.request.user)
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "user": self.request.user}
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("state", str, description="state, or several separated by commas"),
-            OpenApiParameter("team", str, description="team slug"),
-            OpenApiParameter("user", str, description="username of the submitter"),
-        ]
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(request=JobInput, responses={201: JobDetailOutput})
     @idempotent
@@ -92,9 +85,10 @@ class JobListCreateView(ScopedListAPIView):
         payload = JobInput(data=data)
         payload.is_valid(raise_exception=True)
         v = payload.validated_data
+        user = signed_in(request.user)
         job = services.job_submit(
-            user=request.user,
-            team=_team_for(request.user, v.get("team")),
+            user=user,
+            team=_team_for(user, v.get("team")),
             name=v.get("name", ""),
             image=v["image"],
             command=v["command"],
@@ -137,7 +131,7 @@ class JobCancelView(PortalAPIView):
     @extend_schema(request=None, responses={202: JobDetailOutput})
     def post(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get(user=request.user, job_id=job_id)
-        job = services.job_cancel(job=job, user=request.user)
+        job = services.job_cancel(job=job, user=signed_in(request.user))
         job = selectors.job_get(user=request.user, job_id=job.pk)
         return Response(JobDetailOutput(job, context={"user": request.user}).data, status=status.HTTP_202_ACCEPTED)
 

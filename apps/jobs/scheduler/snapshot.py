@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import Field, Model
 
 from apps.accounts.models import Team
 from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
@@ -111,39 +112,68 @@ def team_usage(*, now: datetime, horizon: datetime, half_life_s: float) -> dict[
         return {str(team_id): float(value) for team_id, value in cursor.fetchall()}
 
 
+def _col(model: type[Model], name: str, alias: str = "") -> str:
+    """The quoted column of `model.name` from the model's metadata, under a table alias if given."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field)
+    column = connection.ops.quote_name(str(field.column))
+    return f"{alias}.{column}" if alias else column
+
+
 def _snapshot_sql() -> dict[str, str]:
     """The snapshot's queries, written by hand: compiling eight ORM queries was most of an idle pass's CPU (and an
-    idle pass runs every second). Table names from the models' metadata; every value is a parameter."""
+    idle pass runs every second). Table and column names from the models' metadata; every value is a parameter."""
     q = connection.ops.quote_name
-    job, job_gpus = Job._meta.db_table, Job.gpus.through._meta.db_table
-    alloc, resv, window = Allocation._meta.db_table, Reservation._meta.db_table, MaintenanceWindow._meta.db_table
-    gpu, node, model = Gpu._meta.db_table, Node._meta.db_table, GpuModel._meta.db_table
+    job, job_gpus = q(Job._meta.db_table), q(Job.gpus.through._meta.db_table)
+    alloc, resv, window = (q(m._meta.db_table) for m in (Allocation, Reservation, MaintenanceWindow))
+    gpu, node, model, team = (q(m._meta.db_table) for m in (Gpu, Node, GpuModel, Team))
+    through = Job.gpus.through
+
+    def j(name: str, alias: str = "") -> str:
+        return _col(Job, name, alias)
+
+    def a(name: str) -> str:
+        return _col(Allocation, name)
+
+    running = ", ".join(
+        j(n) for n in ("id", "team", "started_at", "scheduled_at", "max_duration_s", "reservation", "stop_requested_at")
+    )
     return {
         "gpus": (
-            f"SELECT g.id, g.node_id, n.name, m.name FROM {gpu} g JOIN {node} n ON n.id = g.node_id "  # noqa: S608
-            f"JOIN {model} m ON m.id = g.model_id WHERE g.retired_at IS NULL AND g.status = %s AND n.status = %s "
+            f"SELECT {_col(Gpu, 'id', 'g')}, {_col(Gpu, 'node', 'g')}, {_col(Node, 'name', 'n')}, "  # noqa: S608
+            f"{_col(GpuModel, 'name', 'm')} FROM {gpu} g JOIN {node} n ON {_col(Node, 'id', 'n')} = "
+            f"{_col(Gpu, 'node', 'g')} JOIN {model} m ON {_col(GpuModel, 'id', 'm')} = {_col(Gpu, 'model', 'g')} "
+            f"WHERE {_col(Gpu, 'retired_at', 'g')} IS NULL AND {_col(Gpu, 'status', 'g')} = %s "
+            f"AND {_col(Node, 'status', 'n')} = %s AND {_col(Node, 'draining', 'n')} = %s "
             # A node without a token cannot verify a launch command: nothing is placed there.
-            "AND n.draining = %s AND n.token_digest <> '' ORDER BY g.id"
+            f"AND {_col(Node, 'token_digest', 'n')} <> '' ORDER BY {_col(Gpu, 'id', 'g')}"
         ),
-        "running": (
-            "SELECT id, team_id, started_at, scheduled_at, max_duration_s, reservation_id, stop_requested_at "  # noqa: S608
-            f"FROM {job} WHERE state IN (%s, %s) ORDER BY id"
-        ),
+        "running": f"SELECT {running} FROM {job} WHERE {j('state')} IN (%s, %s) ORDER BY {j('id')}",  # noqa: S608
         "held_by": (
-            f"SELECT jg.job_id, jg.gpu_id FROM {job_gpus} jg JOIN {job} j ON j.id = jg.job_id "  # noqa: S608
-            "WHERE j.state IN (%s, %s) ORDER BY jg.gpu_id"
+            f"SELECT {_col(through, 'job', 'jg')}, {_col(through, 'gpu', 'jg')} FROM {job_gpus} jg "  # noqa: S608
+            f"JOIN {job} j ON {j('id', 'j')} = {_col(through, 'job', 'jg')} WHERE {j('state', 'j')} IN (%s, %s) "
+            f"ORDER BY {_col(through, 'gpu', 'jg')}"
         ),
         "held_now": (
-            f"SELECT DISTINCT gpu_id FROM {alloc} WHERE active = %s AND kind = %s AND start <= %s AND {q('end')} > %s"  # noqa: S608
+            f"SELECT DISTINCT {a('gpu')} FROM {alloc} WHERE {a('active')} = %s AND {a('kind')} = %s "  # noqa: S608
+            f"AND {a('start')} <= %s AND {a('end')} > %s"
         ),
         "reservations": (
-            f"SELECT id, team_id, start, {q('end')} FROM {resv} WHERE (status IN (%s, %s) AND {q('end')} > %s) "  # noqa: S608
-            f"OR id IN (SELECT DISTINCT reservation_id FROM {job} WHERE state IN (%s, %s) AND reservation_id "
-            "IS NOT NULL) ORDER BY id"
+            f"SELECT {_col(Reservation, 'id')}, {_col(Reservation, 'team')}, {_col(Reservation, 'start')}, "  # noqa: S608
+            f"{_col(Reservation, 'end')} FROM {resv} WHERE ({_col(Reservation, 'status')} IN (%s, %s) "
+            f"AND {_col(Reservation, 'end')} > %s) OR {_col(Reservation, 'id')} IN (SELECT DISTINCT "
+            f"{j('reservation')} FROM {job} WHERE {j('state')} IN (%s, %s) AND {j('reservation')} IS NOT NULL) "
+            f"ORDER BY {_col(Reservation, 'id')}"
         ),
-        "reservation_gpus": f"SELECT reservation_id, gpu_id FROM {alloc} WHERE kind = %s AND reservation_id = ANY(%s)",  # noqa: S608
-        "windows": f"SELECT id, gpu_id, node_id, start, {q('end')} FROM {window} WHERE {q('end')} > %s ORDER BY id",  # noqa: S608
-        "shares": f"SELECT id, share FROM {Team._meta.db_table}",  # noqa: S608
+        "reservation_gpus": (
+            f"SELECT {a('reservation')}, {a('gpu')} FROM {alloc} WHERE {a('kind')} = %s "  # noqa: S608
+            f"AND {a('reservation')} = ANY(%s)"
+        ),
+        "windows": (
+            f"SELECT {', '.join(_col(MaintenanceWindow, n) for n in ('id', 'gpu', 'node', 'start', 'end'))} "  # noqa: S608
+            f"FROM {window} WHERE {_col(MaintenanceWindow, 'end')} > %s ORDER BY {_col(MaintenanceWindow, 'id')}"
+        ),
+        "shares": f"SELECT {_col(Team, 'id')}, {_col(Team, 'share')} FROM {team}",  # noqa: S608
     }
 
 
@@ -159,7 +189,8 @@ def _sql(name: str) -> str:
 def _rows(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows
 
 
 def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext:

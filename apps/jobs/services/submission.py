@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Model
+from django.db.models import Count
 from django.utils import timezone
 
 from apps.accounts.models import Team
@@ -269,7 +269,7 @@ def job_submit(
                 idempotency_key=idempotency_key or "",
             )
             job.save(force_insert=True)
-            event = JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
+            JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
             if reservation is None:
                 # A job inside a reservation runs on hours the reservation already counted.
                 occupancy.quota_hold(job=job, start=now, end=now + timedelta(seconds=duration), quotas=quotas)
@@ -281,19 +281,4 @@ def job_submit(
                 return existing
         raise
     logger.info("job %s queued by %s for team %s", job.pk, user, team.slug)
-    # The caller shows the job it just queued: its timeline is that one event and it holds no GPU yet, so the
-    # detail serializer needs no query for them (what a prefetch would have cached).
-    _prime_related(job, "events", JobEvent, [event])
-    _prime_related(job, "gpus", Gpu, [])
     return job
-
-
-def _prime_related(job: Job, name: str, model: type[Model], rows: list[Any]) -> None:
-    qs = model.objects.all()
-    qs._result_cache = rows  # as prefetch_related_objects stores a prefetched relation
-    qs._prefetch_done = True
-    cache = getattr(job, "_prefetched_objects_cache", None)
-    if cache is None:
-        cache = {}
-        setattr(job, "_prefetched_objects_cache", cache)  # noqa: B010 - Django's attribute, not declared on Job
-    cache[name] = qs
