@@ -16,6 +16,7 @@ from apps.accounts.models import Team
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.jobs import services
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobReason, JobState
+from apps.jobs.types import User
 
 DEMO = "demo: "
 BUSYBOX = "portal-test/busybox:latest"
@@ -76,7 +77,7 @@ def _docker_has_busybox() -> bool:
         return False
 
 
-def _finished(teams: dict[str, Team], users: dict[str, Any]) -> None:
+def _finished(teams: dict[str, Team], users: dict[str, User]) -> None:
     node = Node.objects.filter(name="local").first() or Node.objects.order_by("name").first()
     gpus = list(Gpu.objects.filter(node=node, retired_at__isnull=True).select_related("model")) if node else []
     price = GpuModel.objects.filter(name="A100-80GB").values_list("hourly_price", flat=True).first() or Decimal("2.2")

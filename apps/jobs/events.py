@@ -11,10 +11,13 @@ import logging
 import os
 import threading
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from apps.jobs.models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def state_message(job: Any) -> dict[str, Any]:
+def state_message(job: Job) -> dict[str, Any]:
     """The websocket message for a job's state (also sent on connect)."""
     return {
         "type": "state",
@@ -146,7 +149,7 @@ def _group_send(job_id: int, message: dict[str, Any]) -> None:
     _broadcaster.send(job_id, message)
 
 
-def broadcast_state_on_commit(job: Any) -> None:
+def broadcast_state_on_commit(job: Job) -> None:
     message = state_message(job)
     transaction.on_commit(lambda: _group_send(job.pk, message))
 
