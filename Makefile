@@ -50,7 +50,7 @@ pytest: setup
 test: setup system-deps lint typecheck migrations-check pytest
 
 bench: setup
-	@echo "Benchmarks are in bench/ (see bench/README.md); run each alone on a quiet machine."
+	@echo "Benchmarks are in bench/ (see docs/benchmarks.md); run each alone on a quiet machine."
 
 clean:
 	rm -rf $(VENV) frontend/node_modules frontend/dist var
