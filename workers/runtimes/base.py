@@ -5,6 +5,9 @@ Plain Python 3.10+, no Django: GPU nodes run the agent without the portal's code
 The agent drives a runtime through four calls (``launch``, ``stop``, ``list_jobs``, ``adopt``); it reports
 back through callbacks injected at construction (``RuntimeEvents``). Callbacks run on the runtime's watcher
 threads, never on the caller's thread, so they must be thread-safe and quick (hand off to a queue).
+
+``WatcherRuntime`` holds what both runtimes do alike (the job table, launch/stop/adopt, stop requests, the
+deadline, reporting each outcome once); each runtime adds how a job starts, is stopped, watched and found again.
 """
 
 from __future__ import annotations

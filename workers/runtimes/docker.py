@@ -119,6 +119,8 @@ class DockerRuntime(WatcherRuntime[_Job]):
     SIGTERM on cancel (PID 1 ignores signals it has no handler for) and zombies are reaped.
     """
 
+    kind = "docker"
+
     def __init__(
         self,
         *,
@@ -161,8 +163,6 @@ class DockerRuntime(WatcherRuntime[_Job]):
     @property
     def client(self) -> docker.DockerClient:
         return self._client
-
-    kind = "docker"
 
     # -- the Runtime contract (launch, stop, adopt: WatcherRuntime) ----------------------------------------
 

@@ -168,6 +168,8 @@ class ProcessRuntime(WatcherRuntime[_Job]):
     environment is not inherited because it holds the node's broker credentials.
     """
 
+    kind = "process"
+
     def __init__(
         self,
         *,
@@ -194,8 +196,6 @@ class ProcessRuntime(WatcherRuntime[_Job]):
         self._cwd = cwd
         self._limit_memory_with_gpus = limit_memory_with_gpus
         self._poll_s = poll_interval_s
-
-    kind = "process"
 
     # -- the Runtime contract (launch, stop, adopt, close: WatcherRuntime) ---------------------------------
 
