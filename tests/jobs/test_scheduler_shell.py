@@ -387,7 +387,7 @@ def test_the_leaders_pass_moves_reservations_at_their_start_and_end(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_postgres_advisory_lock_has_one_holder_and_a_rising_token():
+def test_postgres_advisory_lock_has_one_holder():
     first = scheduler.PostgresLeadership()
     second = scheduler.PostgresLeadership()
     try:
