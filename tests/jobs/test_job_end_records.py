@@ -1,5 +1,5 @@
-"""What a job's end writes, in the hand-written statements of the worker's hot path (allocations cut at the end,
-the quota hold found and locked, the job looked up with its node): on SQLite and PostgreSQL alike."""
+"""What a job's end writes on the worker's hot path: allocations cut at the end, the quota hold found and locked,
+the job looked up with its node."""
 
 from __future__ import annotations
 
