@@ -6,7 +6,7 @@ import os
 
 from celery import Celery, signals
 
-from workers.broker import reuse_redis_clients
+from workers.internals.kombu_clients import reuse_redis_clients
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 reuse_redis_clients()
@@ -16,7 +16,6 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-@signals.task_prerun.connect
 def _fresh_database_state(**kwargs: object) -> None:
     """Before each task, what Django does before each request: close a connection that is past DB_CONN_MAX_AGE or
     broke (a database restart), and re-arm CONN_HEALTH_CHECKS. Celery leaves connections open between tasks only
@@ -27,3 +26,6 @@ def _fresh_database_state(**kwargs: object) -> None:
     if getattr(getattr(task, "request", None), "is_eager", False):
         return  # run in the caller's process and transaction (tests, apply()): its connection is not ours
     close_old_connections()
+
+
+signals.task_prerun.connect(_fresh_database_state)
