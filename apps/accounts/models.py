@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import models
 from django.utils import timezone
 
+from apps.accounts.choices import Role as Role
+from apps.accounts.choices import Scope as Scope
 from apps.accounts.scoping import ScopedQuerySet
-
-
-class Role(models.TextChoices):
-    MEMBER = "member", "Member"
-    MANAGER = "manager", "Manager"
-
-
-class Scope(models.TextChoices):
-    READ = "read", "Read"
-    JOBS_WRITE = "jobs:write", "Submit and cancel jobs"
-    RESERVATIONS_WRITE = "reservations:write", "Book and release GPUs"
-    ADMIN = "admin", "Administer (staff only)"
+from apps.accounts.triggers import rowcache_triggers
 
 
 class TeamQuerySet(ScopedQuerySet["Team"]):
@@ -37,6 +29,7 @@ class Team(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        triggers = rowcache_triggers()
 
     def __str__(self) -> str:
         return self.slug
@@ -53,6 +46,7 @@ class Membership(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team")]
         ordering = ["team__slug", "user__username"]
+        triggers = rowcache_triggers()
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
@@ -84,6 +78,7 @@ class ApiToken(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        triggers = rowcache_triggers(bookkeeping="last_used_at")
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
@@ -94,3 +89,11 @@ class ApiToken(models.Model):
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes or Scope.ADMIN in self.scopes
+
+
+class UserRowCacheTriggers(User):
+    """Django's user table, seen from this app to declare the row cache's triggers on it (no table of its own)."""
+
+    class Meta:
+        proxy = True
+        triggers = rowcache_triggers(bookkeeping="last_login")

@@ -2,8 +2,7 @@
 live cost broadcasts.
 
 Locks: every write to the ledger, to prices and to month closes happens inside `transaction.atomic()` holding the
-ledger lock (`pg_advisory_xact_lock(LEDGER_LOCK_KEY)` on PostgreSQL; on SQLite every atomic block begins
-IMMEDIATE and so holds the database's write lock). The lock only serializes billing's own writers: the ledger's
+ledger lock (`pg_advisory_xact_lock(LEDGER_LOCK_KEY)`). The lock only serializes billing's own writers: the ledger's
 idempotency does not depend on it, the unique key of `UsageRecord` does (rows are inserted with ON CONFLICT DO
 NOTHING, so two closers that raced past the lock would still write each piece once).
 """
@@ -53,9 +52,8 @@ def team_group(team_id: int) -> str:
 
 def _ledger_lock() -> None:
     """Serialize billing's writers (see the module docstring). Call inside transaction.atomic()."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LEDGER_LOCK_KEY])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LEDGER_LOCK_KEY])
 
 
 # --- The ledger ------------------------------------------------------------------------------------------------
@@ -270,7 +268,7 @@ def month_close(*, month: date, actor: Any | None = None, now: datetime | None =
             return existing
         ledger_insert(ledger_rows_due(now=now))
         figures = selectors.report_figures(month=month)
-        totals = selectors._sum_aggs(agg for team in figures["teams"].values() for agg in team["by_gpu_model"].values())
+        totals = selectors.sum_aggs(agg for team in figures["teams"].values() for agg in team["by_gpu_model"].values())
         values = {
             "status": MonthStatus.CLOSED,
             "figures": json.loads(json.dumps(figures)),

@@ -15,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import render
 from django.utils import timezone
 
+from apps.accounts.models import Team
 from apps.billing import costing, pdf, selectors
 from apps.core.errors import ApplicationError, Forbidden, NotFound
 
@@ -60,9 +61,7 @@ def _charts(report: dict[str, Any], month: Any, team_ids: list[int] | None) -> d
     shown_ids = (
         team_ids
         if team_ids is not None
-        else list(
-            selectors.Team.objects.filter(slug__in=[t["team"] for t in report["teams"]]).values_list("pk", flat=True)
-        )
+        else list(Team.objects.filter(slug__in=[t["team"] for t in report["teams"]]).values_list("pk", flat=True))
     )
     return {
         "currency": report["currency"],

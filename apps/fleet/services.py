@@ -224,8 +224,7 @@ def node_heartbeat(*, node_id: int, agent_version: str = "", now: datetime | Non
 def nodes_mark_offline(*, now: datetime | None = None) -> list[str]:
     """Nodes whose last heartbeat is older than FLEET_HEARTBEAT_TIMEOUT_S go offline, with their GPUs.
 
-    Rows are locked with SKIP LOCKED where the database has it: a node whose heartbeat is being written right now
-    is not offline. The heartbeat time is checked again under the lock for the same reason."""
+    Rows are locked with SKIP LOCKED: a node whose heartbeat is being written right now is not offline. The heartbeat time is checked again under the lock for the same reason."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.FLEET_HEARTBEAT_TIMEOUT_S)
     # A node that never heartbeated was put online by hand (or by demo data), not by an agent: leave it be.
@@ -233,7 +232,7 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list[str]:
     names: list[str] = []
     for node_id in list(stale.values_list("id", flat=True)):
         with transaction.atomic():
-            qs = Node.objects.select_for_update(skip_locked=settings.IS_POSTGRES)
+            qs = Node.objects.select_for_update(skip_locked=True)
             node = qs.filter(pk=node_id).first()
             if node is None or node.status == NodeStatus.OFFLINE:
                 continue

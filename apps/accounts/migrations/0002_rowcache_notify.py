@@ -1,4 +1,4 @@
-"""On PostgreSQL: tell every web process when a row it may have cached changed (apps/core/rowcache.py).
+"""Tell every web process when a row it may have cached changed (apps/core/rowcache.py).
 
 Triggers on the tables behind the per-request lookups (a token with its user, a team with the caller's
 membership) send `NOTIFY portal_rowcache, '<table>'`, which PostgreSQL delivers when the transaction commits and
@@ -7,7 +7,7 @@ admin's cascades, TRUNCATE (the test runner's flush) and an administrator's SQL.
 (`last_used_at` of a token, `last_login` of a user) do not fire them: nothing cached depends on them, and a token in
 use writes its `last_used_at` once a minute.
 
-On other databases this migration does nothing (no LISTEN/NOTIFY; the cache is off there).
+Migration 0003 replaces these triggers with the ones the models declare through django-pgtrigger.
 """
 
 from django.conf import settings
@@ -67,8 +67,6 @@ def _backward(apps) -> list[str]:
 
 def _run(statements):
     def run(apps, schema_editor) -> None:
-        if schema_editor.connection.vendor != "postgresql":
-            return
         for sql in statements(apps):
             schema_editor.execute(sql)
 

@@ -1,0 +1,131 @@
+"""Chart data for the Costs pages: daily costs, the utilization heatmap, month against month, the burn-down."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import DecimalField, F, Sum
+from django.utils import timezone
+
+from apps.accounts.models import Team
+from apps.accounts.types import AnyUser
+from apps.billing import costing
+from apps.billing.models import UsageRecord
+from apps.billing.selectors.months import ZERO, current_month, local_tz, month_label
+from apps.billing.selectors.reports import monthly_report
+from apps.billing.selectors.usage import team_budget, teams_month_usage
+from apps.core.errors import Forbidden
+from apps.fleet.models import Gpu
+
+
+def daily_costs(*, month: date, team_ids: Sequence[int], now: datetime | None = None) -> dict[str, Any]:
+    """Cost per day of the month per team (ledger, plus live pieces for the current month)."""
+    usage = teams_month_usage(team_ids=team_ids, month=month, now=now, by_day=True)
+    days = costing.days_of_month(month)
+    teams = dict(Team.objects.filter(pk__in=list(team_ids)).values_list("pk", "slug"))
+    series = []
+    for tid in sorted(team_ids, key=lambda t: teams.get(t, "")):
+        by_day = usage[tid].by_day
+        if not by_day:
+            continue
+        series.append({"team": teams[tid], "values": [str(costing.to_cents(by_day.get(d, ZERO))) for d in days]})
+    return {"days": [d.isoformat() for d in days], "series": series}
+
+
+def utilization_heatmap(*, month: date, team_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    """Mean utilization of each GPU on each day of the month while allocated (ledger rows with telemetry):
+    rows are GPUs, columns days; a cell is null where the GPU was not allocated or reported nothing."""
+    qs = UsageRecord.objects.filter(month=month, mean_utilization__isnull=False).order_by()
+    if team_ids is not None:
+        qs = qs.filter(team_id__in=list(team_ids))
+    money = DecimalField(max_digits=30, decimal_places=10)
+    cells = qs.values("gpu_id", "day").annotate(
+        seconds=Sum("gpu_seconds"), util=Sum(F("gpu_seconds") * F("mean_utilization"), output_field=money)
+    )
+    days = costing.days_of_month(month)
+    index = {d: i for i, d in enumerate(days)}
+    grid: dict[int, list[float | None]] = {}
+    for cell in cells:
+        row = grid.setdefault(cell["gpu_id"], [None] * len(days))
+        if cell["seconds"]:
+            row[index[cell["day"]]] = round(float(Decimal(cell["util"]) / Decimal(cell["seconds"])), 4)
+    gpus = {
+        g.pk: g for g in Gpu.objects.filter(pk__in=list(grid)).select_related("node", "model").order_by("node__name")
+    }
+    ordered = sorted(grid, key=lambda pk: (gpus[pk].node.name, gpus[pk].index))
+    return {
+        "days": [d.isoformat() for d in days],
+        "gpus": [f"{gpus[pk].node.name}/{gpus[pk].index} {gpus[pk].model.name}" for pk in ordered],
+        "values": [grid[pk] for pk in ordered],
+    }
+
+
+def month_comparison(*, month: date, report: dict[str, Any], user: AnyUser) -> list[dict[str, Any]]:
+    """Each team of `report` against the previous month: cost and GPU-hours, and the change."""
+    previous = costing.previous_month(month)
+    try:
+        before = monthly_report(user=user, month=previous)
+    except Forbidden:
+        return []
+    prev = {t["team"]: t for t in before["teams"]}
+    rows = []
+    for team in report["teams"]:
+        last = prev.get(team["team"])
+        last_cost = Decimal(last["cost"]) if last else ZERO
+        cost = Decimal(team["cost"])
+        change = None if not last_cost else str(((cost - last_cost) / last_cost * 100).quantize(Decimal("0.1")))
+        rows.append(
+            {
+                "team": team["team"],
+                "cost": team["cost"],
+                "previous_cost": str(costing.to_cents(last_cost)),
+                "gpu_hours": team["gpu_hours"],
+                "previous_gpu_hours": last["gpu_hours"] if last else "0.000",
+                "change_percent": change,
+            }
+        )
+    return rows
+
+
+def burn_down(*, team: Team, now: datetime | None = None) -> dict[str, Any]:
+    """The team's cumulative cost over the current month against its budget, with a projection to month end."""
+    now = now or timezone.now()
+    tz = local_tz()
+    month = current_month(now=now)
+    first, after = costing.month_bounds(month, tz)
+    usage = teams_month_usage(team_ids=[team.pk], month=month, now=now, by_day=True)[team.pk]
+    days = costing.days_of_month(month)
+    today = now.astimezone(tz).date()
+    cumulative: list[str | None] = []
+    running = ZERO
+    for d in days:
+        running += usage.by_day.get(d, ZERO)
+        cumulative.append(str(costing.to_cents(running)) if d <= today else None)
+    projected_end = costing.project_month_end(
+        spent=usage.cost, month_start=first, month_end=after, now=now, running_hourly=usage.running_hourly
+    )
+    # The projection: a straight line from today's cumulative cost to the projected month-end cost.
+    projection: list[str | None] = []
+    remaining_days = [d for d in days if d >= today]
+    span = max(len(remaining_days) - 1, 1)
+    for d in days:
+        if d < today:
+            projection.append(None)
+        else:
+            k = Decimal(remaining_days.index(d)) / span
+            projection.append(str(costing.to_cents(usage.cost + (projected_end - usage.cost) * k)))
+    budget = team_budget(team_id=team.pk, month=month)
+    return {
+        "month": month_label(month),
+        "days": [d.isoformat() for d in days],
+        "cumulative": cumulative,
+        "projection": projection,
+        "projected_month_cost": str(costing.to_cents(projected_end)),
+        "budget_soft": None if budget.soft is None else str(budget.soft),
+        "budget_hard": None if budget.hard is None else str(budget.hard),
+        "currency": settings.PORTAL_CURRENCY,
+    }

@@ -1,0 +1,127 @@
+"""What is not billed yet: active allocations whose time is not all in the ledger, and their missing pieces.
+The ledger closer writes these pieces; live month-to-date figures add them to the ledger's rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from django.db.models import Exists, OuterRef, QuerySet
+
+from apps.billing import costing
+from apps.billing.costing import Piece
+from apps.billing.models import SourceKind, UsageRecord
+from apps.billing.selectors.months import current_month, local_tz
+from apps.billing.selectors.pricing import PriceBook
+from apps.booking.models import Allocation, AllocationKind
+
+
+@dataclass(frozen=True)
+class OpenAllocation:
+    """An active allocation with some of its time not in the ledger yet (plain data for the cost functions)."""
+
+    id: int
+    gpu_id: int
+    gpu_model_id: int
+    team_id: int
+    user_id: int | None
+    source: str
+    source_id: int
+    start: datetime
+    end: datetime  # billable end: its end, or now while it runs
+
+
+def billable_allocations() -> QuerySet[Allocation]:
+    """The allocations that bill: active rows. Booking marks a reservation cancelled before it started (or a job
+    allocation that never ran) inactive; one released early or a job that ended keeps its row, cut to that time."""
+    return Allocation.objects.filter(active=True)
+
+
+def unbilled_allocations(
+    *,
+    now: datetime,
+    window: tuple[datetime, datetime] | None = None,
+    team_ids: Iterable[int] | None = None,
+    allocation_ids: Iterable[int] | None = None,
+    since: datetime | None = None,
+) -> list[OpenAllocation]:
+    """Active allocations that started before `now` and whose last piece is not in the ledger (no row ends where
+    the allocation ends): running ones, and finished ones the closer has not written yet."""
+    fully_billed = UsageRecord.objects.filter(allocation_id=OuterRef("pk"), end=OuterRef("end"))
+    qs = billable_allocations().filter(start__lt=now).exclude(Exists(fully_billed))
+    if window is not None:
+        qs = qs.filter(start__lt=window[1], end__gt=window[0])
+    if since is not None:
+        qs = qs.filter(end__gt=since)
+    if team_ids is not None:
+        qs = qs.filter(team_id__in=list(team_ids))
+    if allocation_ids is not None:
+        qs = qs.filter(pk__in=list(allocation_ids))
+    out: list[OpenAllocation] = []
+    for row in qs.values(
+        "id", "gpu_id", "gpu__model_id", "team_id", "user_id", "kind", "reservation_id", "job_id", "start", "end"
+    ):
+        source_id: int | None
+        if row["kind"] == AllocationKind.RESERVATION:
+            source, source_id = SourceKind.RESERVATION, row["reservation_id"]
+        else:
+            source, source_id = SourceKind.JOB, row["job_id"]
+        if source_id is None:
+            continue  # a job allocation without its job id cannot be keyed; booking's constraint makes it rare
+        out.append(
+            OpenAllocation(
+                id=row["id"],
+                gpu_id=row["gpu_id"],
+                gpu_model_id=row["gpu__model_id"],
+                team_id=row["team_id"],
+                user_id=row["user_id"],
+                source=str(source),
+                source_id=int(source_id),
+                start=row["start"],
+                end=min(row["end"], now),
+            )
+        )
+    return out
+
+
+def billed_starts(allocation_ids: Iterable[int], *, month: date | None = None) -> set[tuple[int, datetime]]:
+    """(allocation id, piece start) of the ledger rows these allocations already have."""
+    ids = list(allocation_ids)
+    if not ids:
+        return set()
+    qs = UsageRecord.objects.filter(allocation_id__in=ids)
+    if month is not None:
+        qs = qs.filter(month=month)
+    return {(a, s) for a, s in qs.values_list("allocation_id", "start")}
+
+
+def unbilled_pieces(
+    allocations: Sequence[OpenAllocation], *, book: PriceBook, month: date | None = None
+) -> list[tuple[OpenAllocation, Piece]]:
+    """The pieces of these allocations (up to their billable end) that have no ledger row, optionally only one
+    month's."""
+    billed = billed_starts([a.id for a in allocations], month=month)
+    out: list[tuple[OpenAllocation, Piece]] = []
+    for alloc in allocations:
+        for piece in book.split(alloc.gpu_model_id, alloc.start, alloc.end):
+            if month is not None and piece.month != month:
+                continue
+            if (alloc.id, piece.start) not in billed:
+                out.append((alloc, piece))
+    return out
+
+
+def teams_with_unbilled_time(*, now: datetime) -> list[int]:
+    """Teams whose month-to-date figures move: a running allocation, or one not fully written yet."""
+    first, _after = costing.month_bounds(current_month(now=now), local_tz())
+    fully_billed = UsageRecord.objects.filter(allocation_id=OuterRef("pk"), end=OuterRef("end"))
+    return sorted(
+        set(
+            billable_allocations()
+            .filter(start__lt=now, end__gt=first)
+            .exclude(Exists(fully_billed))
+            .values_list("team_id", flat=True)
+            .distinct()
+        )
+    )
