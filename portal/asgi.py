@@ -40,7 +40,7 @@ from apps.accounts.ws_auth import PortalWebsocketAuthMiddleware  # noqa: E402
 from apps.core.body_limit import BodySizeLimit  # noqa: E402
 from apps.core.concurrency import ConcurrencyGate  # noqa: E402
 from apps.core.websocket import AllowedHostsOrNoOriginValidator, DatabaseUnavailableGuard  # noqa: E402
-from apps.core.wsgi_bridge import WsgiBridge  # noqa: E402
+from portal.internals.wsgi_bridge import WsgiBridge  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 # The gate lets WEB_MAX_CONCURRENT_REQUESTS requests in at once; a few threads more serve what it does not count

@@ -3,7 +3,8 @@
 Why: compiling an ORM query (filters, joins, ordering) costs more CPU than running it; for the token lookup and
 the team lookup, which every booking and job submission makes, compilation was a third of the request's CPU. The
 column lists come from the models' metadata, so a new field is picked up without touching the SQL, and values go
-through the same database converters as the ORM's (JSON, decimals, time zones).
+through the same database converters as the ORM's (JSON, decimals, time zones). Statements run on plain
+`connection.cursor()` cursors.
 """
 
 from __future__ import annotations
@@ -97,10 +98,6 @@ def statement_cursor() -> Iterator[CursorWrapper]:
     connection.cursor().
     """
     wrapper = _connection()
-    if wrapper.vendor != "postgresql":  # SQLite: its cursors cost little, and its connection takes no attributes
-        with wrapper.cursor() as cursor:
-            yield cursor
-        return
     wrapper.close_if_health_check_failed()
     wrapper.ensure_connection()
     raw = wrapper.connection
@@ -123,14 +120,14 @@ def statement_cursor() -> Iterator[CursorWrapper]:
 
 
 def fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-    with statement_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:
     """Run a statement; returns how many rows it changed."""
-    with statement_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
 
@@ -143,8 +140,8 @@ def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
 
 @cache
 def field_converter(model: type[models.Model], name: str) -> Any:
-    """A function turning a selected column of `model.name` into what the ORM would give (e.g. SQLite's text
-    datetimes into aware datetimes); None when the value needs nothing."""
+    """A function turning a selected column of `model.name` into what the ORM would give (the backend's and the
+    field's converters, as the ORM's compiler applies them); None when the value needs nothing."""
     field = model._meta.get_field(name)
     col = field.get_col(model._meta.db_table)  # type: ignore[union-attr]
     converters = connection.ops.get_db_converters(col) + field.get_db_converters(connection)  # type: ignore[union-attr]
@@ -161,23 +158,22 @@ def field_converter(model: type[models.Model], name: str) -> Any:
 
 
 def in_clause(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
-    """`column` is one of `values` (not empty), as SQL and parameters. PostgreSQL gets `= ANY(%s)` with one array
-    parameter: the same statement text for any number of values, so psycopg prepares it once (an IN list of a
-    new length is a new statement to parse and plan). Elsewhere an IN list."""
-    if connection.vendor == "postgresql":
-        return f"{column} = ANY(%s)", [list(values)]
-    return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
+    """`column` is one of `values`, as SQL and parameters: `= ANY(%s)` with one array parameter, the same
+    statement text for any number of values, so psycopg prepares it once (an IN list of a new length is a new
+    statement to parse and plan)."""
+    return f"{column} = ANY(%s)", [list(values)]
 
 
 def datetime_param(value: Any) -> Any:
-    """A datetime as a query parameter, stored the way the ORM stores it (SQLite compares text)."""
-    return connection.ops.adapt_datetimefield_value(value)
+    """TEMPORARY-INTEGRATION: PostgreSQL takes an aware datetime as it is; callers pass it directly, then this
+    goes."""
+    return value
 
 
 # --- Writes ------------------------------------------------------------------------------------------------------
 # For the writes every job makes (its row, its timeline, its quota hold) on the submission, start and end paths:
 # building an INSERT or UPDATE through the ORM's compiler cost several times the CPU of running it. Values go
-# through each field's get_db_prep_save, as the ORM's compilers do (JSON, decimals, SQLite's text datetimes); no
+# through each field's get_db_prep_save, as the ORM's compilers do (JSON, decimals); no
 # model signals are sent (none of these models has receivers). Expressions (F(), Now()) are not supported.
 
 
@@ -186,7 +182,7 @@ def _insert_sql(model: type[models.Model]) -> tuple[str, list[Any], bool]:
     meta = model._meta
     fields = [f for f in meta.concrete_fields if f is not meta.auto_field]
     quote = connection.ops.quote_name
-    returning = connection.features.can_return_columns_from_insert and meta.auto_field is not None
+    returning = meta.auto_field is not None
     columns = ", ".join(quote(str(f.column)) for f in fields)
     sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES "  # noqa: S608 - names from the model's metadata
     return sql, fields, returning
@@ -210,12 +206,7 @@ def insert(objs: Sequence[M]) -> None:
         statement += f" RETURNING {conn.ops.quote_name(str(pk.column))}"
     with conn.cursor() as cursor:
         cursor.execute(statement, params)
-        if returning:
-            ids = [r[0] for r in cursor.fetchall()]
-        elif model._meta.auto_field is not None and len(objs) == 1:
-            ids = [conn.ops.last_insert_id(cursor, model._meta.db_table, str(pk.column))]
-        else:
-            ids = []
+        ids = [r[0] for r in cursor.fetchall()] if returning else []
     for obj, pk_value in zip(objs, ids, strict=False):
         obj.pk = pk_value
     for obj in objs:
@@ -263,15 +254,9 @@ def update(model: type[models.Model], where: dict[str, Any], values: dict[str, A
 def insert_with_child(parent: models.Model, child: models.Model, fk_attname: str) -> None:
     """INSERT `parent`, then `child` whose `fk_attname` points at it; set both primary keys and the foreign key.
 
-    On PostgreSQL one statement (a data-modifying CTE: the child's foreign key is the parent's RETURNING id), so
-    one round trip instead of two for the pairs every job makes (a job and its first timeline event). Elsewhere
-    two INSERTs. Both instances are unsaved and of models with an auto primary key."""
+    One statement (a data-modifying CTE: the child's foreign key is the parent's RETURNING id), so one round
+    trip instead of two. Both instances are unsaved and of models with an auto primary key."""
     conn = _connection()
-    if conn.vendor != "postgresql":
-        insert([parent])
-        setattr(child, fk_attname, parent.pk)
-        insert([child])
-        return
     parent_sql, parent_fields, _ = _insert_sql(type(parent))
     child_sql, child_fields, _ = _insert_sql(type(child))
     quote = conn.ops.quote_name

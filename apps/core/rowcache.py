@@ -1,9 +1,8 @@
 """A per-process cache of the few rows every API request reads, dropped the moment PostgreSQL says they changed.
 
 Why: every API request looks up its token with the token's user, and every booking and job submission the team
-with the caller's membership. Those two one-row queries were ~19% of a booking request's CPU in the web process
-and two of its five statements in PostgreSQL (py-spy and bench/booking_load.py, 2026-12-04), for rows that change
-a few times a day.
+with the caller's membership. Those two one-row queries were a large share of a booking request's CPU in the web
+process and of its statements in PostgreSQL (bench/booking_load.py), for rows that change a few times a day.
 
 Why it stays right: triggers on the tables behind these rows (migration accounts 0002) send
 `NOTIFY portal_rowcache` on every change, delivered when the changing transaction commits. Each web process has
@@ -17,8 +16,8 @@ to itself and counts as alive only while they come back), nothing is served from
 to the database. Entries also expire after MAX_AGE_S, a backstop should a notification ever be lost.
 
 Lookups inside a transaction (`atomic`) skip the cache: that transaction may itself have changed the rows, and
-its notification is only sent at commit. On by default in the web process on PostgreSQL (portal/asgi.py);
-`DB_ROW_CACHE=0` turns it off; SQLite has no LISTEN/NOTIFY, so it is always off there.
+its notification is only sent at commit. On by default in the web process (portal/asgi.py); `DB_ROW_CACHE=0`
+turns it off.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from apps.core import rawsql
+from apps.core.ttlcache import TTLCache
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ POLL_S = 1.0  # how long one wait for notifications lasts: the listener sees a s
 # The listener counts as alive this long after its last confirmed round trip: past it, the cache stands aside.
 ALIVE_FOR_S = 3 * HEARTBEAT_S
 MAX_AGE_S = 60.0
-MAX_ENTRIES = 20_000  # past this, the cache starts over (a dict this size is a few MB)
+MAX_ENTRIES = 20_000  # past this, the least recently used go (a cache this size is a few MB)
 RECONNECT_MAX_S = 10.0
 
 
@@ -52,7 +52,8 @@ class _Listener:
     """The thread that LISTENs and invalidates. `generation()` is None while the cache must not be used."""
 
     def __init__(self) -> None:
-        self.entries: dict[Hashable, tuple[int, float, tuple[Any, ...]]] = {}
+        # key -> (generation it was read under, row)
+        self.entries: TTLCache[Hashable, tuple[int, tuple[Any, ...]]] = TTLCache(ttl_s=MAX_AGE_S, maxsize=MAX_ENTRIES)
         self._generation = 0
         self._alive_at = -1e9  # when the last heartbeat that came back was sent (monotonic)
         self.notifications = 0  # received (tests, diagnostics)
@@ -138,7 +139,7 @@ _lock = threading.Lock()
 
 
 def enabled() -> bool:
-    return bool(getattr(settings, "DB_ROW_CACHE", False)) and connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+    return bool(getattr(settings, "DB_ROW_CACHE", False))
 
 
 def listener() -> _Listener | None:
@@ -172,13 +173,10 @@ def fetch_one(key: Hashable, sql: str, params: Sequence[Any]) -> tuple[Any, ...]
     generation = cache.generation()
     if generation is None:
         return rawsql.fetch_one(sql, params)
-    now = time.monotonic()
     entry = cache.entries.get(key)
-    if entry is not None and entry[0] == generation and now - entry[1] < MAX_AGE_S:
-        return entry[2]
+    if entry is not None and entry[0] == generation:
+        return entry[1]
     row = rawsql.fetch_one(sql, params)
     if row is not None:
-        if len(cache.entries) >= MAX_ENTRIES:
-            cache.entries.clear()
-        cache.entries[key] = (generation, now, tuple(row))
+        cache.entries.set(key, (generation, tuple(row)))
     return row

@@ -11,8 +11,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from apps.booking.api.serializers import ReservationInput
-from apps.core.api.serializers import FastInputMixin, _input_plan
-from apps.jobs.api.serializers import JobInput
+from portal.internals.drf_input import FastInputMixin, _input_plan
 
 
 def drf_result(cls: type[serializers.Serializer], data: Any) -> tuple[bool, str]:
@@ -207,13 +206,7 @@ def test_reservation_input_agrees_with_drf(data: dict[str, Any]) -> None:
         assert (valid, shown) == drf_result(ReservationInput, data)
 
 
-def test_the_booking_and_job_inputs_are_planned() -> None:
+def test_the_booking_input_is_planned() -> None:
     assert _input_plan(ReservationInput) is not None
-    assert _input_plan(JobInput) is not None
     valid, _, planned = mixin_result(ReservationInput, BOOKINGS[0])
     assert valid and planned
-    job = {"image": "busybox", "command": ["sleep", "1"], "gpu_count": 1, "env": {"A": "1"}, "team": "ml"}
-    valid, shown, planned = mixin_result(JobInput, job)
-    assert valid and planned and (valid, shown) == drf_result(JobInput, job)
-    for bad in ({"image": "busybox"}, {"image": "busybox", "command": None}, {"image": 5, "command": ["x"]}):
-        assert mixin_result(JobInput, bad)[:2] == drf_result(JobInput, bad)

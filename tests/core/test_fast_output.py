@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rest_framework import serializers
 
-from apps.core.api.serializers import FastOutputMixin
+from portal.internals.drf_output import FastOutputMixin
 
 
 def drf_render(serializer: serializers.BaseSerializer) -> Any:

@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from apps.accounts.models import ApiToken
-from tests.conftest import requires_postgres
 
 
 @pytest.mark.django_db
@@ -41,7 +40,6 @@ def test_validation_error_is_replayed_too(alice, api_as):
     assert client.post("/api/v1/tokens/", bad, format="json", HTTP_IDEMPOTENCY_KEY="k-3").status_code == 400
 
 
-@requires_postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_requests_with_one_key_create_once(alice, make_token, live_portal):
     import requests

@@ -1,8 +1,6 @@
-"""portal.pgbackend: connections are checked without a round trip, and one the server closed is replaced.
-
-Both kinds: a pooled connection at checkout (the web process), a persistent one before a task or scheduler pass
-(CONN_MAX_AGE with CONN_HEALTH_CHECKS: the worker, the scheduler).
-"""
+"""portal.pgbackend: a persistent connection (CONN_MAX_AGE with CONN_HEALTH_CHECKS: the worker, the scheduler) is
+checked before a task or scheduler pass without a round trip, and one the server closed is replaced; a pooled
+connection the server closed is replaced at checkout (psycopg_pool's own check)."""
 
 from __future__ import annotations
 
@@ -12,10 +10,9 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from portal.pgbackend.base import DatabaseWrapper, check_pooled_connection
-from tests.conftest import requires_postgres
+from portal.pgbackend.base import DatabaseWrapper
 
-pytestmark = [requires_postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _terminate(pid: int) -> None:
@@ -32,44 +29,9 @@ def _pooled(alias: str) -> DatabaseWrapper:
     return DatabaseWrapper(settings_dict, alias=alias)
 
 
-def test_a_healthy_connection_passes_without_a_query() -> None:
-    wrapper = _pooled("pgbackend_quiet")
-    try:
-        wrapper.ensure_connection()
-        conn: Any = wrapper.connection
-
-        def no_query(*args: Any, **kwargs: Any) -> None:
-            raise AssertionError("the check sent a query")
-
-        original = conn.execute
-        conn.execute = no_query
-        try:
-            check_pooled_connection(conn)
-        finally:
-            conn.execute = original
-    finally:
-        wrapper.close()
-        wrapper.close_pool()
-
-
-def test_a_connection_the_server_closed_is_refused() -> None:
-    import psycopg
-
-    params = connections["default"].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as conn:
-        check_pooled_connection(conn)
-        _terminate(conn.info.backend_pid)
-        time.sleep(0.3)  # the server's closing message reaches the socket
-        with pytest.raises(psycopg.OperationalError):
-            check_pooled_connection(conn)
-
-
 def test_the_pool_replaces_a_connection_the_server_closed_at_checkout() -> None:
     wrapper = _pooled("pgbackend_replaced")
     try:
-        assert wrapper.pool._check is check_pooled_connection  # not Django's round trip per checkout
         wrapper.ensure_connection()
         first = wrapper.connection.info.backend_pid
         wrapper.close()  # back to the pool

@@ -1,4 +1,4 @@
-"""The WSGI-under-ASGI bridge the web process serves HTTP with (apps/core/wsgi_bridge.py): what the application
+"""The WSGI-under-ASGI bridge the web process serves HTTP with (portal/internals/wsgi_bridge.py): what the application
 sees, what the client gets, one trip to a worker thread for an ordinary response, streaming for the rest."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 
-from apps.core.wsgi_bridge import WsgiBridge, build_environ
+from portal.internals.wsgi_bridge import WsgiBridge, build_environ
 
 
 def _scope(**extra: Any) -> dict[str, Any]:

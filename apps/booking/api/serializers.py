@@ -7,7 +7,8 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.booking.models import Reservation, ReservationStatus
-from apps.core.api.serializers import FastInputMixin, FastOutputMixin
+from portal.internals.drf_input import FastInputMixin
+from portal.internals.drf_output import FastOutputMixin
 
 
 class ReservationInput(FastInputMixin, serializers.Serializer):

@@ -10,8 +10,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.core.api.serializers import FastInputMixin, FastOutputMixin
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
+from portal.internals.drf_output import FastOutputMixin
 
 
 class ImageOutput(serializers.ModelSerializer):
@@ -24,7 +24,6 @@ class AnyValueField(serializers.Field):
     """Passes the JSON value through: the service validates it and says precisely what is wrong."""
 
     context_free_output = True  # its output is the value itself (FastOutputMixin)
-    identity_input = True  # and its input is the value as given (FastInputMixin)
 
     def to_internal_value(self, data: Any) -> Any:
         return data
@@ -81,7 +80,7 @@ class NetworkField(AnyValueField):
     pass
 
 
-class JobInput(FastInputMixin, serializers.Serializer):
+class JobInput(serializers.Serializer):
     """A job to submit. Types are checked by the service (one place for the messages)."""
 
     team = serializers.CharField(required=False, help_text="team slug; optional if you are in one team")

@@ -1,16 +1,19 @@
 """Serve a WSGI application (Django's WSGI handler) under ASGI HTTP, with one trip to a worker thread per request.
 
-a2wsgi, used before, crossed between the event loop and its worker thread four or five times per request: the
-body was read from the thread (a coroutine scheduled on the loop and waited for), and the response start, each
-body chunk and the end were each handed back the same way, through a queue drained by a task of its own. Every
-crossing wakes the loop, creates a task and blocks the thread on a future; on the jobs and booking benchmarks that
-was about a tenth of the web process's CPU. Here the loop reads the body first (BodySizeLimit in front bounds it),
-the thread runs the application and, for an ordinary response, collects status, headers and body, and the loop
-sends them: one crossing in, one out. A streaming response (Django's `streaming` responses, or any iterable that
-is not a list) still goes out chunk by chunk as the application produces it, each chunk handed to the loop.
+Why: every view is synchronous. Django's ASGI handler runs each request's sync part on a thread of a per-request
+executor and adapts the middleware chain between sync and async on the way; asgiref's WsgiToAsgi runs every
+request on one shared thread (thread-sensitive sync_to_async), so one request waiting on a lock holds up all the
+others, and hands each response message back to the loop separately. Here the loop reads the body first
+(BodySizeLimit in front bounds it), a thread of a fixed pool runs the application and, for an ordinary response,
+collects status, headers and body, and the loop sends them: one crossing in, one out (bench/internals_web.py
+measures it against both). A streaming response (Django's `streaming` responses, or any iterable that is not a
+list) still goes out chunk by chunk as the application produces it, each chunk handed to the loop.
 
 The application's iterable is iterated and closed on the worker thread, as a WSGI server does: Django's
 `request_finished` signal (which returns the thread's database connection) runs in `close()`.
+
+Upstream names it relies on (README.md): PEP 3333 and the ASGI HTTP spec, plus two attributes of Django's
+responses: `HttpResponseBase.streaming` and `FileResponse.file_to_stream`. `tests/core/test_wsgi_bridge.py`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,653 @@
+"""What the web process's private-internals shortcuts save, in CPU, against the supported way of doing the same.
+
+    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m bench.internals_web \
+        [--tree DIR] [--rounds 3] [--requests 150] [--calls 2000]
+
+`--tree DIR` measures the code of another checkout (e.g. a `git worktree` of an older commit): its directory goes
+first on sys.path. Everything runs in this one process against PostgreSQL (a scratch database, `<name>_internals_<pid>`,
+created, migrated and dropped): requests go through the real Django application (its WSGI handler, or the ASGI
+application for the bridge), so only CPU is compared (`time.process_time`, all of this process's threads; the
+database server's CPU is not counted). Each comparison runs its variants interleaved (A, B, A, B, ...) for
+`--rounds` rounds and reports the median per call; the machine is shared, so figures move by several percent
+from run to run and a difference under that is noise.
+
+Pieces, each against its supported alternative (a piece missing from the tree is skipped):
+  serializer mixins  FastInputMixin / FastOutputMixin / TemplateFieldsMixin   vs  DRF's own validation/rendering
+  negotiation        apps.core.api.negotiation.ContentNegotiation             vs  DRF's DefaultContentNegotiation
+  statement_cursor   rawsql.statement_cursor                                  vs  connection.cursor()
+  rawsql writes      rawsql.insert / update / insert_with_child               vs  the ORM (save, bulk_create, update)
+  WSGI bridge        apps.core.wsgi_bridge.WsgiBridge                         vs  Django's ASGIHandler, asgiref's WsgiToAsgi
+For each: the piece alone (micro), then the path it sits on (POST /api/v1/reservations/, POST /api/v1/jobs/)
+with the piece on and off, and the saving as a share of that path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+Toggle = tuple[Callable[[], None], Callable[[], None]]  # (turn the piece off, turn it back on)
+
+
+def setup(tree: str | None) -> None:
+    if tree:
+        tree = os.path.abspath(tree)
+        sys.path.insert(0, tree)
+        os.chdir(tree)  # Celery's Django fix-up puts the working directory first on sys.path
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        sys.exit("bench.internals_web: set DATABASE_URL to a PostgreSQL server")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    # The web process's settings (portal/asgi.py and the launcher): a connection pool, the row cache.
+    os.environ.setdefault("DB_POOL_MAX_SIZE", "4")
+    os.environ.setdefault("DB_ROW_CACHE", "1")
+    os.environ.setdefault("DB_STATEMENT_TIMEOUT_MS", "30000")
+    os.environ["API_RATE_PER_TOKEN"] = "100000000/min"
+    os.environ["API_RATE_PER_IP"] = "100000000/min"
+    import django
+    from django.conf import settings
+
+    name = urllib.parse.urlparse(url).path.lstrip("/") or "portal"
+    settings.DATABASES["default"]["TEST"] = {"NAME": f"{name}_internals_{os.getpid()}"}
+    django.setup()
+    # Logs are formatted as in production but written nowhere: the terminal shows the results.
+    import logging
+
+    null = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setStream(null)
+    import apps
+
+    print(f"code under test: {os.path.dirname(os.path.dirname(apps.__file__ or ''))}")
+
+
+def create_database() -> None:
+    from django.db import connection
+
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+
+
+def drop_database() -> None:
+    from django.db import connection
+
+    try:
+        from apps.core import rowcache
+
+        rowcache.reset()
+    except ImportError:
+        pass
+    connection.close()
+    if getattr(connection, "pool", None) is not None:
+        connection.close_pool()
+    name = connection.settings_dict["NAME"]
+    with connection._nodb_cursor() as cursor:  # threads of the ASGI variants may still hold connections
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name])
+    connection.creation.destroy_test_db(connection.settings_dict["NAME"], verbosity=0)
+
+
+# --- Seed ---------------------------------------------------------------------------------------------------
+
+
+def seed() -> dict[str, Any]:
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from apps.accounts import services as accounts
+    from apps.accounts.models import Role
+    from apps.booking.models import BookingPolicy, Quota
+    from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
+    from apps.jobs.models import ContainerImage
+
+    BookingPolicy.objects.get_or_create(pk=1)
+    model = GpuModel.objects.create(name="A100-80GB", memory_mib=81920, hourly_price=Decimal("2.2"))
+    uuids = []
+    for n in range(16):
+        node = Node.objects.create(name=f"bench-{n:03d}", status=NodeStatus.ONLINE, last_heartbeat=timezone.now())
+        rows = [
+            Gpu(uuid=f"GPU-bench-{n:03d}-{i}", node=node, index=i, model=model, memory_mib=81920, status=GpuStatus.OK)
+            for i in range(8)
+        ]
+        Gpu.objects.bulk_create(rows)
+        uuids += [g.uuid for g in rows]
+    admin = accounts.user_get_or_create(username="bench-admin", password="x" * 20, is_staff=True)
+    team = accounts.team_create(actor=admin, slug="bench", name="Bench")
+    Quota.objects.create(team=team, gpu_hours=Decimal("100000000"), budget_hard=Decimal("100000000000"))
+    user = accounts.user_get_or_create(username="bench", password="x" * 20)
+    accounts.membership_set(actor=admin, team=team, user=user, role=Role.MANAGER)
+    _, token = accounts.token_create(
+        user=user, name="bench", scopes=["read", "reservations:write", "jobs:write"], expires_days=1
+    )
+    ContainerImage.objects.create(name="local/process", description="bench")
+    return {"token": token, "gpus": uuids, "team": team.slug, "user": user}
+
+
+# --- Requests through the application -----------------------------------------------------------------------
+
+
+class Requests:
+    """POST bodies for bookings (each a fresh GPU and hour, so every one is a 201) and job submissions."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        from django.utils import timezone
+
+        self.data = data
+        now = timezone.now().replace(minute=0, second=0, microsecond=0)
+        self.base = now + timedelta(hours=2)
+        self.booked = 0
+
+    def booking(self) -> bytes:
+        i = self.booked
+        self.booked += 1
+        gpus = self.data["gpus"]
+        start = self.base + timedelta(hours=i // len(gpus))
+        body = {"team": self.data["team"], "gpus": [gpus[i % len(gpus)]], "start": start.isoformat(),
+                "end": (start + timedelta(hours=1)).isoformat(), "note": "bench"}  # fmt: skip
+        return json.dumps(body).encode()
+
+    def job(self) -> bytes:
+        body = {"team": self.data["team"], "image": "local/process", "command": ["python", "train.py"],
+                "env": {"SEED": "1"}, "gpu_count": 1, "max_duration_s": 600, "name": "bench"}  # fmt: skip
+        return json.dumps(body).encode()
+
+
+def environ(path: str, body: bytes, token: str) -> dict[str, Any]:
+    return {
+        "REQUEST_METHOD": "POST",
+        "SCRIPT_NAME": "",
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "SERVER_NAME": "localhost",
+        "SERVER_PORT": "8000",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1",
+        "HTTP_HOST": "localhost:8000",
+        "HTTP_AUTHORIZATION": f"Bearer {token}",
+        "HTTP_ACCEPT": "*/*",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+
+
+def wsgi_post(app: Any, path: str, body: bytes, token: str) -> None:
+    status: list[str] = []
+
+    def start_response(s: str, headers: Any, exc_info: Any = None) -> Any:
+        status.append(s)
+        return lambda chunk: None
+
+    result = app(environ(path, body, token), start_response)
+    try:
+        b"".join(result)
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    if not status[0].startswith("201"):
+        raise SystemExit(f"POST {path}: {status[0]}: {b''.join(result)[:300]!r}")
+
+
+class AsgiClient:
+    """Calls an ASGI HTTP application on one event loop, the way a server would for one request."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def post(self, app: Any, path: str, body: bytes, token: str) -> None:
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+            "headers": [(b"host", b"localhost:8000"), (b"authorization", f"Bearer {token}".encode()),
+                        (b"accept", b"*/*"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+        }  # fmt: skip
+        sent: list[dict[str, Any]] = []
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.Event().wait()  # a disconnect never comes while the request runs
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        self.loop.run_until_complete(app(scope, receive, send))
+        if sent[0].get("status") != 201:
+            raise SystemExit(f"ASGI POST {path}: {sent[0].get('status')}: {sent[1:]!r:.300}")
+
+
+# --- Measuring ----------------------------------------------------------------------------------------------
+
+
+def cpu_per_call(fn: Callable[[], Any], n: int) -> float:
+    """Microseconds of this process's CPU per call of `fn`, over `n` calls."""
+    t0 = time.process_time()
+    for _ in range(n):
+        fn()
+    return (time.process_time() - t0) / n * 1e6
+
+
+def interleaved(
+    variants: dict[str, tuple[Callable[[], Any], Toggle | None]], n: int, rounds: int
+) -> dict[str, list[float]]:
+    """µs per call of each variant in each round. Every round runs all variants, in an order rotated from round to
+    round (state that grows, such as rows booked, favours no variant). A variant's toggle turns its piece off
+    while it runs."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn, toggle = variants[name]
+            if toggle is not None:
+                toggle[0]()
+            try:
+                for _ in range(max(3, n // 20)):  # warm: plans, caches, prepared statements
+                    fn()
+                samples[name].append(cpu_per_call(fn, n))
+            finally:
+                if toggle is not None:
+                    toggle[1]()
+    return samples
+
+
+def report(title: str, samples: dict[str, list[float]], base: str, path: bool = False) -> None:
+    """The median per call of each variant; for the others, the median of their per-round difference from `base`
+    (paired: the same round), with the smallest and largest, and for a path that as a share of the base."""
+    print(f"\n{title}")
+    base_us = statistics.median(samples[base])
+    for name, values in samples.items():
+        line = f"  {name:<36} {statistics.median(values):9.1f} µs"
+        if name != base:
+            diffs = sorted(v - b for v, b in zip(values, samples[base], strict=True))
+            saving = statistics.median(diffs)
+            line += f"   piece saves {saving:+8.1f} µs [{diffs[0]:+.0f}..{diffs[-1]:+.0f}]"
+            if path:
+                line += f" = {saving / base_us * 100:+5.1f}% of the path"
+        print(line)
+
+
+# --- The pieces and their off switches ----------------------------------------------------------------------
+
+
+def patch(obj: Any, name: str, value: Any) -> Toggle:
+    original = obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)
+
+    def off() -> None:
+        setattr(obj, name, value)
+
+    def on() -> None:
+        setattr(obj, name, original)
+
+    return off, on
+
+
+def both(*toggles: Toggle) -> Toggle:
+    return (lambda: [t[0]() for t in toggles] and None), (lambda: [t[1]() for t in reversed(toggles)] and None)
+
+
+def serializer_toggles() -> dict[str, Toggle] | None:
+    try:
+        from apps.core.api import serializers as mixins
+    except ImportError:
+        return None
+    if not hasattr(mixins, "FastInputMixin"):
+        return None
+    from rest_framework.fields import empty
+
+    def plain_input(self: Any, data: Any = empty) -> Any:
+        return super(mixins.FastInputMixin, self).run_validation(data)
+
+    def plain_output(self: Any, instance: Any) -> Any:
+        return super(mixins.FastOutputMixin, self).to_representation(instance)
+
+    def plain_fields(self: Any) -> Any:
+        return super(mixins.TemplateFieldsMixin, self).get_fields()
+
+    fast_in = patch(mixins.FastInputMixin, "run_validation", plain_input)
+    fast_out = patch(mixins.FastOutputMixin, "to_representation", plain_output)
+    templates = patch(mixins.TemplateFieldsMixin, "get_fields", plain_fields)
+    return {
+        "input": both(fast_in, templates),
+        "output": both(fast_out, templates),
+        "FastInputMixin": fast_in,
+        "FastOutputMixin": fast_out,
+        "TemplateFieldsMixin": templates,
+        "all": both(fast_in, fast_out, templates),
+    }
+
+
+def pool_check_toggle() -> Toggle | None:
+    """portal.pgbackend's socket poll in place of psycopg_pool's check (an empty query per checkout)."""
+    from django.db import connection
+    from psycopg_pool import ConnectionPool
+
+    pool = getattr(connection, "pool", None)
+    if pool is None or getattr(pool, "_check", None) is ConnectionPool.check_connection:
+        return None
+    from portal.pgbackend import base
+
+    original = pool._check
+
+    def off() -> None:  # the backend's `pool` property installs base.check_pooled_connection on every access
+        base.check_pooled_connection = pool._check = ConnectionPool.check_connection
+
+    def on() -> None:
+        base.check_pooled_connection = pool._check = original
+
+    return off, on
+
+
+def negotiation_toggle() -> Toggle | None:
+    from rest_framework.negotiation import DefaultContentNegotiation
+    from rest_framework.views import APIView
+
+    try:
+        from apps.core.api.negotiation import ContentNegotiation
+    except ImportError:
+        return None
+    if APIView.content_negotiation_class is not ContentNegotiation:
+        return None
+    return patch(APIView, "content_negotiation_class", DefaultContentNegotiation)
+
+
+@contextmanager
+def plain_cursor() -> Iterator[Any]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        yield cursor
+
+
+def statement_cursor_toggle() -> Toggle | None:
+    from apps.core import rawsql
+
+    if not hasattr(rawsql, "statement_cursor"):
+        return None
+    toggles = [patch(rawsql, "statement_cursor", plain_cursor)]
+    for module_name in ("apps.booking.fastpath",):
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, "statement_cursor", None) is rawsql.statement_cursor:
+            toggles.append(patch(module, "statement_cursor", plain_cursor))
+    return both(*toggles)
+
+
+def orm_insert(objs: Any) -> None:
+    if not objs:
+        return
+    if len(objs) == 1:
+        objs[0].save(force_insert=True)
+    else:
+        type(objs[0])._base_manager.bulk_create(objs)
+
+
+def orm_update(model: Any, where: dict[str, Any], values: dict[str, Any]) -> int:
+    lookups = {
+        (f"{name}__in" if isinstance(value, list | tuple | set | frozenset) else name): value
+        for name, value in where.items()
+    }
+    return int(model._base_manager.filter(**lookups).update(**values))
+
+
+def orm_insert_with_child(parent: Any, child: Any, fk_attname: str) -> None:
+    parent.save(force_insert=True)
+    setattr(child, fk_attname, parent.pk)
+    child.save(force_insert=True)
+
+
+def writes_toggle() -> Toggle | None:
+    from apps.core import rawsql
+
+    names = {"insert": orm_insert, "update": orm_update, "insert_with_child": orm_insert_with_child}
+    present = [patch(rawsql, name, fn) for name, fn in names.items() if hasattr(rawsql, name)]
+    return both(*present) if present else None
+
+
+# --- Main ---------------------------------------------------------------------------------------------------
+
+
+def micro(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggles: dict[str, Toggle | None]) -> None:
+    from django.db import connection
+    from rest_framework.negotiation import DefaultContentNegotiation
+    from rest_framework.renderers import JSONRenderer
+    from rest_framework.request import Request
+    from rest_framework.test import APIRequestFactory
+
+    n, rounds = args.calls, args.rounds
+    ser: Any = toggles.get("serializers")
+    if ser is not None:
+        from apps.booking.api.serializers import ReservationInput
+        from apps.jobs.api.serializers import JobDetailOutput, JobInput
+        from apps.jobs.selectors import job_get
+
+        booking_body = json.loads(reqs.booking())
+        job_body = json.loads(reqs.job())
+
+        def booking_input() -> Any:
+            s = ReservationInput(data=booking_body)
+            assert s.is_valid(), s.errors
+            return s.validated_data
+
+        def job_input() -> Any:
+            s = JobInput(data=job_body)
+            assert s.is_valid(), s.errors
+            return s.validated_data
+
+        from apps.jobs.models import Job
+
+        job = job_get(user=data["user"], job_id=Job.objects.order_by("-pk").values_list("pk", flat=True)[0])
+
+        def job_output() -> Any:
+            return JobDetailOutput(job, context={"user": data["user"]}).data
+
+        for title, fn, key in (
+            ("ReservationInput validation", booking_input, "input"),
+            ("JobInput validation", job_input, "input"),
+            ("JobDetailOutput rendering", job_output, "output"),
+        ):
+            toggle = ser[key]
+            r = interleaved({"mixins (as shipped)": (fn, None), "plain DRF": (fn, toggle)}, n, rounds)
+            report(f"[micro] {title}", r, "mixins (as shipped)")
+
+    neg = toggles.get("negotiation")
+    if neg is not None:
+        from apps.core.api.negotiation import ContentNegotiation
+
+        factory = APIRequestFactory()
+        request = Request(factory.post("/api/v1/jobs/", HTTP_ACCEPT="*/*"))
+        renderers = [JSONRenderer()]
+        ours, drf = ContentNegotiation(), DefaultContentNegotiation()
+        r = interleaved(
+            {"shortcut (as shipped)": (lambda: ours.select_renderer(request, renderers), None),
+             "DRF DefaultContentNegotiation": (lambda: drf.select_renderer(request, renderers), None)},
+            n * 5, rounds,
+        )  # fmt: skip
+        report("[micro] content negotiation, Accept: */*", r, "shortcut (as shipped)")
+
+    if toggles.get("statement_cursor") is not None:
+        from apps.core import rawsql
+
+        sql = "SELECT id, slug FROM accounts_team WHERE slug = %s"
+
+        def kept() -> Any:
+            with rawsql.statement_cursor() as cursor:
+                cursor.execute(sql, [data["team"]])
+                return cursor.fetchone()
+
+        def plain() -> Any:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [data["team"]])
+                return cursor.fetchone()
+
+        r = interleaved(
+            {"statement_cursor (as shipped)": (kept, None), "connection.cursor()": (plain, None)}, n, rounds
+        )
+        report("[micro] one SELECT of one row", r, "statement_cursor (as shipped)")
+
+    if toggles.get("writes") is not None:
+        from django.db import transaction
+        from django.utils import timezone
+
+        from apps.core import rawsql
+        from apps.jobs.models import Job, JobEvent
+
+        job_id = Job.objects.order_by("-pk").values_list("pk", flat=True)[0]
+
+        def event() -> JobEvent:
+            return JobEvent(job_id=job_id, at=timezone.now(), from_state="queued", to_state="queued", message="b")
+
+        def raw_insert() -> None:
+            rawsql.insert([event()])
+
+        def orm_one() -> None:
+            orm_insert([event()])
+
+        def raw_update() -> None:
+            rawsql.update(Job, {"id": job_id, "state": "queued"}, {"message": "x", "pending_message": "y"})
+
+        def orm_upd() -> None:
+            orm_update(Job, {"id": job_id, "state": "queued"}, {"message": "x", "pending_message": "y"})
+
+        with transaction.atomic():
+            r = interleaved(
+                {"rawsql.insert (as shipped)": (raw_insert, None), "Model.save()": (orm_one, None)}, n, rounds
+            )
+            report("[micro] INSERT one row", r, "rawsql.insert (as shipped)")
+            r = interleaved(
+                {"rawsql.update (as shipped)": (raw_update, None), "QuerySet.update()": (orm_upd, None)}, n, rounds
+            )
+            report("[micro] conditional UPDATE of one row", r, "rawsql.update (as shipped)")
+            transaction.set_rollback(True)
+
+
+def paths(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggles: dict[str, Toggle | None]) -> None:
+    from django.core.handlers.wsgi import WSGIHandler
+
+    wsgi_app = WSGIHandler()
+    token = data["token"]
+    n, rounds = args.requests, args.rounds
+
+    def book() -> None:
+        wsgi_post(wsgi_app, "/api/v1/reservations/", reqs.booking(), token)
+
+    def submit() -> None:
+        wsgi_post(wsgi_app, "/api/v1/jobs/", reqs.job(), token)
+
+    present = {name: t for name, t in toggles.items() if t is not None}
+    # (The three mixins are also in "serializer mixins".)
+    singles = [t for name, t in present.items() if not name.endswith("Mixin")]
+    everything = both(*singles) if singles else None
+    for title, fn in (
+        ("POST /api/v1/reservations/ (WSGI handler)", book),
+        ("POST /api/v1/jobs/ (WSGI handler)", submit),
+    ):
+        variants: dict[str, tuple[Callable[[], Any], Toggle | None]] = {"as shipped": (fn, None)}
+        for name, toggle in present.items():
+            variants[f"without {name}"] = (fn, toggle)
+        if everything is not None and len(present) > 1:
+            variants["without any of them"] = (fn, everything)
+        r = interleaved(variants, n, rounds)
+        report(f"[path] {title}", r, "as shipped", path=True)
+
+
+def bridge(data: dict[str, Any], reqs: Requests, args: argparse.Namespace) -> None:
+    try:
+        from apps.core.wsgi_bridge import WsgiBridge
+    except ImportError:
+        print("\n(no apps.core.wsgi_bridge in this tree)")
+        return
+    from asgiref.wsgi import WsgiToAsgi
+    from django.core.handlers.asgi import ASGIHandler
+    from django.core.handlers.wsgi import WSGIHandler
+
+    from apps.core.body_limit import BodySizeLimit
+    from apps.core.concurrency import ConcurrencyGate
+
+    client = AsgiClient()
+    token = data["token"]
+    wsgi_app = WSGIHandler()
+    apps_ = {
+        "WsgiBridge (as shipped)": BodySizeLimit(ConcurrencyGate(WsgiBridge(wsgi_app, workers=8))),
+        "Django ASGIHandler": BodySizeLimit(ConcurrencyGate(ASGIHandler())),
+        "asgiref WsgiToAsgi": BodySizeLimit(ConcurrencyGate(WsgiToAsgi(wsgi_app))),
+    }
+    for title, path, body in (
+        ("POST /api/v1/reservations/ (ASGI application)", "/api/v1/reservations/", reqs.booking),
+        ("POST /api/v1/jobs/ (ASGI application)", "/api/v1/jobs/", reqs.job),
+    ):
+        variants = {
+            name: ((lambda app=app, path=path, body=body: client.post(app, path, body(), token)), None)
+            for name, app in apps_.items()
+        }
+        r = interleaved(variants, args.requests, args.rounds)  # type: ignore[arg-type]
+        report(f"[path] {title}", r, "WsgiBridge (as shipped)", path=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.internals_web", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", help="measure the code of this checkout instead of this one")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=150, help="requests per variant and round (paths)")
+    parser.add_argument("--calls", type=int, default=2000, help="calls per variant and round (micro)")
+    parser.add_argument("--only", choices=["micro", "paths", "bridge"], action="append")
+    parser.add_argument("--piece", action="append", help="only these pieces in the path measures (repeatable)")
+    args = parser.parse_args(argv)
+    setup(args.tree)
+    create_database()
+    try:
+        data = seed()
+        reqs = Requests(data)
+        from django.core.handlers.wsgi import WSGIHandler
+
+        wsgi_post(WSGIHandler(), "/api/v1/jobs/", reqs.job(), data["token"])  # a job for the micro measures
+        ser = serializer_toggles()
+        toggles: dict[str, Toggle | None] = {
+            "FastInputMixin": ser["FastInputMixin"] if ser else None,
+            "FastOutputMixin": ser["FastOutputMixin"] if ser else None,
+            "TemplateFieldsMixin": ser["TemplateFieldsMixin"] if ser else None,
+            "serializer mixins": ser["all"] if ser else None,
+            "negotiation": negotiation_toggle(),
+            "statement_cursor": statement_cursor_toggle(),
+            "writes": writes_toggle(),
+            "pgbackend pool check": pool_check_toggle(),
+        }
+        if args.piece:
+            toggles = {name: (t if name in args.piece else None) for name, t in toggles.items()}
+        print("pieces found: " + ", ".join(name for name, t in toggles.items() if t is not None) or "none")
+        only = set(args.only or ["micro", "paths", "bridge"])
+        if "micro" in only:
+            micro(data, reqs, args, {**toggles, "serializers": ser})  # type: ignore[dict-item]
+        if "paths" in only:
+            paths(data, reqs, args, toggles)
+        if "bridge" in only:
+            bridge(data, reqs, args)
+    finally:
+        drop_database()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
