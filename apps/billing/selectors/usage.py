@@ -36,9 +36,10 @@ UTIL_PLACES = Decimal("0.0001")
 
 @contextlib.contextmanager
 def _snapshot() -> Iterator[None]:
-    """One consistent view of the ledger and the allocations for the queries inside (PostgreSQL), so a row the
-    closer writes meanwhile is counted once: either as a row or as a live piece, never both or neither."""
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    """One consistent view of the ledger and the allocations for the queries inside, so a row the closer writes
+    meanwhile is counted once: either as a row or as a live piece, never both or neither. Inside a transaction
+    already, that transaction's view is the one there is."""
+    if connection.in_atomic_block:
         yield
         return
     with transaction.atomic():
