@@ -20,10 +20,10 @@ PROCESS_IMAGE = "local/process"
 
 
 @pytest.fixture(autouse=True)
-def _fresh_quota_cache() -> None:
-    from apps.jobs import occupancy
+def _fresh_caches() -> None:
+    from apps.core import ttlcache
 
-    occupancy.forget_caches()
+    ttlcache.clear_all()
 
 
 @pytest.fixture

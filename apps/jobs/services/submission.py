@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TeamLimits:
+    """What a team's members may ask for: its job policy, or the installation's defaults."""
+
     max_priority: int
     max_duration_s: int
     max_gpus_per_job: int | None
@@ -41,6 +43,7 @@ class TeamLimits:
 
 
 def limits_of(policy: TeamJobPolicy | None) -> TeamLimits:
+    """The limits of a team with this policy (None: no policy); a policy never exceeds conf.MAX_DURATION_S."""
     return TeamLimits(
         max_priority=policy.max_priority if policy else conf.DEFAULT_MAX_PRIORITY,
         max_duration_s=min(policy.max_duration_s or conf.MAX_DURATION_S, conf.MAX_DURATION_S)
