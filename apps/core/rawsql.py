@@ -122,7 +122,8 @@ def statement_cursor() -> Iterator[CursorWrapper]:
 def fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchone()
+        row: tuple[Any, ...] | None = cursor.fetchone()
+        return row
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:
@@ -135,7 +136,8 @@ def execute(sql: str, params: Sequence[Any]) -> int:
 def fetch_all(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows
 
 
 @cache

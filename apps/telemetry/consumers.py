@@ -1,7 +1,7 @@
 """Websocket `/ws/fleet/`: one message a second with every GPU the user may see (see apps/telemetry/fanout.py).
 
-Authentication happened in the middleware (session cookie or `Authorization: Bearer`, apps/accounts/ws_auth.py);
-this consumer authorizes in `connect()` and after that never touches the database.
+Authorized in `connect()` (apps/core/consumers.py: every signed-in user with the read scope may watch; what they
+see of holders is decided by their teams); after that it never touches the database.
 """
 
 from __future__ import annotations
@@ -10,19 +10,15 @@ import asyncio
 import contextlib
 import json
 import time
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
-from channels.generic.websocket import AsyncWebsocketConsumer
 
-from apps.accounts.models import Scope
-from apps.telemetry.fanout import Subscriber, get_fanout, viewer_for
+from apps.accounts.types import User
+from apps.core.consumers import AuthorizedConsumer, now_iso
+from apps.telemetry.fanout import Subscriber, Viewer, get_fanout, viewer_for
 
-CLOSE_UNAUTHENTICATED: Final = 4401
-CLOSE_FORBIDDEN: Final = 4403
 CLOSE_TOO_BIG: Final = 1009  # RFC 6455 "message too big"
 CLOSE_POLICY: Final = 1008  # RFC 6455 "policy violation"
 
@@ -30,10 +26,6 @@ CLOSE_POLICY: Final = 1008  # RFC 6455 "policy violation"
 MAX_INCOMING_BYTES: Final = 512
 MAX_INCOMING_PER_WINDOW: Final = 20
 INCOMING_WINDOW_S: Final = 10.0
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat()
 
 
 def _server_send(send: Any) -> Any:
@@ -47,7 +39,7 @@ def _server_send(send: Any) -> Any:
     return inner if callable(inner) else send
 
 
-class FleetConsumer(AsyncWebsocketConsumer):
+class FleetConsumer(AuthorizedConsumer[Viewer]):
     """Streams fleet snapshots from the process-wide fan-out; holder details only for the viewer's teams."""
 
     # No channel-layer channel per socket: snapshots come from the process's own subscription, so a layer
@@ -71,24 +63,12 @@ class FleetConsumer(AsyncWebsocketConsumer):
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
 
-    async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            # Accept then close, so the browser sees 4401 (and stops retrying) instead of an opaque 1006.
-            await self.accept()
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        if not user.is_active:
-            await self.close()  # before accept: the handshake is refused
-            return
-        token = self.scope.get("token")
-        if token is not None and not token.has_scope(Scope.READ):
-            await self.accept()
-            await self.close(code=CLOSE_FORBIDDEN, reason="token lacks the read scope")
-            return
-        viewer = await database_sync_to_async(viewer_for)(user)
+    def authorize(self, user: User) -> Viewer:
+        return viewer_for(user)
+
+    async def start(self, found: Viewer) -> None:
         await self.accept()
-        self._sub = get_fanout().attach(viewer)
+        self._sub = get_fanout().attach(found)
         self._pump = asyncio.get_running_loop().create_task(self._send_loop(self._sub))
 
     async def _send_loop(self, sub: Subscriber) -> None:
@@ -120,7 +100,7 @@ class FleetConsumer(AsyncWebsocketConsumer):
         except ValueError:
             return
         if isinstance(message, dict) and message.get("type") == "ping":
-            await self.send(text_data=json.dumps({"type": "pong", "ts": _now_iso()}))
+            await self.send_json({"type": "pong", "ts": now_iso()})
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
         # The base class ends with another close_old_connections hop; nothing here holds a connection.

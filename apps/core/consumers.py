@@ -1,0 +1,84 @@
+"""The base of the portal's websocket consumers: who may watch a stream is decided in `connect()`.
+
+Authentication happened before, in the middleware (session cookie or `Authorization: Bearer`,
+apps/accounts/ws_auth.py); a consumer authorizes against the same `visible_to(user)` scoping as the REST API, so a
+socket can show nothing its REST twin would refuse.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, Final, Generic, TypeVar
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from apps.accounts.types import User
+
+CLOSE_UNAUTHENTICATED: Final = 4401
+CLOSE_FORBIDDEN: Final = 4403
+CLOSE_NOT_FOUND: Final = 4404
+MAX_PING_BYTES: Final = 512
+
+T = TypeVar("T")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class AuthorizedConsumer(AsyncWebsocketConsumer, Generic[T]):  # type: ignore[misc]  # Channels is untyped
+    """Refuses, with a close code a client can act on, anyone who may not watch what the URL names:
+
+    - 4401: not signed in (no session; an unknown, revoked or expired token) or an inactive account;
+    - 4403: a token without `required_scope`;
+    - 4404: `authorize()` found nothing this user may see (someone else's object is as absent as a missing one,
+      as in the REST API).
+
+    A refusal accepts, then closes: a browser then sees the code (and stops retrying) instead of an opaque 1006.
+    Subclasses implement `authorize(user)`, which runs on a worker thread (it may use the ORM) and returns what
+    the socket streams or None, and `start(found)`, which joins groups, accepts and sends the first message.
+    """
+
+    required_scope: str = "read"
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not user.is_active:
+            await self.refuse(CLOSE_UNAUTHENTICATED)
+            return
+        token = self.scope.get("token")
+        if token is not None and not token.has_scope(self.required_scope):
+            await self.refuse(CLOSE_FORBIDDEN, reason=f"token lacks the {self.required_scope} scope")
+            return
+        found = await database_sync_to_async(self.authorize)(user)
+        if found is None:
+            await self.refuse(CLOSE_NOT_FOUND)
+            return
+        await self.start(found)
+
+    def authorize(self, user: User) -> T | None:
+        """What this socket streams for `user` (read on a worker thread), or None: not found or not theirs."""
+        raise NotImplementedError
+
+    async def start(self, found: T) -> None:
+        await self.accept()
+
+    async def refuse(self, code: int, reason: str | None = None) -> None:
+        await self.accept()
+        await self.close(code=code, reason=reason)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """Clients say nothing on these streams but an occasional {"type": "ping"}; anything else is ignored."""
+        if text_data is None or len(text_data) > MAX_PING_BYTES:
+            return
+        try:
+            message = json.loads(text_data)
+        except ValueError:
+            return
+        if isinstance(message, dict) and message.get("type") == "ping":
+            await self.send_json({"type": "pong", "ts": now_iso()})
+
+    async def send_json(self, content: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(content))
