@@ -9,6 +9,7 @@ starts them).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -120,6 +121,7 @@ def _col(model: type[Model], name: str, alias: str = "") -> str:
     return f"{alias}.{column}" if alias else column
 
 
+@functools.cache
 def _snapshot_sql() -> dict[str, str]:
     """The snapshot's queries, written by hand: compiling eight ORM queries was most of an idle pass's CPU (and an
     idle pass runs every second). Table and column names from the models' metadata; every value is a parameter."""
@@ -177,13 +179,8 @@ def _snapshot_sql() -> dict[str, str]:
     }
 
 
-_SQL: dict[str, str] = {}
-
-
 def _sql(name: str) -> str:
-    if not _SQL:
-        _SQL.update(_snapshot_sql())
-    return _SQL[name]
+    return _snapshot_sql()[name]
 
 
 def _rows(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
