@@ -12,7 +12,7 @@ from apps.booking import selectors
 from apps.booking.models import Allocation, BookingPolicy, MaintenanceWindow, Quota, QuotaUsage, Reservation
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -23,7 +23,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class AllocationInline(admin.TabularInline):
+class AllocationInline(admin.TabularInline):  # type: ignore[type-arg]
     model = Allocation
     extra = 0
     fields = ("gpu", "start", "end", "active", "ended_at")
@@ -52,7 +52,7 @@ class AllocationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("team", "month", "gpu_hours", "max_concurrent_gpus", "budget_soft", "budget_hard")
     list_filter = ("team",)
     filter_horizontal = ("allowed_models",)
@@ -65,7 +65,7 @@ class QuotaUsageAdmin(ReadOnlyAdmin):
 
 
 @admin.register(BookingPolicy)
-class BookingPolicyAdmin(admin.ModelAdmin):
+class BookingPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("__str__", "granularity_minutes", "min_duration_minutes", "max_duration_hours", "max_advance_days")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -81,7 +81,7 @@ class BookingPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(MaintenanceWindow)
-class MaintenanceWindowAdmin(admin.ModelAdmin):
+class MaintenanceWindowAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("start", "end", "node", "gpu", "reason")
     list_filter = ("node",)
     date_hierarchy = "start"

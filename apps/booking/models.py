@@ -2,10 +2,8 @@
 
 `Allocation` is the shared truth of who holds which GPU when. Reservations write it (kind "reservation"), the job
 scheduler writes it for jobs that run outside a reservation (kind "job"), billing reads it. Two *active* rows
-never overlap on one GPU: on PostgreSQL an exclusion constraint (btree_gist, created by migration 0002 only on
-PostgreSQL) makes it impossible; on SQLite `services.allocations_create` checks inside an IMMEDIATE transaction,
-which holds the database's write lock, so the check and the insert are serialized. Write rows only through
-`apps.booking.services.allocations_create` / `allocation_end`.
+never overlap on one GPU: an exclusion constraint (btree_gist, migration 0002) makes it impossible. Write rows only
+through `apps.booking.services` (`allocations_create`, `allocation_end`, `reservation_create`).
 """
 
 from __future__ import annotations
@@ -186,8 +184,8 @@ class QuotaUsage(models.Model):
 
     Slot 0 is the row every quota check locks (all slots of the month, in fact) and writes. Amounts counted without
     a check (teams without amount limits, refunds at a job's end) go to any slot not locked at that moment: with one
-    row, every submission and every job end of a team queued on its lock (at 30 jobs/s of one team, backends
-    waited for that row most of the time), see services._add_usage."""
+    row, every submission and every job end of a team queued on its lock (under load, backends waited for that
+    row most of the time), see services.quotas.add_usage."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="quota_usage")
     month = models.DateField(help_text="first day of the month in settings.TIME_ZONE")

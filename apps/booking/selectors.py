@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time as monotime
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
 from decimal import Decimal
@@ -26,26 +25,29 @@ from apps.booking.models import (
     Reservation,
     ReservationStatus,
 )
+from apps.core.ttlcache import TTLCache
 from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
 
-_POLICY_TTL_S = 5.0
-_policy_cache: tuple[float, BookingPolicy] | None = None
+# Every booking reads the policy; an admin's change shows within the TTL (admin.py clears it at once).
+_policy_cache: TTLCache[int, BookingPolicy] = TTLCache(ttl_s=5.0, maxsize=1)
+
+
+def _load_policy() -> BookingPolicy:
+    policy, _ = BookingPolicy.objects.get_or_create(pk=1)
+    return policy
 
 
 def booking_policy(*, fresh: bool = False) -> BookingPolicy:
     """The booking policy (row pk=1, created with defaults on first use), cached in-process for a few seconds."""
-    global _policy_cache
-    now = monotime.monotonic()
-    if not fresh and _policy_cache is not None and now - _policy_cache[0] < _POLICY_TTL_S:
-        return _policy_cache[1]
-    policy, _ = BookingPolicy.objects.get_or_create(pk=1)
-    _policy_cache = (now, policy)
-    return policy
+    if fresh:
+        policy = _load_policy()
+        _policy_cache.set(1, policy)
+        return policy
+    return _policy_cache.get_or_set(1, _load_policy)
 
 
 def policy_cache_clear() -> None:
-    global _policy_cache
-    _policy_cache = None
+    _policy_cache.clear()
 
 
 def team_for_booking(*, slug: str, user: Any) -> Team | None:
@@ -156,39 +158,10 @@ def reservations_visible_to(*, user: Any) -> QuerySet[Reservation]:
     return _with_details(Reservation.objects.visible_to(user))
 
 
-def reservations_filter(
-    qs: QuerySet[Reservation],
-    *,
-    team: str | None = None,
-    gpu: str | None = None,
-    model: str | None = None,
-    status: Sequence[str] | None = None,
-    window_from: datetime | None = None,
-    window_to: datetime | None = None,
-) -> QuerySet[Reservation]:
-    """`qs` narrowed by team slug, GPU uuid, model name, statuses and a time window (reservations overlapping
-    [from, to)), with details preloaded. Scoping is the caller's (views apply `visible_to`)."""
-    if team:
-        qs = qs.filter(team__slug=team)
-    if gpu:
-        qs = qs.filter(pk__in=Allocation.objects.filter(gpu__uuid=gpu).values("reservation_id"))
-    if model:
-        qs = qs.filter(
-            Q(gpu_model__name=model)
-            | Q(pk__in=Allocation.objects.filter(gpu__model__name=model).values("reservation_id"))
-        )
-    if status:
-        qs = qs.filter(status__in=list(status))
-    if window_from is not None:
-        qs = qs.filter(end__gt=window_from)
-    if window_to is not None:
-        qs = qs.filter(start__lt=window_to)
+def reservations_with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation]:
+    """`qs` with what a reservation's API row needs preloaded, in start order. Scoping and filters are the
+    caller's (views apply `visible_to` and `filtersets.ReservationFilterSet`)."""
     return _with_details(qs).order_by("start", "id")
-
-
-def reservations_filtered(*, user: Any, **filters: Any) -> QuerySet[Reservation]:
-    """The reservations `user` may see, narrowed by `reservations_filter`'s filters."""
-    return reservations_filter(Reservation.objects.visible_to(user), **filters)
 
 
 def timeline(*, user: Any, start: datetime, end: datetime) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from celery import shared_task
 from apps.booking import services
 
 
-@shared_task(name="booking.lifecycle_tick", time_limit=120, soft_time_limit=100, ignore_result=True)
+# Celery ships no type information: its task decorator is untyped.
+@shared_task(name="booking.lifecycle_tick", time_limit=120, soft_time_limit=100, ignore_result=True)  # type: ignore[untyped-decorator]
 def lifecycle_tick() -> dict[str, list[int]]:
     """Activate due reservations and release ended ones (beat runs it every 15 s; repeats are harmless)."""
     return services.reservations_tick()

@@ -6,12 +6,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.selectors import memberships_of
+from apps.accounts.types import User
 from apps.booking import ical, selectors, services
 from apps.booking.models import ReservationStatus
 from apps.fleet.models import GpuModel
@@ -45,6 +47,8 @@ def index(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def calendar_regenerate(request: HttpRequest) -> HttpResponse:
+    if not isinstance(request.user, User):  # login_required let only a signed-in user through
+        raise PermissionDenied
     key = services.calendar_feed_regenerate(user=request.user)
     url = request.build_absolute_uri(f"/book/calendar/{key}.ics")
     return render(request, "booking/calendar.html", {"nav_section": "booking", "feed_url": url})

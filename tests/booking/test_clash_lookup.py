@@ -1,4 +1,4 @@
-"""The PostgreSQL fast path finds clashes by reading only the allocations that end inside the window and the first
+"""The booking's lookups and write find clashes by reading only the allocations that end inside the window and the first
 one ending after it (active allocations of a GPU never overlap). Checked against the plain definition (active and
 start < end and end > start) over random calendars: the GPU lookup's conflict report (earliest first, capped) and
 the write's own check, which must refuse exactly when something clashes; and placement's pool of a model against
@@ -15,13 +15,16 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from apps.booking import fastpath, quota, selectors
+from apps.booking import quota, selectors
 from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation
+from apps.booking.services import booking_write, quotas
+from apps.booking.services.allocations import allocation_rows
+from apps.booking.services.conflicts import MAX_CONFLICTS_SHOWN
+from apps.booking.services.gpus import gpus_by_uuid, placement_pool
 from apps.fleet.models import GpuStatus, NodeStatus
-from tests.conftest import requires_postgres
 from tests.factories import GpuFactory, NodeFactory
 
-pytestmark = [requires_postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 QUARTER = timedelta(minutes=15)
 
@@ -82,8 +85,8 @@ def test_clashes_equal_the_plain_definition(fleet: dict[str, Any], vision: Any, 
         cases.append((start, start + QUARTER * rng.choice([1, 2, 3, 8, 30, 200])))
     refused = 0
     for start, end in cases:
-        expected = [a for a in active if a.start < end and a.end > start][: fastpath.CLASHES_PER_GPU]
-        info = fastpath.gpus_by_uuid([gpu.uuid], start, end)[gpu.uuid]
+        expected = [a for a in active if a.start < end and a.end > start][:MAX_CONFLICTS_SHOWN]
+        info = gpus_by_uuid([gpu.uuid], start, end)[gpu.uuid]
         assert [(c.start, c.end, c.reservation_id) for c in info.clashes or ()] == [
             (a.start, a.end, a.reservation_id) for a in expected
         ], (start, end)
@@ -92,20 +95,31 @@ def test_clashes_equal_the_plain_definition(fleet: dict[str, Any], vision: Any, 
         # The write's check, under the same locks as a booking, rolled back after.
         with transaction.atomic():
             months = _months(start, end)
-            usage, _ = fastpath.lock_usage(vision.pk, months, [gpu.pk])
-            rid = fastpath.insert_booking(
-                team_id=vision.pk, user_id=alice.pk, model_id=None, gpus=[gpu.pk], start=start, end=end,
-                status="booked", note="", now=timezone.now(), activated_at=None, rate=Decimal("1"), usage=usage,
-                amounts={m: quota.Amount(Decimal("0"), Decimal("0")) for m in months}, audit_data={},
+            locked = quotas.lock_usage(vision.pk, months, [gpu.pk], reserve_reservation_id=True)
+            reservation = Reservation(
+                pk=locked.reservation_id, team=vision, user=alice, gpu_count=1, start=start, end=end, booked_end=end
+            )
+            rows = booking_write.BookingRows(
+                reservation=reservation,
+                allocations=allocation_rows(
+                    gpu_ids=[gpu.pk], team_id=vision.pk, user=alice, start=start, end=end,
+                    kind=AllocationKind.RESERVATION, reservation_id=reservation.pk,
+                ),
+                hold=quotas.hold_row(
+                    team_id=vision.pk, kind=AllocationKind.RESERVATION, reservation_id=reservation.pk, gpu_count=1,
+                    hourly_rate=Decimal("1"), start=start, end=end,
+                ),
             )  # fmt: skip
-            assert (rid is None) == bool(expected), (start, end)
-            refused += rid is None
+            amounts = {m: quota.Amount(Decimal("0"), Decimal("0")) for m in months}
+            written = booking_write.booking_write(rows, usage=locked.usage, amounts=amounts)
+            assert written != bool(expected), (start, end)
+            refused += not written
             transaction.set_rollback(True)
     assert 20 < refused < len(cases) - 20  # both answers were exercised
 
 
 def test_placement_pool_equals_the_orm_definition(fleet: dict[str, Any], vision: Any, alice: Any, a100: Any) -> None:
-    """fastpath.placement_pool (PostgreSQL's placement input) against selectors' bookable, busy and
+    """placement_pool (placement's input) against selectors' bookable, busy and
     maintenance-blocked GPUs, over random calendars on several GPUs, maintenance windows of a GPU, of a node and of
     everything, a degraded GPU, an offline one and an offline node (with and without include_offline)."""
     rng = random.Random(11)
@@ -139,5 +153,5 @@ def test_placement_pool_equals_the_orm_definition(fleet: dict[str, Any], vision:
             taken = selectors.busy_gpu_ids(start=start, end=end, gpu_ids=ids)
             taken |= selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=ids)
             expected = [(g.pk, g.uuid, g.node.name, g.pk in taken) for g in ordered]
-            pool = fastpath.placement_pool(a100.pk, start, end, include_offline=include_offline)
+            pool = placement_pool(a100.pk, start, end, include_offline=include_offline)
             assert [(g.id, g.uuid, g.node, t) for g, t in pool] == expected, (start, end, include_offline)

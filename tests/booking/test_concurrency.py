@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from apps.booking.models import Allocation, Quota, QuotaUsage
 from tests.booking.conftest import slot
-from tests.conftest import REPO, LiveServer, free_port, requires_postgres, subprocess_env, wait_http
+from tests.conftest import REPO, LiveServer, free_port, subprocess_env, wait_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -212,7 +212,6 @@ def test_touching_windows_race_all_succeed(alice, charlie, make_token, fleet, ra
     assert overlapping_pairs() == 0
 
 
-@requires_postgres
 def test_quota_race_stays_within_the_quota(alice, bob, make_token, fleet, vision, racing_portal):
     """Each request fits the quota alone (2 of 10 GPU-hours); 30 together must not exceed it: exactly 5 win."""
     Quota.objects.create(team=vision, gpu_hours=Decimal("10"))
@@ -237,7 +236,6 @@ def test_quota_race_stays_within_the_quota(alice, bob, make_token, fleet, vision
     assert overlapping_pairs() == 0
 
 
-@requires_postgres
 def test_concurrency_limit_race(alice, bob, make_token, fleet, vision, racing_portal):
     """max 3 GPUs at once: 12 concurrent one-GPU bookings of the same window on distinct GPUs give exactly 3."""
     Quota.objects.create(team=vision, max_concurrent_gpus=3)
@@ -284,7 +282,6 @@ def test_cancel_and_early_release_free_the_gpus_at_once(alice, charlie, make_tok
     assert overlapping_pairs() == 0
 
 
-@requires_postgres
 def test_month_boundary_and_dst_in_berlin(alice, make_token, fleet, vision, transactional_db):
     """The server in Europe/Berlin: a booking across local midnight at a month's end counts in both months;
     one across the next DST change counts the real hours."""

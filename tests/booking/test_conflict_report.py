@@ -1,7 +1,6 @@
-"""What a refused booking of named GPUs reports. On PostgreSQL the clashing allocations come with the GPU lookup
-(one query, `fastpath.gpus_by_uuid`); the report must equal the one built by the separate `_clashes` query (the
-SQLite path, and what the code did before): the same slots, ordered by GPU and start, capped, other teams' shown by
-team only."""
+"""What a refused booking of named GPUs reports. The clashing allocations come with the GPU lookup (one query,
+`gpus.gpus_by_uuid`); the report must equal the one built by the separate `conflicts.clashes` query (what a
+placement's refusal reports): the same slots, ordered by GPU and start, capped, other teams' shown by team only."""
 
 from __future__ import annotations
 
@@ -10,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from apps.booking import fastpath, services
+from apps.booking import services
 from apps.booking.models import Reservation
+from apps.booking.services import conflicts, gpus, reservations
 from tests.booking.conftest import book_body, slot
-from tests.conftest import requires_postgres
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +39,7 @@ def crowded(alice: Any, charlie: Any, api_as: Any, fleet: Any) -> dict[str, Any]
 
 def _expected(crowded: dict[str, Any], viewer: Any, team: Any, uuids: list[str]) -> list[dict[str, Any]]:
     ids = [crowded["fleet"]["gpus"][u.removeprefix("GPU-").replace("-", "/")].pk for u in uuids]
-    slots = services._clashes(ids, crowded["start"], crowded["end"])
+    slots = conflicts.clashes(ids, crowded["start"], crowded["end"])
     return services.describe_slots(slots, team_id=team.pk, viewer=viewer)
 
 
@@ -67,8 +66,7 @@ def test_report_equals_the_separate_query(alice: Any, vision: Any, api_as: Any, 
     assert conflicts[0]["start"].endswith("Z") and conflicts[-1]["end"].endswith("Z")
 
 
-@requires_postgres
-def test_postgresql_reports_without_a_second_query(
+def test_report_needs_no_second_query(
     alice: Any, vision: Any, api_as: Any, crowded: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     expected = _expected(crowded, alice, vision, ["GPU-big-0", "GPU-big-1"])
@@ -76,22 +74,22 @@ def test_postgresql_reports_without_a_second_query(
     def no_second_query(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the clashes were to come with the GPUs")
 
-    monkeypatch.setattr(services, "_clashes", no_second_query)
+    for module in (conflicts, gpus, reservations):
+        monkeypatch.setattr(module, "clashes", no_second_query)
     body = book_body("vision", start=crowded["start"], end=crowded["end"], gpus=["GPU-big-0", "GPU-big-1"])
     resp = api_as(alice).post(URL, body, format="json")
     assert resp.status_code == 409, resp.json()
     assert resp.json()["conflicts"] == expected
 
 
-@requires_postgres
-def test_postgresql_report_is_capped_like_the_separate_query(
+def test_report_is_capped_like_the_separate_query(
     alice: Any, vision: Any, api_as: Any, crowded: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fastpath, "CLASHES_PER_GPU", 2)
-    monkeypatch.setattr(services, "MAX_CONFLICTS_SHOWN", 2)
+    for module in (conflicts, gpus):
+        monkeypatch.setattr(module, "MAX_CONFLICTS_SHOWN", 2)
     expected = _expected(crowded, alice, vision, ["GPU-big-0", "GPU-big-1"])
     assert len(expected) == 2
-    info = fastpath.gpus_by_uuid(["GPU-big-0", "GPU-big-1"], crowded["start"], crowded["end"])
+    info = gpus.gpus_by_uuid(["GPU-big-0", "GPU-big-1"], crowded["start"], crowded["end"])
     assert [len(info[u].clashes or ()) for u in ("GPU-big-0", "GPU-big-1")] == [2, 1]
     body = book_body("vision", start=crowded["start"], end=crowded["end"], gpus=["GPU-big-1", "GPU-big-0"])
     resp = api_as(alice).post(URL, body, format="json")
@@ -99,11 +97,10 @@ def test_postgresql_report_is_capped_like_the_separate_query(
     assert resp.json()["conflicts"] == expected
 
 
-@requires_postgres
-def test_postgresql_free_gpu_has_no_clashes(crowded: dict[str, Any]) -> None:
-    info = fastpath.gpus_by_uuid(["GPU-big-2", "GPU-big-0"], crowded["start"], crowded["end"])
+def test_free_gpu_has_no_clashes(crowded: dict[str, Any]) -> None:
+    info = gpus.gpus_by_uuid(["GPU-big-2", "GPU-big-0"], crowded["start"], crowded["end"])
     assert info["GPU-big-2"].clashes == () and info["GPU-big-2"].busy is False
     assert info["GPU-big-0"].busy is True
     # A window that only touches the bookings (end == next start) clashes with nothing.
-    before = fastpath.gpus_by_uuid(["GPU-big-0"], crowded["start"] - timedelta(hours=1), crowded["start"])
+    before = gpus.gpus_by_uuid(["GPU-big-0"], crowded["start"] - timedelta(hours=1), crowded["start"])
     assert before["GPU-big-0"].clashes == ()

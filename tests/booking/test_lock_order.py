@@ -1,5 +1,5 @@
 """The booking write path takes the team's quota rows, then the GPUs' advisory locks, in one statement
-(fastpath.lock_usage): never a GPU lock before every quota row is held, and none while the month's first quota
+(services.quotas.lock_usage): never a GPU lock before every quota row is held, and none while the month's first quota
 row still has to be created. Real connections (threads) and pg_locks."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.booking import fastpath, selectors, services
 from apps.booking import quota as quota_math
+from apps.booking import selectors, services
 from apps.booking.models import QuotaUsage
-from tests.conftest import requires_postgres
+from apps.booking.services import quotas
 
-pytestmark = [requires_postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 GPUS = [70001, 70002, 70003]  # advisory lock keys only: no GPU rows needed
 
@@ -54,7 +54,7 @@ class Locker(threading.Thread):
     def run(self) -> None:
         try:
             with transaction.atomic():
-                fastpath.lock_usage(self.team_id, [_month()], GPUS)
+                quotas.lock_usage(self.team_id, [_month()], GPUS)
                 self.locked.set()
                 assert self.release.wait(30)
         except BaseException as exc:  # pragma: no cover - reported by the test

@@ -1,4 +1,4 @@
-"""A team's monthly usage is spread over several rows (slots) on PostgreSQL: amounts counted without a check (a
+"""A team's monthly usage is spread over several rows (slots): amounts counted without a check (a
 team without limits, a job's refund at its end) take a free slot instead of queueing on one row, while a quota
 check locks every slot, so it waits for those writes and counts them. Two real connections (threads)."""
 
@@ -16,10 +16,10 @@ from django.utils import timezone
 from apps.booking import quota as quota_math
 from apps.booking import selectors, services
 from apps.booking.models import QuotaUsage
+from apps.booking.services import quotas
 from apps.core.errors import QuotaExceeded
-from tests.conftest import requires_postgres
 
-pytestmark = [requires_postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def this_month() -> Any:
@@ -37,7 +37,7 @@ class HeldAdd(threading.Thread):
     def run(self) -> None:
         try:
             with transaction.atomic():
-                services._add_usage(self.team_id, {this_month(): quota_math.Amount(self.hours, self.hours * 2)})
+                quotas.add_usage(self.team_id, {this_month(): quota_math.Amount(self.hours, self.hours * 2)})
                 self.added.set()
                 assert self.release.wait(30)
         except Exception as exc:  # pragma: no cover - reported by the test
@@ -51,7 +51,7 @@ def test_adds_without_a_check_do_not_wait_for_each_other(vision):
     month = this_month()
     # The month's first row exists (committed); the very first add of a month creates it, and a concurrent first
     # add waits for that insert to commit.
-    services._add_usage(vision.pk, {month: quota_math.Amount(Decimal("1"), Decimal("2"))})
+    quotas.add_usage(vision.pk, {month: quota_math.Amount(Decimal("1"), Decimal("2"))})
     held = HeldAdd(vision.pk, "1")
     held.start()
     assert held.added.wait(30) and held.error is None
@@ -60,7 +60,7 @@ def test_adds_without_a_check_do_not_wait_for_each_other(vision):
             # Would fail with "lock timeout" if it queued behind the open transaction's row.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '1s'")
-            services._add_usage(vision.pk, {month: quota_math.Amount(Decimal("3"), Decimal("6"))})
+            quotas.add_usage(vision.pk, {month: quota_math.Amount(Decimal("3"), Decimal("6"))})
     finally:
         held.release.set()
         held.join(30)

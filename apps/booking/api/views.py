@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,13 +18,13 @@ from apps.booking.api.serializers import (
     QuotaPreviewInput,
     QuotaPreviewOutput,
     ReservationCreatedOutput,
-    ReservationFilterInput,
     ReservationInput,
     ReservationOutput,
     TimelineOutput,
     WindowInput,
     booking_created_payload,
 )
+from apps.booking.filtersets import ReservationFilterSet
 from apps.booking.models import Reservation
 from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveAPIView
 from apps.core.errors import NotFound, ValidationFailed
@@ -65,24 +66,10 @@ class ReservationListCreateView(ScopedListAPIView):
     write_scope = Scope.RESERVATIONS_WRITE
 
     def base_queryset(self) -> QuerySet[Any]:
-        params = self.request.query_params
-        data = {k: params[k] for k in ("team", "gpu", "model", "status") if params.get(k)}
-        if params.get("from"):
-            data["window_from"] = params["from"]
-        if params.get("to"):
-            data["window_to"] = params["to"]
-        filters = ReservationFilterInput(data=data)
-        filters.is_valid(raise_exception=True)
-        f = filters.validated_data
-        return selectors.reservations_filter(
-            Reservation.objects.all(),
-            team=f.get("team"),
-            gpu=f.get("gpu"),
-            model=f.get("model"),
-            status=f.get("status"),
-            window_from=f.get("window_from"),
-            window_to=f.get("window_to"),
-        )
+        filters = ReservationFilterSet(self.request.query_params, queryset=Reservation.objects.all())
+        if not filters.is_valid():
+            raise drf_exceptions.ValidationError({name: list(errors) for name, errors in filters.errors.items()})
+        return selectors.reservations_with_details(filters.qs)
 
     @extend_schema(parameters=_FILTERS, responses=ReservationOutput(many=True))
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -115,7 +102,7 @@ class ReservationDetailView(ScopedRetrieveAPIView):
     required_scopes = {"DELETE": Scope.RESERVATIONS_WRITE}
 
     def base_queryset(self) -> QuerySet[Any]:
-        return selectors.reservations_filter(Reservation.objects.all())
+        return selectors.reservations_with_details(Reservation.objects.all())
 
     @extend_schema(responses={200: ReservationOutput})
     def delete(self, request: Request, pk: int) -> Response:

@@ -1,4 +1,4 @@
-"""On PostgreSQL: the booking fast path's GPU lookup as a PL/pgSQL function that keeps one generic plan.
+"""The booking's GPU lookup as a PL/pgSQL function that keeps one generic plan.
 
 Why: PostgreSQL plans a prepared statement anew for every execution (a "custom plan" for the parameter values)
 while its estimate for a plan made without the values is the higher one, and for this query (an array of GPU
@@ -7,7 +7,7 @@ PostgreSQL's CPU against ~70 us of execution, on every booking request, conflict
 ~260 us per lookup as a statement, ~90 us as this function). Inside a function with
 `SET plan_cache_mode = force_generic_plan` the query is planned once per connection and the plan reused; the call
 itself is trivial to plan. That plan is index lookups by GPU uuid and by (gpu_id, end), whatever the values.
-(The quota lock and the write in fastpath.py get generic plans from PostgreSQL on its own: they stay statements.)
+(The quota lock and the booking's write get generic plans from PostgreSQL on its own: they stay statements.)
 
 The clash lookup also changed shape (same answers): active allocations of one GPU never overlap (the exclusion
 constraint of migration 0002), so the ones clashing with [start, end) are those ending inside (start, end] plus
@@ -15,7 +15,7 @@ at most the first one ending after `end` (if it starts before `end`); both are s
 (gpu_id, end) index, where `start < end AND "end" > start` read every later allocation of the GPU. Empty
 allocations (start = end) overlap nothing and are skipped where they could hide the one after them.
 
-apps/booking/fastpath.py calls it; SQLite never does (it has no fast path). A later change to the query is a new
+apps/booking/services/gpus.py calls it. A later change to the query is a new
 migration that replaces the function (CREATE OR REPLACE), so every installation runs the same SQL.
 """
 
@@ -61,17 +61,7 @@ FORWARD = [GPUS]
 BACKWARD = ["DROP FUNCTION IF EXISTS portal_booking_gpus(text[], timestamptz, timestamptz, int)"]
 
 
-def _run(statements: list[str]):
-    def run(apps, schema_editor) -> None:
-        if schema_editor.connection.vendor != "postgresql":
-            return
-        for sql in statements:
-            schema_editor.execute(sql)
-
-    return run
-
-
 class Migration(migrations.Migration):
     dependencies = [("booking", "0004_team_fk_index_covered_by_team_start"), ("fleet", "0001_initial")]
 
-    operations = [migrations.RunPython(_run(FORWARD), _run(BACKWARD), elidable=False)]
+    operations = [migrations.RunSQL(FORWARD, BACKWARD, elidable=False)]

@@ -1,0 +1,70 @@
+"""Query filters of the reservation list (`GET /api/v1/reservations/?team=&gpu=&model=&status=&from=&to=`).
+
+django-filter ships no type information: its classes are `Any` to mypy, hence the ignores on the subclasses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django import forms
+from django.db.models import Q, QuerySet
+
+from apps.booking.models import Allocation, Reservation, ReservationStatus
+
+
+class StatusesField(forms.CharField):
+    """Comma-separated reservation statuses, e.g. `cancelled,released`."""
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        statuses = [s.strip() for s in str(super().to_python(value)).split(",") if s.strip()]
+        unknown = sorted(set(statuses) - set(ReservationStatus.values))
+        if unknown:
+            raise forms.ValidationError(f"Unknown status: {', '.join(unknown)}.")
+        return statuses
+
+
+class StatusesFilter(django_filters.Filter):  # type: ignore[misc]
+    field_class = StatusesField
+
+    def filter(self, qs: QuerySet[Any], value: list[str]) -> QuerySet[Any]:
+        return qs.filter(status__in=value) if value else qs
+
+
+class SlugFilter(django_filters.CharFilter):  # type: ignore[misc]
+    field_class = forms.SlugField
+
+
+class ReservationFilterSet(django_filters.FilterSet):  # type: ignore[misc]
+    """Narrow reservations by team slug, GPU uuid, model name, statuses and a window (those overlapping
+    [from, to)). Scoping is the view's (`visible_to`)."""
+
+    team = SlugFilter(field_name="team__slug", help_text="team slug")
+    gpu = django_filters.CharFilter(method="filter_gpu", max_length=96, help_text="GPU uuid")
+    model = django_filters.CharFilter(method="filter_model", max_length=64, help_text="GPU model name")
+    status = StatusesFilter(help_text="comma-separated: booked,active,released,cancelled")
+
+    class Meta:
+        model = Reservation
+        fields: list[str] = []
+
+    def filter_gpu(self, qs: QuerySet[Reservation], name: str, value: str) -> QuerySet[Reservation]:
+        return qs.filter(pk__in=Allocation.objects.filter(gpu__uuid=value).values("reservation_id"))
+
+    def filter_model(self, qs: QuerySet[Reservation], name: str, value: str) -> QuerySet[Reservation]:
+        booked_by_model = Q(gpu_model__name=value)
+        holding_one = Q(pk__in=Allocation.objects.filter(gpu__model__name=value).values("reservation_id"))
+        return qs.filter(booked_by_model | holding_one)
+
+
+# The query's names "from" and "to" cannot be attribute names ("from" is a Python keyword).
+ReservationFilterSet.base_filters.update(
+    {
+        "from": django_filters.IsoDateTimeFilter(
+            field_name="end", lookup_expr="gt", help_text="only reservations ending after this time (ISO 8601)"
+        ),
+        "to": django_filters.IsoDateTimeFilter(
+            field_name="start", lookup_expr="lt", help_text="only reservations starting before this time (ISO 8601)"
+        ),
+    }
+)

@@ -1,0 +1,63 @@
+"""Writes for booking: GPU allocations, quota holds, reservations and their lifecycle, calendar feeds.
+
+One module per concern; callers use the names re-exported here (`services.reservation_create(...)`), modules of
+the package import each other directly.
+
+Locks, always taken in this order so two writers cannot deadlock:
+0. (placement by model only) the model's placement lock, `pg_advisory_xact_lock(MODEL_LOCK_NAMESPACE, model_id)`;
+1. the team's `QuotaUsage` rows of the months involved (`SELECT ... FOR UPDATE`, by month and slot);
+2. the GPUs, by `pg_advisory_xact_lock(GPU_LOCK_NAMESPACE, gpu_id)` in ascending id order.
+The exclusion constraint on `booking_allocation` is the last guard.
+"""
+
+from apps.booking.services.allocations import (
+    AllocationRequest,
+    allocation_end,
+    allocations_create,
+    allocations_create_many,
+    allocations_end_of_job,
+)
+from apps.booking.services.calendar import calendar_feed_regenerate, calendar_key_digest
+from apps.booking.services.conflicts import MAX_CONFLICTS_SHOWN, Slot, describe_slots
+from apps.booking.services.locks import GPU_LOCK_NAMESPACE, MODEL_LOCK_NAMESPACE
+from apps.booking.services.quotas import (
+    QuotaCheck,
+    quota_check_and_hold,
+    quota_concurrency_check,
+    quota_hold_release,
+    quota_hold_update,
+    quota_models_check,
+)
+from apps.booking.services.reservations import (
+    BookingResult,
+    check_window,
+    reservation_create,
+    reservation_end,
+    reservations_tick,
+)
+
+__all__ = [
+    "GPU_LOCK_NAMESPACE",
+    "MAX_CONFLICTS_SHOWN",
+    "MODEL_LOCK_NAMESPACE",
+    "AllocationRequest",
+    "BookingResult",
+    "QuotaCheck",
+    "Slot",
+    "allocation_end",
+    "allocations_create",
+    "allocations_create_many",
+    "allocations_end_of_job",
+    "calendar_feed_regenerate",
+    "calendar_key_digest",
+    "check_window",
+    "describe_slots",
+    "quota_check_and_hold",
+    "quota_concurrency_check",
+    "quota_hold_release",
+    "quota_hold_update",
+    "quota_models_check",
+    "reservation_create",
+    "reservation_end",
+    "reservations_tick",
+]

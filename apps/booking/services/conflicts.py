@@ -1,0 +1,91 @@
+"""What a refused booking reports: the slots it clashed with, shown as much as the viewer may see."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import IntegrityError, connection
+
+from apps.core.errors import Conflict
+
+MAX_CONFLICTS_SHOWN = 50
+HELD = "Some of these GPUs are already held in that time."
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """An allocation as a conflict report needs it."""
+
+    gpu_id: int
+    gpu_uuid: str
+    gpu_index: int
+    node: str
+    team_id: int
+    team: str
+    start: datetime
+    end: datetime
+    kind: str
+    reservation_id: int | None
+    job_id: int | None
+    user: str | None
+
+
+def describe_slots(slots: Iterable[Slot], *, team_id: int | None, viewer: Any = None) -> list[dict[str, Any]]:
+    """Clashing slots as shown to a client: the requesting team's own with details, other teams' with the team
+    only (admins see details)."""
+    is_admin = bool(getattr(viewer, "is_staff", False))
+    out: list[dict[str, Any]] = []
+    for a in slots:
+        slot: dict[str, Any] = {
+            "gpu": a.gpu_uuid,
+            "node": a.node,
+            "gpu_index": a.gpu_index,
+            "start": iso(a.start),
+            "end": iso(a.end),
+            "team": a.team,
+        }
+        if a.team_id == team_id or is_admin:
+            slot.update({"kind": a.kind, "reservation_id": a.reservation_id, "job_id": a.job_id, "user": a.user})
+        out.append(slot)
+        if len(out) >= MAX_CONFLICTS_SHOWN:
+            break
+    return out
+
+
+_CLASHES_SQL = """
+SELECT a.gpu_id, g.uuid, g."index", n.name, a.team_id, t.slug, a.start, a."end", a.kind, a.reservation_id, a.job_id,
+       u.username
+FROM booking_allocation a
+JOIN fleet_gpu g ON g.id = a.gpu_id JOIN fleet_node n ON n.id = g.node_id JOIN accounts_team t ON t.id = a.team_id
+LEFT JOIN auth_user u ON u.id = a.user_id
+WHERE a.active AND a.gpu_id = ANY(%s) AND a.start < %s AND a."end" > %s
+ORDER BY a.gpu_id, a.start
+LIMIT %s
+"""
+
+
+def clashes(gpu_ids: Collection[int], start: datetime, end: datetime) -> list[Slot]:
+    """Active allocations of these GPUs overlapping [start, end) (one plain query, for conflict reports)."""
+    ids = [int(i) for i in gpu_ids]
+    if not ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(_CLASHES_SQL, [ids, end, start, MAX_CONFLICTS_SHOWN])
+        return [Slot(*row) for row in cursor.fetchall()]
+
+
+def is_exclusion_violation(exc: IntegrityError) -> bool:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "23P01" or "booking_allocation_no_overlap" in str(exc)
+
+
+def held_conflict(slots: Iterable[Slot] = (), *, team_id: int | None = None, viewer: Any = None) -> Conflict:
+    """The 409 for GPUs already held, naming the clashing slots the viewer may see."""
+    return Conflict(HELD, extra={"conflicts": describe_slots(slots, team_id=team_id, viewer=viewer)})
