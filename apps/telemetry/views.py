@@ -8,10 +8,12 @@ import hmac
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from apps.telemetry.metrics import render
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The text format render() writes (prometheus-client's newest default is 1.0.0; Prometheus reads both).
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
 @require_GET
