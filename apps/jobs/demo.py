@@ -13,10 +13,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.models import Team
+from apps.accounts.types import User
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.jobs import services
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobReason, JobState
-from apps.jobs.types import User
 
 DEMO = "demo: "
 BUSYBOX = "portal-test/busybox:latest"

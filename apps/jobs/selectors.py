@@ -8,14 +8,14 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
+from apps.accounts.types import AnyUser
 from apps.core.errors import NotFound
 from apps.fleet.models import Gpu
 from apps.jobs import conf
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobState, TeamJobPolicy
-from apps.jobs.types import Viewer
 
 
-def images_visible_to(*, user: Viewer) -> QuerySet[ContainerImage]:
+def images_visible_to(*, user: AnyUser) -> QuerySet[ContainerImage]:
     return ContainerImage.objects.visible_to(user).filter(enabled=True).order_by("name")
 
 
@@ -52,12 +52,12 @@ def submission_facts(*, team_id: int, image: str) -> SubmissionFacts:
     return SubmissionFacts(policy=policy, image=image_row, queued=int(row[policy_cols.width + image_cols.width]))
 
 
-def jobs_visible_to(*, user: Viewer) -> QuerySet[Job]:
+def jobs_visible_to(*, user: AnyUser) -> QuerySet[Job]:
     """The jobs the user may see, newest first (filters: apps.jobs.filtersets.JobFilterSet)."""
     return Job.objects.visible_to(user).select_related("team", "user", "node").order_by("-submitted_at", "-id")
 
 
-def job_detail_queryset(*, user: Viewer) -> QuerySet[Job]:
+def job_detail_queryset(*, user: AnyUser) -> QuerySet[Job]:
     return (
         Job.objects.visible_to(user)
         .select_related("team", "user", "node")
@@ -65,7 +65,7 @@ def job_detail_queryset(*, user: Viewer) -> QuerySet[Job]:
     )
 
 
-def job_get(*, user: Viewer, job_id: int) -> Job:
+def job_get(*, user: AnyUser, job_id: int) -> Job:
     """One visible job, or NotFound (someone else's job is as absent as a missing one)."""
     job = job_detail_queryset(user=user).filter(pk=job_id).first()
     if job is None:

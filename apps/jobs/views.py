@@ -20,7 +20,7 @@ from apps.jobs import selectors, services
 from apps.jobs.filtersets import JobFilterSet
 from apps.jobs.forms import JobForm
 from apps.jobs.models import JobState
-from apps.jobs.types import signed_in
+from apps.jobs.users import signed_in
 
 
 def _form_for(request: HttpRequest) -> JobForm:

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Scope, Team
 from apps.accounts.scoping import team_ids_of
+from apps.accounts.types import User
 from apps.booking import selectors as booking_selectors
 from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveAPIView
 from apps.core.errors import NotFound, ValidationFailed
@@ -23,7 +24,7 @@ from apps.jobs import selectors, services, validation
 from apps.jobs.api.serializers import ImageOutput, JobDetailOutput, JobInput, JobOutput, LogLineOutput, LogsOutput
 from apps.jobs.filtersets import JobFilterSet
 from apps.jobs.models import ContainerImage, Job
-from apps.jobs.types import User, signed_in
+from apps.jobs.users import signed_in
 
 MAX_LOG_LIMIT = 5000
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.scoping import team_ids_of
+from apps.accounts.types import User
 from apps.booking import quota as quota_math
 from apps.booking import selectors as booking_selectors
 from apps.booking.selectors import local_tz
@@ -24,7 +25,6 @@ from apps.core.ttlcache import TTLCache
 from apps.fleet.models import Gpu, GpuModel
 from apps.jobs import conf, events, occupancy, selectors, validation
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobState, TeamJobPolicy
-from apps.jobs.types import User
 
 if TYPE_CHECKING:
     from apps.booking.models import Reservation

@@ -14,10 +14,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.types import User
 from apps.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from apps.jobs import conf, events, occupancy
 from apps.jobs.models import ON_NODE_STATES, TERMINAL_STATES, TRANSITIONS, Job, JobEvent, JobReason, JobState
-from apps.jobs.types import User
 
 
 class TransitionRefused(Conflict):
