@@ -10,11 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.embedded_db import EmbeddedPostgres
 from portal.env import env_bool, env_int, env_list, env_str
 from portal.redis_url import RedisTarget
+
+# Generic Django classes (ModelAdmin[Team], QuerySet[Job]) at run time, as the type checker sees them.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
