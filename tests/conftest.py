@@ -44,13 +44,13 @@ def _clean_redis() -> Iterator[None]:
 def _fresh_cache() -> Iterator[None]:
     from django.core.cache import cache
 
-    from apps.jobs import occupancy
+    from apps.core import ttlcache
 
     try:
         cache.clear()
     except Exception:
         pass
-    occupancy.forget_caches()  # this process's few-seconds caches of models, prices and the fleet's shape
+    ttlcache.clear_all()  # this process's few-seconds caches of models, prices, policy and the fleet's shape
     yield
 
 
