@@ -9,15 +9,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.billing.models import Price, SourceKind, UsageRecord
-
-
-class UsageFilterInput(serializers.Serializer):
-    team = serializers.SlugField(required=False, help_text="team slug")
-    month = serializers.CharField(required=False, help_text="YYYY-MM (installation time zone)")
-    source = serializers.ChoiceField(choices=SourceKind.choices, required=False)  # type: ignore[assignment]
-    source_id = serializers.IntegerField(required=False, min_value=1)
-    gpu_model = serializers.CharField(required=False, max_length=64)
+from apps.billing.models import Price, UsageRecord
 
 
 class UsageRecordOutput(serializers.ModelSerializer):

@@ -7,6 +7,7 @@ import io
 from typing import Any
 
 from django.db.models import QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -20,9 +21,9 @@ from apps.billing.api.serializers import (
     PriceInput,
     PriceOutput,
     ReportQueryInput,
-    UsageFilterInput,
     UsageRecordOutput,
 )
+from apps.billing.filtersets import UsageFilterSet
 from apps.billing.models import Price, UsageRecord
 from apps.core.api.base import PortalAPIView, ScopedListAPIView
 from apps.core.errors import ValidationFailed
@@ -36,25 +37,11 @@ class UsageListView(ScopedListAPIView):
 
     model = UsageRecord
     serializer_class = UsageRecordOutput
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = UsageFilterSet
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("team", str, description="team slug"),
-            OpenApiParameter("month", str, description="YYYY-MM in the installation's time zone"),
-            OpenApiParameter("source", str, enum=["job", "reservation"]),
-            OpenApiParameter("source_id", int, description="the job's or reservation's id"),
-            OpenApiParameter("gpu_model", str, description="GPU model name"),
-        ]
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
-
-    def get_queryset(self) -> QuerySet[Any]:
-        params = self.request.query_params
-        keys = ("team", "month", "source", "source_id", "gpu_model")
-        filters = UsageFilterInput(data={k: params[k] for k in keys if params.get(k)})
-        filters.is_valid(raise_exception=True)
-        return selectors.usage_visible_to(user=self.request.user, **filters.validated_data)
+    def base_queryset(self) -> QuerySet[Any]:
+        return selectors.usage_records()
 
 
 class CsvRenderer(BaseRenderer):

@@ -58,8 +58,8 @@ from apps.billing.selectors.usage import (
     team_month_usage,
     teams_month_usage,
     usage_payload,
+    usage_records,
     usage_summary,
-    usage_visible_to,
 )
 from apps.billing.selectors.utilization import mean_utilizations
 
@@ -113,7 +113,7 @@ __all__ = [
     "unbilled_allocations",
     "unbilled_pieces",
     "usage_payload",
+    "usage_records",
     "usage_summary",
-    "usage_visible_to",
     "utilization_heatmap",
 ]

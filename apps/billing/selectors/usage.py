@@ -21,14 +21,12 @@ from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from apps.accounts.models import Team
-from apps.accounts.types import AnyUser
 from apps.billing import costing
 from apps.billing.models import SourceKind, UsageRecord
-from apps.billing.selectors.months import ZERO, current_month, local_tz, month_label, parse_month
+from apps.billing.selectors.months import ZERO, current_month, local_tz, month_label
 from apps.billing.selectors.pricing import price_book
 from apps.billing.selectors.unbilled import billable_allocations, unbilled_allocations, unbilled_pieces
 from apps.booking.models import AllocationKind
-from apps.core.errors import NotFound, ValidationFailed
 
 HOURS_PLACES = Decimal("0.001")
 UTIL_PLACES = Decimal("0.0001")
@@ -208,33 +206,7 @@ def rounded_hours(seconds: int | Decimal) -> Decimal:
     return (Decimal(seconds) / costing.SECONDS_PER_HOUR).quantize(HOURS_PLACES, ROUND_HALF_UP)
 
 
-def usage_visible_to(
-    *,
-    user: AnyUser,
-    team: str | None = None,
-    month: str | None = None,
-    source: str | None = None,
-    source_id: int | None = None,
-    gpu_model: str | None = None,
-) -> QuerySet[UsageRecord]:
-    """Ledger rows the user may see (admins all, managers their teams', members their own), filtered.
-    A team the user cannot see is 404; malformed filters are 400."""
-    qs = UsageRecord.objects.visible_to(user).select_related("team", "user", "gpu", "gpu_model")
-    if team:
-        team_obj = Team.objects.visible_to(user).filter(slug=team).first()
-        if team_obj is None:
-            raise NotFound(f"No team {team!r} that you belong to.")
-        qs = qs.filter(team=team_obj)
-    if month:
-        qs = qs.filter(month=parse_month(month))
-    if source:
-        if source not in SourceKind.values:
-            raise ValidationFailed(
-                "source must be job or reservation.", fields={"source": [f"One of {', '.join(SourceKind.values)}."]}
-            )
-        qs = qs.filter(source=source)
-    if source_id is not None:
-        qs = qs.filter(source_id=source_id)
-    if gpu_model:
-        qs = qs.filter(gpu_model__name=gpu_model)
-    return qs.order_by("-start", "-id")
+def usage_records() -> QuerySet[UsageRecord]:
+    """Ledger rows newest first, with what a listing shows of them. Callers scope them with `visible_to(user)`
+    (admins all, managers their teams', members their own)."""
+    return UsageRecord.objects.select_related("team", "user", "gpu", "gpu_model").order_by("-start", "-id")
