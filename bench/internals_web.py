@@ -4,21 +4,24 @@
         [--tree DIR] [--rounds 3] [--requests 150] [--calls 2000]
 
 `--tree DIR` measures the code of another checkout (e.g. a `git worktree` of an older commit): its directory goes
-first on sys.path. Everything runs in this one process against PostgreSQL (a scratch database, `<name>_internals_<pid>`,
-created, migrated and dropped): requests go through the real Django application (its WSGI handler, or the ASGI
-application for the bridge), so only CPU is compared (`time.process_time`, all of this process's threads; the
-database server's CPU is not counted). Each comparison runs its variants interleaved (A, B, A, B, ...) for
-`--rounds` rounds and reports the median per call; the machine is shared, so figures move by several percent
-from run to run and a difference under that is noise.
+first on sys.path. Everything runs in this one process against PostgreSQL (a scratch database,
+`<name>_internals_<pid>`, created, migrated and dropped): requests go through the real Django application (its
+WSGI handler, or the ASGI application for the bridge), so only CPU is compared (`time.process_time`, all of this
+process's threads; the database server's CPU is not counted). Each comparison runs its variants interleaved, in
+an order rotated from round to round, for `--rounds` rounds, and reports the median per call and the median of
+the paired (same round) differences; the machine is shared, so figures move by several percent from run to run.
 
 Pieces, each against its supported alternative (a piece missing from the tree is skipped):
-  serializer mixins  FastInputMixin / FastOutputMixin / TemplateFieldsMixin   vs  DRF's own validation/rendering
-  negotiation        apps.core.api.negotiation.ContentNegotiation             vs  DRF's DefaultContentNegotiation
-  statement_cursor   rawsql.statement_cursor                                  vs  connection.cursor()
-  rawsql writes      rawsql.insert / update / insert_with_child               vs  the ORM (save, bulk_create, update)
-  WSGI bridge        apps.core.wsgi_bridge.WsgiBridge                         vs  Django's ASGIHandler, asgiref's WsgiToAsgi
-For each: the piece alone (micro), then the path it sits on (POST /api/v1/reservations/, POST /api/v1/jobs/)
-with the piece on and off, and the saving as a share of that path.
+  serializer mixins  FastInputMixin / FastOutputMixin / TemplateFieldsMixin  vs  DRF's own validation, rendering
+  negotiation        the ContentNegotiation shortcut                         vs  DRF's DefaultContentNegotiation
+  statement_cursor   rawsql.statement_cursor                                 vs  connection.cursor()
+  rawsql writes      rawsql.insert / update / insert_with_child              vs  the ORM (save, bulk_create, update)
+  pool check         portal.pgbackend's socket poll at pool checkout         vs  psycopg_pool's check_connection
+  WSGI bridge        WsgiBridge                                 vs  Django's ASGIHandler, asgiref's WsgiToAsgi
+First each path's CPU per request as shipped and how often one request runs each piece; then each piece alone
+(micro: precise, and shown as a share of each path); then the paths with each piece on and off (the direct
+measure, but a saving under a few percent is within its noise: the `control` variant runs the shipped code again).
+The mixins and the bridge are found in portal.internals or where they were before (apps.core).
 """
 
 from __future__ import annotations
@@ -274,9 +277,16 @@ def interleaved(
     return samples
 
 
-def report(title: str, samples: dict[str, list[float]], base: str, path: bool = False) -> None:
+def report(
+    title: str,
+    samples: dict[str, list[float]],
+    base: str,
+    path: bool = False,
+    shares: list[tuple[str, float, int]] | None = None,
+) -> None:
     """The median per call of each variant; for the others, the median of their per-round difference from `base`
-    (paired: the same round), with the smallest and largest, and for a path that as a share of the base."""
+    (paired: the same round), with the smallest and largest, and for a path that as a share of the base. `shares`:
+    (path, its CPU per request, how often one request runs this) to show a micro saving as a share of each path."""
     print(f"\n{title}")
     base_us = statistics.median(samples[base])
     for name, values in samples.items():
@@ -287,6 +297,9 @@ def report(title: str, samples: dict[str, list[float]], base: str, path: bool = 
             line += f"   piece saves {saving:+8.1f} µs [{diffs[0]:+.0f}..{diffs[-1]:+.0f}]"
             if path:
                 line += f" = {saving / base_us * 100:+5.1f}% of the path"
+            for path_name, path_us, uses in shares or []:
+                if uses:
+                    line += f"\n{'':40}x {uses} per {path_name} = {saving * uses / path_us * 100:+5.1f}% of its CPU"
         print(line)
 
 
@@ -309,35 +322,55 @@ def both(*toggles: Toggle) -> Toggle:
     return (lambda: [t[0]() for t in toggles] and None), (lambda: [t[1]() for t in reversed(toggles)] and None)
 
 
-def serializer_toggles() -> dict[str, Toggle] | None:
+def import_from_tree(module_name: str) -> Any:
+    """The module, if the tree under test has it (the editable install could find it in another checkout)."""
+    import importlib
+
+    import apps
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(apps.__file__ or "")))
     try:
-        from apps.core.api import serializers as mixins
+        module = importlib.import_module(module_name)
     except ImportError:
         return None
-    if not hasattr(mixins, "FastInputMixin"):
-        return None
+    return module if os.path.abspath(module.__file__ or "").startswith(root + os.sep) else None
+
+
+def serializer_toggles() -> dict[str, Toggle] | None:
+    """Off switches for the serializer mixins, wherever the tree keeps them (portal.internals, or
+    apps.core.api.serializers before they moved); each mixin turned off defers to DRF's own method."""
     from rest_framework.fields import empty
 
-    def plain_input(self: Any, data: Any = empty) -> Any:
-        return super(mixins.FastInputMixin, self).run_validation(data)
-
-    def plain_output(self: Any, instance: Any) -> Any:
-        return super(mixins.FastOutputMixin, self).to_representation(instance)
-
-    def plain_fields(self: Any) -> Any:
-        return super(mixins.TemplateFieldsMixin, self).get_fields()
-
-    fast_in = patch(mixins.FastInputMixin, "run_validation", plain_input)
-    fast_out = patch(mixins.FastOutputMixin, "to_representation", plain_output)
-    templates = patch(mixins.TemplateFieldsMixin, "get_fields", plain_fields)
-    return {
-        "input": both(fast_in, templates),
-        "output": both(fast_out, templates),
-        "FastInputMixin": fast_in,
-        "FastOutputMixin": fast_out,
-        "TemplateFieldsMixin": templates,
-        "all": both(fast_in, fast_out, templates),
-    }
+    found: dict[str, Any] = {}
+    for module_name in ("portal.internals.drf_input", "portal.internals.drf_output", "apps.core.api.serializers"):
+        module = import_from_tree(module_name)
+        if module is None:
+            continue
+        for name in ("FastInputMixin", "FastOutputMixin", "TemplateFieldsMixin"):
+            if hasattr(module, name):
+                found.setdefault(name, getattr(module, name))
+    if not found:
+        return None
+    switches: dict[str, Toggle] = {}
+    if "FastInputMixin" in found:
+        mixin = found["FastInputMixin"]
+        switches["FastInputMixin"] = patch(
+            mixin, "run_validation", lambda self, data=empty, m=mixin: super(m, self).run_validation(data)
+        )
+    if "FastOutputMixin" in found:
+        mixin = found["FastOutputMixin"]
+        switches["FastOutputMixin"] = patch(
+            mixin, "to_representation", lambda self, instance, m=mixin: super(m, self).to_representation(instance)
+        )
+    if "TemplateFieldsMixin" in found:
+        mixin = found["TemplateFieldsMixin"]
+        switches["TemplateFieldsMixin"] = patch(mixin, "get_fields", lambda self, m=mixin: super(m, self).get_fields())
+    templates = [switches[n] for n in ("TemplateFieldsMixin",) if n in switches]
+    for name, part in (("input", "FastInputMixin"), ("output", "FastOutputMixin")):
+        parts = [switches[part]] if part in switches else []
+        switches[name] = both(*parts, *templates)
+    switches["all"] = both(*(t for n, t in list(switches.items()) if n.endswith("Mixin")))
+    return switches
 
 
 def pool_check_toggle() -> Toggle | None:
@@ -369,7 +402,7 @@ def negotiation_toggle() -> Toggle | None:
         from apps.core.api.negotiation import ContentNegotiation
     except ImportError:
         return None
-    if APIView.content_negotiation_class is not ContentNegotiation:
+    if APIView.content_negotiation_class is not ContentNegotiation or ContentNegotiation is DefaultContentNegotiation:
         return None
     return patch(APIView, "content_negotiation_class", DefaultContentNegotiation)
 
@@ -429,7 +462,67 @@ def writes_toggle() -> Toggle | None:
 # --- Main ---------------------------------------------------------------------------------------------------
 
 
-def micro(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggles: dict[str, Toggle | None]) -> None:
+PathCosts = dict[str, tuple[float, dict[str, int]]]  # path -> (CPU µs per request as shipped, uses of each piece)
+
+COUNTED = [  # (module, function): how often one request calls each
+    ("apps.core.rawsql", "statement_cursor"),
+    ("apps.booking.fastpath", "statement_cursor"),
+    ("apps.core.rawsql", "insert"),
+    ("apps.core.rawsql", "update"),
+    ("apps.core.rawsql", "insert_with_child"),
+]
+
+
+def path_costs(data: dict[str, Any], reqs: Requests, args: argparse.Namespace) -> PathCosts:
+    """Each path's CPU per request as shipped (median of rounds) and the calls of each counted piece in one request."""
+    from django.core.handlers.wsgi import WSGIHandler
+
+    wsgi_app = WSGIHandler()
+    token = data["token"]
+    out: PathCosts = {}
+    for name, url, body in (("booking", "/api/v1/reservations/", reqs.booking), ("job", "/api/v1/jobs/", reqs.job)):
+
+        def request(url: str = url, body: Callable[[], bytes] = body) -> None:
+            wsgi_post(wsgi_app, url, body(), token)
+
+        counts: dict[str, int] = {}
+        restore = []
+        for module_name, fn_name in COUNTED:
+            module = sys.modules.get(module_name)
+            original = getattr(module, fn_name, None)
+            if module is None or original is None:
+                continue
+            key = "statement_cursor" if fn_name == "statement_cursor" else fn_name
+            counts.setdefault(key, 0)
+
+            def counting(*a: Any, _f: Any = original, _k: str = key, _c: dict[str, int] = counts, **kw: Any) -> Any:
+                _c[_k] += 1
+                return _f(*a, **kw)
+
+            setattr(module, fn_name, counting)
+            restore.append((module, fn_name, original))
+        try:
+            request()
+        finally:
+            for module, fn_name, original in restore:
+                setattr(module, fn_name, original)
+        us = statistics.median(interleaved({"as shipped": (request, None)}, args.requests, args.rounds)["as shipped"])
+        out[name] = (us, counts)
+        print(f"[path] POST {url}: {us:.0f} µs of CPU per request as shipped; calls per request: {counts}")
+    return out
+
+
+def micro(
+    data: dict[str, Any],
+    reqs: Requests,
+    args: argparse.Namespace,
+    toggles: dict[str, Toggle | None],
+    costs: PathCosts,
+) -> None:
+    def per(piece: str, **fixed: int) -> list[tuple[str, float, int]]:
+        """(path, CPU, uses) of `piece` on each path: `fixed` uses where the view's code says, else counted."""
+        return [(p, us, fixed.get(p, uses.get(piece, 0))) for p, (us, uses) in costs.items()]
+
     from django.db import connection
     from rest_framework.negotiation import DefaultContentNegotiation
     from rest_framework.renderers import JSONRenderer
@@ -438,7 +531,7 @@ def micro(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggle
 
     n, rounds = args.calls, args.rounds
     ser: Any = toggles.get("serializers")
-    if ser is not None:
+    if ser:
         from apps.booking.api.serializers import ReservationInput
         from apps.jobs.api.serializers import JobDetailOutput, JobInput
         from apps.jobs.selectors import job_get
@@ -463,14 +556,14 @@ def micro(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggle
         def job_output() -> Any:
             return JobDetailOutput(job, context={"user": data["user"]}).data
 
-        for title, fn, key in (
-            ("ReservationInput validation", booking_input, "input"),
-            ("JobInput validation", job_input, "input"),
-            ("JobDetailOutput rendering", job_output, "output"),
+        for title, fn, key, uses in (
+            ("ReservationInput validation", booking_input, "input", per("", booking=1)),
+            ("JobInput validation", job_input, "input", per("", job=1)),
+            ("JobDetailOutput rendering", job_output, "output", per("", job=1)),
         ):
             toggle = ser[key]
             r = interleaved({"mixins (as shipped)": (fn, None), "plain DRF": (fn, toggle)}, n, rounds)
-            report(f"[micro] {title}", r, "mixins (as shipped)")
+            report(f"[micro] {title}", r, "mixins (as shipped)", shares=uses)
 
     neg = toggles.get("negotiation")
     if neg is not None:
@@ -485,7 +578,7 @@ def micro(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggle
              "DRF DefaultContentNegotiation": (lambda: drf.select_renderer(request, renderers), None)},
             n * 5, rounds,
         )  # fmt: skip
-        report("[micro] content negotiation, Accept: */*", r, "shortcut (as shipped)")
+        report("[micro] content negotiation, Accept: */*", r, "shortcut (as shipped)", shares=per("", booking=1, job=1))
 
     if toggles.get("statement_cursor") is not None:
         from apps.core import rawsql
@@ -505,7 +598,7 @@ def micro(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggle
         r = interleaved(
             {"statement_cursor (as shipped)": (kept, None), "connection.cursor()": (plain, None)}, n, rounds
         )
-        report("[micro] one SELECT of one row", r, "statement_cursor (as shipped)")
+        report("[micro] one SELECT of one row", r, "statement_cursor (as shipped)", shares=per("statement_cursor"))
 
     if toggles.get("writes") is not None:
         from django.db import transaction
@@ -535,11 +628,32 @@ def micro(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggle
             r = interleaved(
                 {"rawsql.insert (as shipped)": (raw_insert, None), "Model.save()": (orm_one, None)}, n, rounds
             )
-            report("[micro] INSERT one row", r, "rawsql.insert (as shipped)")
+            report("[micro] INSERT one row", r, "rawsql.insert (as shipped)", shares=per("insert"))
             r = interleaved(
                 {"rawsql.update (as shipped)": (raw_update, None), "QuerySet.update()": (orm_upd, None)}, n, rounds
             )
-            report("[micro] conditional UPDATE of one row", r, "rawsql.update (as shipped)")
+            report("[micro] conditional UPDATE of one row", r, "rawsql.update (as shipped)", shares=per("update"))
+            if hasattr(rawsql, "insert_with_child"):
+                template = Job.objects.get(pk=job_id)
+
+                def pair() -> tuple[Job, JobEvent]:
+                    job = Job(**{f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields})
+                    job.pk, job.idempotency_key = None, ""
+                    return job, event()
+
+                def raw_pair() -> None:
+                    rawsql.insert_with_child(*pair(), "job_id")
+
+                def orm_pair() -> None:
+                    orm_insert_with_child(*pair(), "job_id")
+
+                r = interleaved(
+                    {"insert_with_child (as shipped)": (raw_pair, None), "two Model.save()": (orm_pair, None)},
+                    n,
+                    rounds,
+                )
+                report("[micro] INSERT a job and its first event", r, "insert_with_child (as shipped)",
+                       shares=per("insert_with_child"))  # fmt: skip
             transaction.set_rollback(True)
 
 
@@ -564,7 +678,8 @@ def paths(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggle
         ("POST /api/v1/reservations/ (WSGI handler)", book),
         ("POST /api/v1/jobs/ (WSGI handler)", submit),
     ):
-        variants: dict[str, tuple[Callable[[], Any], Toggle | None]] = {"as shipped": (fn, None)}
+        # The control runs the shipped code as a variant of its own: its "saving" shows how far noise alone goes.
+        variants: dict[str, tuple[Callable[[], Any], Toggle | None]] = {"as shipped": (fn, None), "control": (fn, None)}
         for name, toggle in present.items():
             variants[f"without {name}"] = (fn, toggle)
         if everything is not None and len(present) > 1:
@@ -574,11 +689,11 @@ def paths(data: dict[str, Any], reqs: Requests, args: argparse.Namespace, toggle
 
 
 def bridge(data: dict[str, Any], reqs: Requests, args: argparse.Namespace) -> None:
-    try:
-        from apps.core.wsgi_bridge import WsgiBridge
-    except ImportError:
-        print("\n(no apps.core.wsgi_bridge in this tree)")
+    module = import_from_tree("portal.internals.wsgi_bridge") or import_from_tree("apps.core.wsgi_bridge")
+    if module is None:
+        print("\n(no WSGI bridge in this tree)")
         return
+    WsgiBridge = module.WsgiBridge
     from asgiref.wsgi import WsgiToAsgi
     from django.core.handlers.asgi import ASGIHandler
     from django.core.handlers.wsgi import WSGIHandler
@@ -624,11 +739,12 @@ def main(argv: list[str] | None = None) -> int:
 
         wsgi_post(WSGIHandler(), "/api/v1/jobs/", reqs.job(), data["token"])  # a job for the micro measures
         ser = serializer_toggles()
+        ser = ser or {}
         toggles: dict[str, Toggle | None] = {
-            "FastInputMixin": ser["FastInputMixin"] if ser else None,
-            "FastOutputMixin": ser["FastOutputMixin"] if ser else None,
-            "TemplateFieldsMixin": ser["TemplateFieldsMixin"] if ser else None,
-            "serializer mixins": ser["all"] if ser else None,
+            "FastInputMixin": ser.get("FastInputMixin"),
+            "FastOutputMixin": ser.get("FastOutputMixin"),
+            "TemplateFieldsMixin": ser.get("TemplateFieldsMixin"),
+            "serializer mixins": ser.get("all"),
             "negotiation": negotiation_toggle(),
             "statement_cursor": statement_cursor_toggle(),
             "writes": writes_toggle(),
@@ -639,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         print("pieces found: " + ", ".join(name for name, t in toggles.items() if t is not None) or "none")
         only = set(args.only or ["micro", "paths", "bridge"])
         if "micro" in only:
-            micro(data, reqs, args, {**toggles, "serializers": ser})  # type: ignore[dict-item]
+            costs = path_costs(data, reqs, args)
+            micro(data, reqs, args, {**toggles, "serializers": ser}, costs)  # type: ignore[dict-item]
         if "paths" in only:
             paths(data, reqs, args, toggles)
         if "bridge" in only:

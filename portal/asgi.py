@@ -3,11 +3,10 @@ with portal authentication.
 
 Why not Django's ASGI handler for HTTP: every view here is synchronous, and the ASGI handler runs each request's
 sync part through asgiref on a thread of a per-request executor, adapting the middleware chain between sync and
-async on the way; that cost more CPU and latency per request than the WSGI handler on the same server
-(bench/booking_load.py --server asgi|wsgi). apps/core/wsgi_bridge runs the WSGI handler on a bounded pool of
-long-lived threads inside the same event loop (one trip to a thread and back per request), so one process and one
-port still serve pages, the API and websockets, and the ASGI middleware in front (body size limit, concurrency
-gate) still applies.
+async on the way; that costs more CPU per request than the WSGI handler (bench/internals_web.py).
+portal/internals/wsgi_bridge.py runs the WSGI handler on a bounded pool of long-lived threads inside the same
+event loop (one trip to a thread and back per request), so one process and one port still serve pages, the API
+and websockets, and the ASGI middleware in front (body size limit, concurrency gate) still applies.
 """
 
 from __future__ import annotations

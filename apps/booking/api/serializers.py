@@ -7,11 +7,10 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.booking.models import Reservation, ReservationStatus
-from portal.internals.drf_input import FastInputMixin
 from portal.internals.drf_output import FastOutputMixin
 
 
-class ReservationInput(FastInputMixin, serializers.Serializer):
+class ReservationInput(serializers.Serializer):
     team = serializers.SlugField(help_text="team slug")
     gpu_count = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True)
     gpu_model = serializers.CharField(max_length=64, required=False, allow_null=True, allow_blank=True)
