@@ -19,7 +19,7 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 
-class BrowserOriginValidator(OriginValidator):
+class BrowserOriginValidator(OriginValidator):  # type: ignore[misc]  # Channels ships no types
     """Refuse a handshake whose Origin is not one of ours; admit one with no Origin (not a browser)."""
 
     def valid_origin(self, parsed_origin: ParseResult | None) -> bool:

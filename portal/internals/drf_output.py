@@ -53,7 +53,7 @@ class FastOutputMixin:
 
 
 _UNPLANNED = object()
-_OutputPlan = list[tuple[str, serializers.Field, str | None]]
+_OutputPlan = list[tuple[str, "serializers.Field[Any, Any, Any, Any]", str | None]]
 
 _CONTEXT_FREE = {
     cls.to_representation
@@ -91,7 +91,7 @@ def _output_plan(cls: type) -> _OutputPlan | None:
     return plan
 
 
-def _context_free(field: serializers.Field) -> bool:
+def _context_free(field: serializers.Field[Any, Any, Any, Any]) -> bool:
     """Whether the field renders the same whatever serializer it is bound to (see FastOutputMixin)."""
     if field.default is not empty and callable(field.default):  # may be given the field, and so its parent
         return False

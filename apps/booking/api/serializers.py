@@ -10,7 +10,7 @@ from apps.booking.models import Reservation, ReservationStatus
 from portal.internals.drf_output import FastOutputMixin
 
 
-class ReservationInput(serializers.Serializer):
+class ReservationInput(serializers.Serializer[Any]):
     team = serializers.SlugField(help_text="team slug")
     gpu_count = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True)
     gpu_model = serializers.CharField(max_length=64, required=False, allow_null=True, allow_blank=True)
@@ -33,7 +33,7 @@ class ReservationInput(serializers.Serializer):
         return attrs
 
 
-class ReservationOutput(FastOutputMixin, serializers.ModelSerializer):
+class ReservationOutput(FastOutputMixin, serializers.ModelSerializer[Reservation]):
     team = serializers.CharField(source="team.slug")
     user = serializers.SerializerMethodField()
     gpu_model = serializers.SerializerMethodField()
@@ -81,7 +81,7 @@ class ReservationCreatedOutput(ReservationOutput):
         return list(self.context.get("warnings", []))
 
 
-class ReservationFilterInput(serializers.Serializer):
+class ReservationFilterInput(serializers.Serializer[Any]):
     team = serializers.SlugField(required=False)
     gpu = serializers.CharField(required=False, max_length=96)
     model = serializers.CharField(required=False, max_length=64)
@@ -98,7 +98,7 @@ class ReservationFilterInput(serializers.Serializer):
         return statuses
 
 
-class WindowInput(serializers.Serializer):
+class WindowInput(serializers.Serializer[Any]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     model = serializers.CharField(required=False, max_length=64)
@@ -111,7 +111,7 @@ class WindowInput(serializers.Serializer):
         return attrs
 
 
-class QuotaPreviewInput(serializers.Serializer):
+class QuotaPreviewInput(serializers.Serializer[Any]):
     team = serializers.SlugField()
     start = serializers.DateTimeField(required=False)
     end = serializers.DateTimeField(required=False)
@@ -152,33 +152,33 @@ def booking_created_payload(result: Any) -> dict[str, Any]:
 # --- Output shapes of the read endpoints (for the OpenAPI schema; the views return selector dicts) -------------
 
 
-class AvailabilityModelOutput(serializers.Serializer):
+class AvailabilityModelOutput(serializers.Serializer[Any]):
     model = serializers.CharField()
     total = serializers.IntegerField()
     free = serializers.IntegerField()
     max_free_on_one_node = serializers.IntegerField()
 
 
-class CountsOutput(serializers.Serializer):
+class CountsOutput(serializers.Serializer[Any]):
     total = serializers.IntegerField()
     free = serializers.IntegerField()
 
 
-class AvailabilityNodeOutput(serializers.Serializer):
+class AvailabilityNodeOutput(serializers.Serializer[Any]):
     node = serializers.CharField()
     total = serializers.IntegerField()
     free = serializers.IntegerField()
     models = serializers.DictField(child=CountsOutput(), help_text="per GPU model on this node")
 
 
-class AvailabilityOutput(serializers.Serializer):
+class AvailabilityOutput(serializers.Serializer[Any]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     models = AvailabilityModelOutput(many=True)
     nodes = AvailabilityNodeOutput(many=True)
 
 
-class TimelineGpuOutput(serializers.Serializer):
+class TimelineGpuOutput(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     uuid = serializers.CharField()
     node = serializers.CharField()
@@ -189,7 +189,7 @@ class TimelineGpuOutput(serializers.Serializer):
     bookable = serializers.BooleanField()
 
 
-class TimelineSlotOutput(serializers.Serializer):
+class TimelineSlotOutput(serializers.Serializer[Any]):
     gpu_id = serializers.IntegerField()
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
@@ -204,7 +204,7 @@ class TimelineSlotOutput(serializers.Serializer):
     status = serializers.CharField(required=False, allow_null=True)
 
 
-class TimelineMaintenanceOutput(serializers.Serializer):
+class TimelineMaintenanceOutput(serializers.Serializer[Any]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     gpu_id = serializers.IntegerField(allow_null=True)
@@ -212,7 +212,7 @@ class TimelineMaintenanceOutput(serializers.Serializer):
     reason = serializers.CharField(allow_blank=True)
 
 
-class TimelineOutput(serializers.Serializer):
+class TimelineOutput(serializers.Serializer[Any]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     gpus = TimelineGpuOutput(many=True)
@@ -220,7 +220,7 @@ class TimelineOutput(serializers.Serializer):
     maintenance = TimelineMaintenanceOutput(many=True)
 
 
-class QuotaLimitsOutput(serializers.Serializer):
+class QuotaLimitsOutput(serializers.Serializer[Any]):
     gpu_hours = serializers.CharField(allow_null=True)
     max_concurrent_gpus = serializers.IntegerField(allow_null=True)
     allowed_models = serializers.ListField(child=serializers.CharField())
@@ -228,19 +228,19 @@ class QuotaLimitsOutput(serializers.Serializer):
     budget_hard = serializers.CharField(allow_null=True)
 
 
-class QuotaAmountOutput(serializers.Serializer):
+class QuotaAmountOutput(serializers.Serializer[Any]):
     gpu_hours = serializers.CharField(allow_null=True)
     cost = serializers.CharField(allow_null=True)
 
 
-class QuotaRemainingOutput(serializers.Serializer):
+class QuotaRemainingOutput(serializers.Serializer[Any]):
     gpu_hours = serializers.CharField(allow_null=True)
     budget = serializers.CharField(allow_null=True)
     budget_soft = serializers.CharField(allow_null=True)
     concurrent_gpus = serializers.IntegerField(allow_null=True)
 
 
-class QuotaMonthOutput(serializers.Serializer):
+class QuotaMonthOutput(serializers.Serializer[Any]):
     month = serializers.CharField(help_text="YYYY-MM in the installation's time zone")
     limits = QuotaLimitsOutput()
     booked = QuotaAmountOutput()
@@ -250,7 +250,7 @@ class QuotaMonthOutput(serializers.Serializer):
     warnings = serializers.ListField(child=serializers.CharField())
 
 
-class QuotaPreviewOutput(serializers.Serializer):
+class QuotaPreviewOutput(serializers.Serializer[Any]):
     team = serializers.CharField()
     currency = serializers.CharField()
     fits = serializers.BooleanField()

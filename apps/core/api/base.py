@@ -24,12 +24,13 @@ class ScopedQuerysetMixin:
 
     def get_queryset(self) -> models.QuerySet[Any]:
         qs = self.base_queryset()
-        return qs.visible_to(self.request.user)  # type: ignore[attr-defined]
+        scoped: models.QuerySet[Any] = qs.visible_to(self.request.user)  # type: ignore[attr-defined]
+        return scoped
 
 
-class ScopedListAPIView(ScopedQuerysetMixin, generics.ListAPIView):  # type: ignore[misc]
+class ScopedListAPIView(ScopedQuerysetMixin, generics.ListAPIView[Any]):
     pass
 
 
-class ScopedRetrieveAPIView(ScopedQuerysetMixin, generics.RetrieveAPIView):  # type: ignore[misc]
+class ScopedRetrieveAPIView(ScopedQuerysetMixin, generics.RetrieveAPIView[Any]):
     pass

@@ -14,13 +14,13 @@ from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
 from portal.internals.drf_output import FastOutputMixin
 
 
-class ImageOutput(serializers.ModelSerializer):
+class ImageOutput(serializers.ModelSerializer[ContainerImage]):
     class Meta:
         model = ContainerImage
         fields = ["name", "description"]
 
 
-class AnyValueField(serializers.Field):
+class AnyValueField(serializers.Field[Any, Any, Any, Any]):
     """Passes the JSON value through: the service validates it and says precisely what is wrong."""
 
     context_free_output = True  # its output is the value itself (FastOutputMixin)
@@ -80,7 +80,7 @@ class NetworkField(AnyValueField):
     pass
 
 
-class JobInput(serializers.Serializer):
+class JobInput(serializers.Serializer[Any]):
     """A job to submit. Types are checked by the service (one place for the messages)."""
 
     team = serializers.CharField(required=False, help_text="team slug; optional if you are in one team")
@@ -100,14 +100,14 @@ class JobInput(serializers.Serializer):
     network = NetworkField(required=False, help_text="jobs run without a network")
 
 
-class JobGpuOutput(FastOutputMixin, serializers.Serializer):
+class JobGpuOutput(FastOutputMixin, serializers.Serializer[Any]):
     uuid = serializers.CharField()
     index = serializers.IntegerField()
     model = serializers.CharField(source="model.name")
     node = serializers.CharField(source="node.name")
 
 
-class JobOutput(FastOutputMixin, serializers.ModelSerializer):
+class JobOutput(FastOutputMixin, serializers.ModelSerializer[Job]):
     team = serializers.CharField(source="team.slug")
     user = serializers.CharField(source="user.username")
     node = serializers.SerializerMethodField()
@@ -193,7 +193,7 @@ class JobOutput(FastOutputMixin, serializers.ModelSerializer):
         return str(settings.PORTAL_CURRENCY)
 
 
-class JobEventOutput(FastOutputMixin, serializers.ModelSerializer):
+class JobEventOutput(FastOutputMixin, serializers.ModelSerializer[JobEvent]):
     class Meta:
         model = JobEvent
         fields = ["at", "from_state", "to_state", "reason", "message"]
@@ -212,13 +212,13 @@ class JobDetailOutput(JobOutput):
         return list(JobEventOutput(events, many=True).data)
 
 
-class LogLineOutput(FastOutputMixin, serializers.ModelSerializer):
+class LogLineOutput(FastOutputMixin, serializers.ModelSerializer[JobLogLine]):
     class Meta:
         model = JobLogLine
         fields = ["seq", "stream", "at", "line"]
 
 
-class LogsOutput(serializers.Serializer):
+class LogsOutput(serializers.Serializer[Any]):
     job = serializers.IntegerField()
     state = serializers.CharField()
     lines = LogLineOutput(many=True)
