@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -15,11 +15,12 @@ from rest_framework.request import Request
 from apps.accounts import tokens
 from apps.accounts.models import ApiToken
 from apps.core import rawsql, rowcache
+from apps.core.ttlcache import TTLCache
 
 _LAST_USED_RESOLUTION = timedelta(minutes=1)
-# When this process last wrote a token's last_used_at (token pk -> time): a cached token row keeps the value it
-# was read with, so without this every request after the first minute would write it again.
-_last_used_written: dict[int, Any] = {}
+# When this process last wrote a token's last_used_at (token pk -> time), for the last minute: a cached token row
+# keeps the value it was read with, so without this every request after the first minute would write it again.
+_last_used_written: TTLCache[int, datetime] = TTLCache(ttl_s=_LAST_USED_RESOLUTION.total_seconds(), maxsize=100_000)
 
 
 def _token_with_user(prefix: str) -> ApiToken | None:
@@ -59,9 +60,7 @@ def authenticate_token(plaintext: str) -> tuple[AbstractBaseUser, ApiToken]:
     last_used = max(filter(None, (token.last_used_at, _last_used_written.get(token.pk))), default=None)
     if last_used is None or now - last_used > _LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        if len(_last_used_written) > 100_000:
-            _last_used_written.clear()
-        _last_used_written[token.pk] = now
+        _last_used_written.set(token.pk, now)
     return token.user, token
 
 

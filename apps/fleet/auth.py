@@ -10,13 +10,13 @@ seen within that time (a GPU uuid the cache does not know triggers an early refr
 from __future__ import annotations
 
 import hmac
-import threading
 import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
 from apps.accounts import tokens
+from apps.core.ttlcache import TTLCache
 from apps.fleet.messages import MessageRejected
 from apps.fleet.models import Gpu, Node
 
@@ -43,11 +43,12 @@ class NodeIdentity:
     digest: str
     status: str
     gpus: dict[str, GpuRef] = field(default_factory=dict)
-    loaded_at: float = 0.0
+    loaded_at: float = 0.0  # monotonic; an early refresh waits _REFRESH_MIN_S after it
 
 
-_cache: dict[str, NodeIdentity] = {}
-_lock = threading.Lock()
+# Node name -> identity; a None entry is a node forgotten (the next message loads it again). Room for every node of
+# a large fleet: an eviction would cost a query per message of that node.
+_cache: TTLCache[str, NodeIdentity | None] = TTLCache(ttl_s=settings.FLEET_NODE_CACHE_S, maxsize=100_000)
 
 
 def _load(name: str) -> NodeIdentity | None:
@@ -72,29 +73,20 @@ def _load(name: str) -> NodeIdentity | None:
 
 def node_identity(name: str, *, refresh: bool = False) -> NodeIdentity | None:
     """The cached identity of a node (loaded when missing, expired or `refresh`), None when no such node."""
-    now = time.monotonic()
-    with _lock:
-        ident = _cache.get(name)
-    if ident is not None and not refresh and now - ident.loaded_at < settings.FLEET_NODE_CACHE_S:
-        return ident
-    if ident is not None and refresh and now - ident.loaded_at < _REFRESH_MIN_S:
+    ident = _cache.get(name)
+    if ident is not None and (not refresh or time.monotonic() - ident.loaded_at < _REFRESH_MIN_S):
         return ident
     fresh = _load(name)
-    with _lock:
-        if fresh is None:
-            _cache.pop(name, None)
-        else:
-            _cache[name] = fresh
+    _cache.set(name, fresh)
     return fresh
 
 
 def forget(name: str | None = None) -> None:
     """Drop one node (or all) from this process's cache, e.g. after a registration or a token rotation."""
-    with _lock:
-        if name is None:
-            _cache.clear()
-        else:
-            _cache.pop(name, None)
+    if name is None:
+        _cache.clear()
+    else:
+        _cache.set(name, None)
 
 
 def node_authenticate(name: str, token: str) -> NodeIdentity:

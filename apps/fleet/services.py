@@ -224,7 +224,8 @@ def node_heartbeat(*, node_id: int, agent_version: str = "", now: datetime | Non
 def nodes_mark_offline(*, now: datetime | None = None) -> list[str]:
     """Nodes whose last heartbeat is older than FLEET_HEARTBEAT_TIMEOUT_S go offline, with their GPUs.
 
-    Rows are locked with SKIP LOCKED: a node whose heartbeat is being written right now is not offline. The heartbeat time is checked again under the lock for the same reason."""
+    Rows are locked with SKIP LOCKED: a node whose heartbeat is being written right now is not offline. The
+    heartbeat time is checked again under the lock for the same reason."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.FLEET_HEARTBEAT_TIMEOUT_S)
     # A node that never heartbeated was put online by hand (or by demo data), not by an agent: leave it be.

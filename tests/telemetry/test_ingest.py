@@ -139,7 +139,7 @@ def test_a_new_gpu_is_seen_without_waiting_for_the_cache(settings) -> None:
 
     node_id = auth.node_identity("n1").id
     services.node_register(node_id=node_id, gpus=gpu_reports("n1", ("A100-80GB", "H100-80GB")))
-    auth._cache["n1"].loaded_at -= 10  # past the refresh rate limit, still inside the cache lifetime
+    auth.node_identity("n1").loaded_at -= 10  # past the refresh rate limit, still inside the cache lifetime
     result = telemetry_ingest(telemetry("n1", token, [row("GPU-n1-0"), row("GPU-n1-1")]))
     assert result.accepted == 2
 
