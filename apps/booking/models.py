@@ -8,6 +8,7 @@ through `apps.booking.services` (`allocations_create`, `allocation_end`, `reserv
 
 from __future__ import annotations
 
+import hashlib
 from decimal import Decimal
 
 from django.conf import settings
@@ -293,3 +294,8 @@ class CalendarFeed(models.Model):
 
     def __str__(self) -> str:
         return f"calendar feed of {self.user_id}"
+
+    @staticmethod
+    def key_digest(key: str) -> str:
+        """What is stored of a feed's key, and what a feed URL's key is looked up by."""
+        return hashlib.sha256(key.encode()).hexdigest()

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.scoping import team_ids_of
+from apps.accounts.types import AnyUser, User
 from apps.booking import quota as quota_math
 from apps.booking.models import (
     Allocation,
@@ -50,7 +51,7 @@ def policy_cache_clear() -> None:
     _policy_cache.clear()
 
 
-def team_for_booking(*, slug: str, user: Any) -> Team | None:
+def team_for_booking(*, slug: str, user: AnyUser) -> Team | None:
     """The team by slug, annotated with `is_member` (whether `user` belongs to it), in one hand-written query:
     every booking and job submission makes it, and compiling the ORM's version cost more than running it. Served
     from the web process's row cache where it may be (apps/core/rowcache.py)."""
@@ -153,7 +154,7 @@ def _with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation]:
     )
 
 
-def reservations_visible_to(*, user: Any) -> QuerySet[Reservation]:
+def reservations_visible_to(*, user: AnyUser) -> QuerySet[Reservation]:
     """Reservations of the user's teams (admins: all), with what their rows need preloaded."""
     return _with_details(Reservation.objects.visible_to(user))
 
@@ -164,7 +165,7 @@ def reservations_with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation
     return _with_details(qs).order_by("start", "id")
 
 
-def timeline(*, user: Any, start: datetime, end: datetime) -> dict[str, Any]:
+def timeline(*, user: AnyUser, start: datetime, end: datetime) -> dict[str, Any]:
     """GPUs (rows, by node and model) and what holds them in [start, end). Slots of the user's teams carry
     details; other teams' slots only the team (admins see details everywhere)."""
     gpus = list(Gpu.objects.select_related("node", "model").order_by("node__name", "index"))
@@ -236,7 +237,7 @@ def reservations_due(*, now: datetime) -> bool:
     return due_start.exists() or due_end.exists()
 
 
-def reservations_for_calendar(*, user: Any, since: datetime) -> QuerySet[Reservation]:
+def reservations_for_calendar(*, user: AnyUser, since: datetime) -> QuerySet[Reservation]:
     """Booked, active and released reservations of the user's teams ending after `since` (for the iCal feed)."""
     return (
         Reservation.objects.filter(team_id__in=team_ids_of(user), end__gt=since)
@@ -422,15 +423,13 @@ def quota_preview(
     return {"team": team.slug, "currency": settings.PORTAL_CURRENCY, "fits": fits, "months": out}
 
 
-def calendar_feed_user(*, key: str) -> Any | None:
+def calendar_feed_user(*, key: str) -> User | None:
     """The active user whose iCal feed key is `key` (looked up by its SHA-256), or None."""
-    import hashlib
-
     if not key or len(key) > 128:
         return None
     feed = (
         CalendarFeed.objects.select_related("user")
-        .filter(digest=hashlib.sha256(key.encode()).hexdigest(), user__is_active=True)
+        .filter(digest=CalendarFeed.key_digest(key), user__is_active=True)
         .first()
     )
     return feed.user if feed else None

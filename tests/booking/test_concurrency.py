@@ -1,9 +1,9 @@
 """Real parallel HTTP requests against live server processes (threads + a barrier + requests).
 
 The server runs several uvicorn worker processes, so requests really race in the database: one process would
-run Django's sync views on one thread and serialize them. On PostgreSQL the exclusion constraint and the
-advisory/row locks decide; on SQLite the IMMEDIATE transaction. After every race an SQL audit proves that no two
-active allocations of one GPU overlap and that the quota holds.
+run Django's sync views on one thread and serialize them. The advisory and row locks decide, the exclusion
+constraint behind them. After every race an SQL audit proves that no two active allocations of one GPU overlap
+and that the quota holds.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""POST /api/v1/reservations/: placement, validation, conflicts (SQLite and PostgreSQL)."""
+"""POST /api/v1/reservations/: placement, validation, conflicts."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.models import Scope, Team
+from apps.accounts.types import AnyUser
 from apps.booking import selectors, services
 from apps.booking.api.serializers import (
     AvailabilityOutput,
@@ -32,7 +33,7 @@ from apps.core.idempotency import idempotent
 from apps.fleet.models import GpuModel
 
 
-def _team_by_slug(slug: str, user: Any) -> Team:
+def _team_by_slug(slug: str, user: AnyUser) -> Team:
     team = selectors.team_for_booking(slug=slug, user=user)
     if team is None:
         raise NotFound(f"No team {slug!r}.", fields={"team": ["Unknown team."]})

@@ -17,7 +17,7 @@ from apps.booking.services.allocations import (
     allocations_create_many,
     allocations_end_of_job,
 )
-from apps.booking.services.calendar import calendar_feed_regenerate, calendar_key_digest
+from apps.booking.services.calendar import calendar_feed_regenerate
 from apps.booking.services.conflicts import MAX_CONFLICTS_SHOWN, Slot, describe_slots
 from apps.booking.services.locks import GPU_LOCK_NAMESPACE, MODEL_LOCK_NAMESPACE
 from apps.booking.services.quotas import (
@@ -49,7 +49,6 @@ __all__ = [
     "allocations_create_many",
     "allocations_end_of_job",
     "calendar_feed_regenerate",
-    "calendar_key_digest",
     "check_window",
     "describe_slots",
     "quota_check_and_hold",

@@ -1,12 +1,13 @@
 """A booking's writes in one statement: the reservation, one allocation per GPU, the quota hold, the quota
-counters and any further rows given (an audit entry), all or none.
+counters and any further rows given (the audit entry), all or none.
 
-Why one statement: through the ORM a booking is a query per row and most of its CPU goes to compiling them;
-here the writes are one round trip after the locks. The rows are model instances built by the services that own them
-(`allocations.allocation_rows`, `quotas.hold_row`) and written column by column from the models' metadata
-(`sql.insert_rows`). Every insert is guarded by the clash check, so nothing is written when an active
-allocation of one of the GPUs overlaps; the statement's snapshot is taken after the GPU locks (`quotas.lock_usage`),
-so it sees every booking committed before them, and the exclusion constraint stays the last guard."""
+Why one statement: through the ORM a booking is a query per row and most of its CPU goes to compiling them; here
+the writes are one round trip after the locks. The rows are model instances built by the code that owns them
+(`allocations.allocation_rows`, `quotas.hold_row`, the audit service) and written column by column from the
+models' metadata (`sql.insert_rows`). Every insert is guarded by the clash check, so nothing is written when an
+active allocation of one of the GPUs overlaps; the statement's snapshot is taken after the GPU locks
+(`quotas.lock_usage`), so it sees every booking committed before them, and the exclusion constraint stays the last
+guard."""
 
 from __future__ import annotations
 

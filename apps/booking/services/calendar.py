@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 
 from django.db import transaction
@@ -12,15 +11,11 @@ from apps.audit.services import audit_record
 from apps.booking.models import CalendarFeed
 
 
-def calendar_key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 def calendar_feed_regenerate(*, user: User) -> str:
     """A new secret key for the user's iCal feed (the old URL stops working). Returns the key; only its hash
     is stored, so it is shown once."""
     key = secrets.token_urlsafe(32)
     with transaction.atomic():
-        feed, _ = CalendarFeed.objects.update_or_create(user=user, defaults={"digest": calendar_key_digest(key)})
+        feed, _ = CalendarFeed.objects.update_or_create(user=user, defaults={"digest": CalendarFeed.key_digest(key)})
         audit_record(actor=user, action="calendar_feed.regenerate", target=feed)
     return key

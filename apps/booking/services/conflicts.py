@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection
 
+from apps.accounts.types import AnyUser
 from apps.core.errors import Conflict
 
 MAX_CONFLICTS_SHOWN = 50
@@ -37,10 +38,12 @@ class Slot:
     user: str | None
 
 
-def describe_slots(slots: Iterable[Slot], *, team_id: int | None, viewer: Any = None) -> list[dict[str, Any]]:
+def describe_slots(
+    slots: Iterable[Slot], *, team_id: int | None, viewer: AnyUser | None = None
+) -> list[dict[str, Any]]:
     """Clashing slots as shown to a client: the requesting team's own with details, other teams' with the team
     only (admins see details)."""
-    is_admin = bool(getattr(viewer, "is_staff", False))
+    is_admin = viewer is not None and viewer.is_staff
     out: list[dict[str, Any]] = []
     for a in slots:
         slot: dict[str, Any] = {
@@ -86,6 +89,6 @@ def is_exclusion_violation(exc: IntegrityError) -> bool:
     return getattr(cause, "sqlstate", None) == "23P01" or "booking_allocation_no_overlap" in str(exc)
 
 
-def held_conflict(slots: Iterable[Slot] = (), *, team_id: int | None = None, viewer: Any = None) -> Conflict:
+def held_conflict(slots: Iterable[Slot] = (), *, team_id: int | None = None, viewer: AnyUser | None = None) -> Conflict:
     """The 409 for GPUs already held, naming the clashing slots the viewer may see."""
     return Conflict(HELD, extra={"conflicts": describe_slots(slots, team_id=team_id, viewer=viewer)})

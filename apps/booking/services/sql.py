@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 
 def _cast(field: models.Field[Any, Any]) -> str:
@@ -23,8 +24,19 @@ def _cast(field: models.Field[Any, Any]) -> str:
 
 def written_fields(obj: models.Model) -> list[models.Field[Any, Any]]:
     """The columns an INSERT of `obj` writes: every concrete field, the primary key only when it is set."""
-    meta = obj._meta
-    return [f for f in meta.concrete_fields if not (f.primary_key and obj.pk is None)]
+    return _statement(type(obj), obj.pk is not None)[0]
+
+
+@cache
+def _statement(model: type[models.Model], with_pk: bool) -> tuple[list[models.Field[Any, Any]], str, str]:
+    """The fields written, the INSERT's head and one row of placeholders: the same for every row of a model, so
+    built once per process (hot paths write these rows on every booking)."""
+    fields = [f for f in model._meta.concrete_fields if with_pk or not f.primary_key]
+    quote = connection.ops.quote_name
+    # Table and column names from the model's metadata; every value is a parameter.
+    head = f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)})"
+    row = "(" + ", ".join(f"%s::{_cast(f)}" for f in fields) + ")"
+    return fields, head, row
 
 
 def insert_rows(objs: Sequence[models.Model], *, guard: str = "", suffix: str = "") -> tuple[str, list[Any]]:
@@ -32,14 +44,10 @@ def insert_rows(objs: Sequence[models.Model], *, guard: str = "", suffix: str = 
     parameters. `objs`: unsaved instances of one model, all with or all without a primary key. `guard`: a `WHERE`
     clause that may keep every row out; `suffix`: e.g. `ON CONFLICT ...` or `RETURNING ...` (caller's SQL)."""
     assert objs, "nothing to insert"
-    model = type(objs[0])
-    fields = written_fields(objs[0])
-    quote = connection.ops.quote_name
-    row = "(" + ", ".join(f"%s::{_cast(f)}" for f in fields) + ")"
-    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
-    # Table and column names from the model's metadata; every value is a parameter.
-    sql = (
-        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "  # noqa: S608
-        f"SELECT * FROM (VALUES {', '.join([row] * len(objs))}) AS v {guard} {suffix}"
-    )
+    fields, head, row = _statement(type(objs[0]), objs[0].pk is not None)
+    # The connection itself, not the `django.db.connection` proxy, which looks it up again on every attribute
+    # access: each field's conversion reads it a few times, for every column of every row.
+    conn = connections[DEFAULT_DB_ALIAS]
+    params = [f.get_db_prep_save(f.pre_save(obj, True), conn) for obj in objs for f in fields]
+    sql = f"{head} SELECT * FROM (VALUES {', '.join([row] * len(objs))}) AS v {guard} {suffix}"  # noqa: S608
     return sql.strip(), params
