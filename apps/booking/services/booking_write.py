@@ -20,22 +20,14 @@ from django.db import connection, models
 
 from apps.booking import quota as quota_math
 from apps.booking.models import Allocation, QuotaHold, Reservation
+from apps.booking.services.conflicts import held_sql
 from apps.booking.services.quotas import UsageRow, usage_add_params, usage_add_sql
 from apps.booking.services.sql import insert_rows
 
-# Reads as few allocations as the GPU lookup does (migration booking 0005 explains the shape: active allocations
-# of one GPU never overlap, so those clashing with [start, end) are the ones ending inside (start, end] and at
-# most the first one ending after `end`). Parameters: GPU ids, start, end, end, end.
-_CLASH_SQL = """
-SELECT 1 FROM unnest(%s::bigint[]) AS x(gpu)
-WHERE EXISTS (SELECT 1 FROM booking_allocation a
-              WHERE a.gpu_id = x.gpu AND a.active AND a."end" > %s AND a."end" <= %s)
-   OR EXISTS (SELECT 1 FROM (SELECT a.start FROM booking_allocation a
-                             WHERE a.gpu_id = x.gpu AND a.active AND a."end" > %s AND a.start < a."end"
-                             ORDER BY a."end" LIMIT 1) b
-              WHERE b.start < %s)
-LIMIT 1
-"""
+# Whether any of the GPUs is held in [start, end). Parameters: GPU ids, start, end, end, end.
+_CLASH_SQL = "SELECT 1 FROM unnest(%s::bigint[]) AS x(gpu) WHERE {held} LIMIT 1".replace(
+    "{held}", held_sql(gpu="x.gpu", start="%s", end="%s")
+)
 _UNLESS_CLASH = "NOT EXISTS (SELECT 1 FROM clash)"
 
 

@@ -16,7 +16,14 @@ from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
 from apps.booking.models import BookingPolicy
 from apps.booking.placement import FreeGpu, place
-from apps.booking.services.conflicts import MAX_CONFLICTS_SHOWN, Slot, clashes, describe_slots, held_conflict
+from apps.booking.services.conflicts import (
+    MAX_CONFLICTS_SHOWN,
+    Slot,
+    clashes,
+    describe_slots,
+    held_conflict,
+    held_sql,
+)
 from apps.booking.services.locks import lock_model
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
@@ -113,19 +120,14 @@ WITH mw AS MATERIALIZED (
     SELECT w.gpu_id, w.node_id FROM booking_maintenancewindow w WHERE w.start < %(end)s AND w."end" > %(start)s
 )
 SELECT g.id, g.uuid, g."index", g.node_id, n.name, n.status, g.status, m.id, m.name, m.hourly_price,
-       EXISTS (SELECT 1 FROM booking_allocation a
-               WHERE a.gpu_id = g.id AND a.active AND a."end" > %(start)s AND a."end" <= %(end)s)
-       OR EXISTS (SELECT 1 FROM (SELECT a.start FROM booking_allocation a
-                                 WHERE a.gpu_id = g.id AND a.active AND a."end" > %(end)s AND a.start < a."end"
-                                 ORDER BY a."end" LIMIT 1) b
-                  WHERE b.start < %(end)s)
+       {held}
        OR EXISTS (SELECT 1 FROM mw
                   WHERE mw.gpu_id = g.id OR mw.node_id = g.node_id OR (mw.gpu_id IS NULL AND mw.node_id IS NULL))
 FROM fleet_gpu g JOIN fleet_node n ON n.id = g.node_id JOIN fleet_gpumodel m ON m.id = g.model_id
 WHERE g.model_id = %(model)s
   AND CASE WHEN %(include_offline)s THEN g.status <> %(lost)s ELSE g.status = %(ok)s AND n.status = %(online)s END
 ORDER BY n.name, g."index"
-"""
+""".replace("{held}", held_sql(gpu="g.id", start="%(start)s", end="%(end)s"))
 
 
 def placement_pool(
