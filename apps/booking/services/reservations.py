@@ -16,7 +16,7 @@ from django.utils import timezone
 from apps.accounts.models import Membership, Role, Team
 from apps.accounts.scoping import team_ids_of
 from apps.accounts.types import AnyUser, User
-from apps.audit.services import audit_record
+from apps.audit.services import audit_event, audit_record
 from apps.booking import quota as quota_math
 from apps.booking import selectors
 from apps.booking.models import AllocationKind, BookingPolicy, Reservation, ReservationStatus
@@ -181,6 +181,14 @@ def _book(
             start=start,
             end=end,
         ),
+        extra=[
+            audit_event(
+                actor=user,
+                action="reservation.create",
+                target=reservation,
+                data={"gpus": [g.uuid for g in chosen], "start": iso(start), "end": iso(end), "status": status},
+            )
+        ],
     )
     try:
         written = booking_write(rows, usage=locked.usage, amounts=amounts)
@@ -190,8 +198,6 @@ def _book(
         raise
     if not written:
         raise held_conflict(clashes(gpu_ids, start, end), team_id=team.pk, viewer=user)
-    audit_data = {"gpus": [g.uuid for g in chosen], "start": iso(start), "end": iso(end), "status": status}
-    audit_record(actor=user, action="reservation.create", target=reservation, data=audit_data)
     return reservation, warnings
 
 
