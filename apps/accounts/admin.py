@@ -4,14 +4,14 @@ from django.http import HttpRequest
 from apps.accounts.models import ApiToken, Membership, Team
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(admin.TabularInline[Membership, Team]):
     model = Membership
     extra = 1
     autocomplete_fields = ["user"]
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(admin.ModelAdmin[Team]):
     list_display = ("slug", "name", "share", "created_at")
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}
@@ -19,14 +19,14 @@ class TeamAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(admin.ModelAdmin[Membership]):
     list_display = ("user", "team", "role")
     list_filter = ("role", "team")
     search_fields = ("user__username", "team__slug")
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     """Tokens are created by their owners (settings page, API, create_token); admins may only revoke."""
 
     list_display = ("name", "user", "prefix", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at")

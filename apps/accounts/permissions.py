@@ -3,7 +3,7 @@ user's role gives. Views declare `write_scope` (the scope for unsafe methods); r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rest_framework import exceptions
 from rest_framework.permissions import SAFE_METHODS, BasePermission
@@ -33,8 +33,8 @@ class TokenScopePermission(BasePermission):
     """Authenticated, and, for token requests, holding the scope the view and method need."""
 
     def has_permission(self, request: Request, view: APIView) -> bool:
-        user: Any = request.user
-        if not user or not user.is_authenticated:
+        user = request.user
+        if not user.is_authenticated:
             raise exceptions.NotAuthenticated()
         scope = required_scope(request, view)
         token = request.auth

@@ -6,8 +6,10 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
+# drf-spectacular registers extensions in an untyped __init_subclass__, hence the ignore on each class.
 
-class BearerTokenScheme(OpenApiAuthenticationExtension):
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     target_class = "apps.accounts.authentication.BearerTokenAuthentication"
     name = "bearerAuth"
 
@@ -15,7 +17,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer", "description": "Personal API token: gpp_<prefix>_<secret>"}
 
 
-class SessionScheme(OpenApiAuthenticationExtension):
+class SessionScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     target_class = "apps.accounts.authentication.PortalSessionAuthentication"
     name = "cookieAuth"
 

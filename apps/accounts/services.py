@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts import tokens
 from apps.accounts.models import ApiToken, Membership, Role, Scope, Team
+from apps.accounts.types import AnyUser, User
 from apps.audit.services import audit_record
 from apps.core.errors import Forbidden, NotFound, ValidationFailed
 
 VALID_SCOPES = {choice.value for choice in Scope}
 
 
-def token_create(*, user: Any, name: str, scopes: list[str], expires_days: int | None = 90) -> tuple[ApiToken, str]:
+def token_create(*, user: User, name: str, scopes: list[str], expires_days: int | None = 90) -> tuple[ApiToken, str]:
     """Create a personal token; returns (row, plaintext). The plaintext is never stored or shown again."""
     name = (name or "").strip()
     if not name or len(name) > 100:
@@ -50,7 +49,7 @@ def token_create(*, user: Any, name: str, scopes: list[str], expires_days: int |
     return token, plaintext
 
 
-def token_revoke(*, user: Any, token_id: int) -> ApiToken:
+def token_revoke(*, user: User, token_id: int) -> ApiToken:
     """Revoke one of the user's own tokens (admins may revoke anyone's)."""
     with transaction.atomic():
         qs = ApiToken.objects.select_for_update()
@@ -66,14 +65,14 @@ def token_revoke(*, user: Any, token_id: int) -> ApiToken:
     return token
 
 
-def team_create(*, actor: Any, slug: str, name: str, share: int = 1) -> Team:
+def team_create(*, actor: AnyUser | None, slug: str, name: str, share: int = 1) -> Team:
     with transaction.atomic():
         team = Team.objects.create(slug=slug, name=name, share=share)
         audit_record(actor=actor, action="team.create", target=team)
     return team
 
 
-def membership_set(*, actor: Any, team: Team, user: Any, role: str = Role.MEMBER) -> Membership:
+def membership_set(*, actor: AnyUser | None, team: Team, user: User, role: str = Role.MEMBER) -> Membership:
     """Add a user to a team or change their role (idempotent)."""
     if role not in Role.values:
         raise ValidationFailed(f"Unknown role {role!r}.")
@@ -83,9 +82,8 @@ def membership_set(*, actor: Any, team: Team, user: Any, role: str = Role.MEMBER
     return membership
 
 
-def user_get_or_create(*, username: str, password: str, email: str = "", is_staff: bool = False) -> Any:
-    user_model = get_user_model()
-    user, created = user_model.objects.get_or_create(
+def user_get_or_create(*, username: str, password: str, email: str = "", is_staff: bool = False) -> User:
+    user, created = User.objects.get_or_create(
         username=username, defaults={"email": email, "is_staff": is_staff, "is_superuser": is_staff}
     )
     if created:

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts import selectors, services
 from apps.accounts.forms import RateLimitedLoginForm, TokenForm
+from apps.accounts.types import signed_in
 from apps.core.errors import ApplicationError
 
 
@@ -27,7 +28,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             _, new_token = services.token_create(
-                user=request.user,
+                user=signed_in(request.user),
                 name=form.cleaned_data["name"],
                 scopes=form.cleaned_data["scopes"],
                 expires_days=form.cleaned_data["expires_days"],
@@ -51,7 +52,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     try:
-        services.token_revoke(user=request.user, token_id=token_id)
+        services.token_revoke(user=signed_in(request.user), token_id=token_id)
         messages.success(request, "Token revoked.")
     except ApplicationError as exc:
         messages.error(request, exc.detail)

@@ -10,11 +10,14 @@ from typing import Any
 from channels.auth import AuthMiddleware
 from channels.db import database_sync_to_async
 from channels.sessions import CookieMiddleware, SessionMiddleware
-from django.contrib.auth.models import AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from apps.accounts.models import ApiToken
+
+# Channels ships no type information: its middleware base class is untyped, hence the ignore below.
 
 
-@database_sync_to_async
-def _user_for_token(plaintext: str) -> tuple[Any, Any]:
+def _user_for_token(plaintext: str) -> tuple[AbstractBaseUser | AnonymousUser, ApiToken | None]:
     from rest_framework.exceptions import AuthenticationFailed
 
     from apps.accounts.authentication import authenticate_token
@@ -25,12 +28,12 @@ def _user_for_token(plaintext: str) -> tuple[Any, Any]:
         return AnonymousUser(), None
 
 
-class _BearerOrSessionAuth(AuthMiddleware):
+class _BearerOrSessionAuth(AuthMiddleware):  # type: ignore[misc]
     async def resolve_scope(self, scope: dict[str, Any]) -> None:
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization", b"").decode(errors="replace").split()
         if len(auth) == 2 and auth[0].lower() == "bearer":
-            user, token = await _user_for_token(auth[1])
+            user, token = await database_sync_to_async(_user_for_token)(auth[1])
             scope["user"]._wrapped = user
             scope["token"] = token
             return

@@ -5,7 +5,7 @@ from apps.audit.models import AuditEvent
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
     list_display = ("created_at", "action", "actor", "team", "target_repr")
     list_filter = ("action", "team")
     search_fields = ("action", "target_repr", "actor__username")
@@ -14,8 +14,8 @@ class AuditEventAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
         return False

@@ -3,19 +3,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from apps.billing import services
 from apps.billing.models import BudgetAlert, MonthClose, MonthStatus, Notification, Price, UsageRecord
 from apps.core.errors import ApplicationError
 
+_M = TypeVar("_M", bound=Model)
 
-class _ReadOnly(admin.ModelAdmin):
+
+class _ReadOnly(admin.ModelAdmin[_M]):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -26,7 +28,7 @@ class _ReadOnly(admin.ModelAdmin):
         return False
 
 
-class PriceForm(forms.ModelForm):
+class PriceForm(forms.ModelForm[Price]):
     class Meta:
         model = Price
         fields = ["gpu_model", "valid_from", "hourly_price", "note"]
@@ -44,7 +46,7 @@ class PriceForm(forms.ModelForm):
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(admin.ModelAdmin[Price]):
     """A new price applies from its date; the ledger of the open month is re-rated; closed months are refused."""
 
     form = PriceForm
@@ -70,7 +72,7 @@ class PriceAdmin(admin.ModelAdmin):
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(_ReadOnly):
+class UsageRecordAdmin(_ReadOnly[UsageRecord]):
     list_display = (
         "start",
         "end",
@@ -90,7 +92,7 @@ class UsageRecordAdmin(_ReadOnly):
 
 
 @admin.register(MonthClose)
-class MonthCloseAdmin(_ReadOnly):
+class MonthCloseAdmin(_ReadOnly[MonthClose]):
     list_display = ("month", "status", "cost", "gpu_seconds", "closed_at", "closed_by", "reopened_at", "reopened_by")
     readonly_fields = [f.name for f in MonthClose._meta.fields]
     actions = ["reopen_months", "close_months"]
@@ -118,13 +120,13 @@ class MonthCloseAdmin(_ReadOnly):
 
 
 @admin.register(BudgetAlert)
-class BudgetAlertAdmin(_ReadOnly):
+class BudgetAlertAdmin(_ReadOnly[BudgetAlert]):
     list_display = ("team", "month", "threshold", "budget", "cost", "created_at")
     list_filter = ("month", "threshold")
 
 
 @admin.register(Notification)
-class NotificationAdmin(admin.ModelAdmin):
+class NotificationAdmin(admin.ModelAdmin[Notification]):
     list_display = ("created_at", "team", "level", "title")
     list_filter = ("level", "team")
     search_fields = ("title", "body")

@@ -9,13 +9,12 @@ month's rows after it (apps.billing.services.price_set). Closed months never cha
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
 from apps.accounts.scoping import ScopedQuerySet, managed_team_ids_of, team_ids_of
+from apps.accounts.types import AnyUser
 
 
 class SourceKind(models.TextChoices):
@@ -67,10 +66,10 @@ class Price(models.Model):
 class UsageRecordQuerySet(ScopedQuerySet["UsageRecord"]):
     team_path = "team"
 
-    def visible_to(self, user: Any) -> UsageRecordQuerySet:
+    def visible_to(self, user: AnyUser) -> UsageRecordQuerySet:
         """Admins: every row. Managers: their teams' rows. Members: their own rows in their teams (a member sees
         the team's totals on the team page, not who spent what)."""
-        if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
+        if not user.is_authenticated or not user.is_active:
             return self.none()
         if user.is_staff:
             return self

@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.accounts.models import Membership, Role, Team
+from apps.accounts.types import AnyUser, User
 from apps.audit.services import audit_record
 from apps.billing import conf, costing, selectors
 from apps.billing.models import (
@@ -171,7 +172,7 @@ def price_validate(*, gpu_model: GpuModel, valid_from: datetime | date, hourly_p
 
 def price_set(
     *,
-    actor: Any,
+    actor: AnyUser,
     gpu_model: GpuModel,
     hourly_price: Any,
     valid_from: datetime | date,
@@ -245,14 +246,14 @@ def list_prices_sync(*, now: datetime | None = None) -> int:
     return changed
 
 
-def _user_or_none(actor: Any) -> Any:
-    return actor if getattr(actor, "is_authenticated", False) else None
+def _user_or_none(actor: AnyUser | None) -> User | None:
+    return actor if isinstance(actor, User) else None
 
 
 # --- Month close ---------------------------------------------------------------------------------------------------
 
 
-def month_close(*, month: date, actor: Any | None = None, now: datetime | None = None) -> MonthClose:
+def month_close(*, month: date, actor: AnyUser | None = None, now: datetime | None = None) -> MonthClose:
     """Freeze a month that is over: write its last ledger rows, then store its report figures. Idempotent (a
     closed month is returned as it is); re-closing a re-opened month freezes its figures again. Holds the ledger
     lock, so no row can land in the month between the last write and the freeze."""
@@ -298,7 +299,7 @@ def month_close(*, month: date, actor: Any | None = None, now: datetime | None =
     return closing
 
 
-def month_reopen(*, month: date, actor: Any, reason: str = "") -> MonthClose:
+def month_reopen(*, month: date, actor: AnyUser, reason: str = "") -> MonthClose:
     """Re-open a closed month (administrators): its rows may be written again and prices dated into it are
     accepted, until it is closed again. Audited with the figures it had. Holds the ledger lock."""
     if not getattr(actor, "is_staff", False):

@@ -7,7 +7,8 @@ from celery import shared_task
 from apps.billing import services
 
 
-@shared_task(name="billing.close_ledger", queue="portal", time_limit=240, soft_time_limit=200, ignore_result=True)
+# Celery ships no type information: its task decorator is untyped, hence the ignore on each task.
+@shared_task(name="billing.close_ledger", queue="portal", time_limit=240, soft_time_limit=200, ignore_result=True)  # type: ignore[untyped-decorator]
 def close_ledger() -> int:
     """Write the ledger rows of every piece that is over and keep list prices in sync (every minute)."""
     written = services.ledger_close()
@@ -15,13 +16,13 @@ def close_ledger() -> int:
     return written
 
 
-@shared_task(name="billing.broadcast_team_costs", queue="portal", time_limit=30, soft_time_limit=25, ignore_result=True)
+@shared_task(name="billing.broadcast_team_costs", queue="portal", time_limit=30, soft_time_limit=25, ignore_result=True)  # type: ignore[untyped-decorator]
 def broadcast_team_costs() -> list[int]:
     """Push changed month-to-date figures to team sockets and fire budget alerts (every few seconds)."""
     return services.broadcast_team_costs()
 
 
-@shared_task(name="billing.close_months", queue="portal", time_limit=600, soft_time_limit=540, ignore_result=True)
+@shared_task(name="billing.close_months", queue="portal", time_limit=600, soft_time_limit=540, ignore_result=True)  # type: ignore[untyped-decorator]
 def close_months() -> list[str]:
     """Freeze every month that is over and not closed yet (hourly; the first run on the 1st does it)."""
     return [f"{m:%Y-%m}" for m in services.close_due_months()]

@@ -8,12 +8,12 @@ from apps.fleet.models import Gpu, GpuModel, Node
 
 
 @admin.register(GpuModel)
-class GpuModelAdmin(admin.ModelAdmin):
+class GpuModelAdmin(admin.ModelAdmin[GpuModel]):
     list_display = ("name", "display_name", "memory_mib", "hourly_price")
     search_fields = ("name",)
 
 
-class GpuInline(admin.TabularInline):
+class GpuInline(admin.TabularInline[Gpu, Node]):
     model = Gpu
     extra = 0
     fields = ("index", "uuid", "model", "memory_mib", "mig_mode", "status", "probed_at", "retired_at")
@@ -21,7 +21,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(admin.ModelAdmin[Node]):
     list_display = ("name", "status", "draining", "last_heartbeat", "backend", "agent_version", "token_prefix")
     list_filter = ("status", "draining", "backend")
     search_fields = ("name", "hostname")
@@ -66,7 +66,7 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
+class GpuAdmin(admin.ModelAdmin[Gpu]):
     list_display = ("uuid", "node", "index", "model", "status", "mig_mode", "probed_at", "retired_at")
     list_filter = ("status", "model", "node", "mig_mode")
     search_fields = ("uuid", "node__name", "name")

@@ -6,18 +6,19 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
+from apps.accounts.types import AnyUser
 from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
 
 
-def gpu_models_visible_to(*, user: Any) -> QuerySet[GpuModel]:
+def gpu_models_visible_to(*, user: AnyUser) -> QuerySet[GpuModel]:
     return GpuModel.objects.visible_to(user).order_by("name")
 
 
-def nodes_visible_to(*, user: Any) -> QuerySet[Node]:
+def nodes_visible_to(*, user: AnyUser) -> QuerySet[Node]:
     return Node.objects.visible_to(user).prefetch_related("gpus__model").order_by("name")
 
 
-def fleet_summary(*, user: Any) -> dict[str, Any]:
+def fleet_summary(*, user: AnyUser) -> dict[str, Any]:
     """Counts for the home page."""
     nodes = Node.objects.visible_to(user).aggregate(
         total=Count("id"), online=Count("id", filter=Q(status=NodeStatus.ONLINE))
@@ -28,7 +29,7 @@ def fleet_summary(*, user: Any) -> dict[str, Any]:
     return {"nodes": nodes["total"], "nodes_online": nodes["online"], "gpus": gpus["total"], "gpus_ok": gpus["ok"]}
 
 
-def gpus_visible_to(*, user: Any) -> QuerySet[Gpu]:
+def gpus_visible_to(*, user: AnyUser) -> QuerySet[Gpu]:
     """Live (not retired) GPUs with their node and model, in node/index order."""
     return (
         Gpu.objects.visible_to(user)

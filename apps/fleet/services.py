@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts import tokens
+from apps.accounts.types import AnyUser
 from apps.audit.services import audit_record
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.fleet import auth
@@ -44,7 +45,7 @@ def _gpu_status_when_up(gpu: Gpu) -> str:
     return GpuStatus.OK
 
 
-def _node_transition(*, node: Node, to: str, actor: Any | None, reason: str) -> bool:
+def _node_transition(*, node: Node, to: str, actor: AnyUser | None, reason: str) -> bool:
     """Move a locked node (select_for_update by the caller) to `to`, with its GPUs and an audit entry.
 
     Returns False when it already is there; raises Conflict for a move the table above does not allow."""
@@ -69,7 +70,7 @@ def _node_transition(*, node: Node, to: str, actor: Any | None, reason: str) -> 
 # --- Tokens ---------------------------------------------------------------------------------------------------
 
 
-def node_token_issue(*, node_name: str, actor: Any | None = None) -> tuple[Node, str]:
+def node_token_issue(*, node_name: str, actor: AnyUser | None = None) -> tuple[Node, str]:
     """Create the node if needed and give it a new token (the old one stops working); returns (node, plaintext).
 
     The plaintext is shown once; the node stores it (GPUPORTAL_NODE_TOKEN) and sends it with every message."""
@@ -250,7 +251,7 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list[str]:
 # --- Admin ----------------------------------------------------------------------------------------------------
 
 
-def node_drain(*, actor: Any, node_name: str, draining: bool = True) -> Node:
+def node_drain(*, actor: AnyUser, node_name: str, draining: bool = True) -> Node:
     """Drain (or undrain) a node: it stays up, but the scheduler places no new work on it. Idempotent."""
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(name=node_name).first()
@@ -265,7 +266,7 @@ def node_drain(*, actor: Any, node_name: str, draining: bool = True) -> Node:
     return node
 
 
-def gpu_probe_request(*, actor: Any, gpu_uuid: str) -> Gpu:
+def gpu_probe_request(*, actor: AnyUser, gpu_uuid: str) -> Gpu:
     """Ask the GPU's agent to run the health probe on it; the result comes back as `fleet.probe_result`."""
     with transaction.atomic():
         gpu = Gpu.objects.select_related("node").filter(uuid=gpu_uuid, retired_at__isnull=True).first()

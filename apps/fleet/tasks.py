@@ -31,7 +31,8 @@ def _refuse(task: str, payload: Any, exc: MessageRejected) -> None:
     logger.warning("%s from node %r refused: %s", task, str(node)[:100], exc)
 
 
-@shared_task(name="fleet.register", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=5, **_CONTROL)
+# Celery ships no type information: its task decorator is untyped, hence the ignore on each task.
+@shared_task(name="fleet.register", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=5, **_CONTROL)  # type: ignore[untyped-decorator]
 def register(payload: Any) -> None:
     try:
         reg = check_registration(payload)
@@ -48,7 +49,7 @@ def register(payload: Any) -> None:
         _refuse("fleet.register", payload, exc)
 
 
-@shared_task(name="fleet.heartbeat", **_CONTROL)
+@shared_task(name="fleet.heartbeat", **_CONTROL)  # type: ignore[untyped-decorator]
 def heartbeat(payload: Any) -> None:
     try:
         hb = check_heartbeat(payload)
@@ -58,7 +59,7 @@ def heartbeat(payload: Any) -> None:
         _refuse("fleet.heartbeat", payload, exc)
 
 
-@shared_task(name="fleet.probe_result", autoretry_for=(OperationalError,), max_retries=3, **_CONTROL)
+@shared_task(name="fleet.probe_result", autoretry_for=(OperationalError,), max_retries=3, **_CONTROL)  # type: ignore[untyped-decorator]
 def probe_result(payload: Any) -> None:
     try:
         report = check_probe_result(payload)
@@ -68,6 +69,6 @@ def probe_result(payload: Any) -> None:
         _refuse("fleet.probe_result", payload, exc)
 
 
-@shared_task(name="fleet.mark_offline", ignore_result=True, time_limit=60, soft_time_limit=50)
+@shared_task(name="fleet.mark_offline", ignore_result=True, time_limit=60, soft_time_limit=50)  # type: ignore[untyped-decorator]
 def mark_offline() -> list[str]:
     return services.nodes_mark_offline()

@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from apps.accounts.types import AnyUser
 from apps.fleet import selectors
 from apps.fleet.models import Gpu
 from apps.telemetry import keys
@@ -23,7 +24,7 @@ from apps.telemetry.fanout import Snapshot, Viewer, last_snapshot_document, view
 SPARK_POINTS = 60  # seconds of utilization history drawn in a row's sparkline
 
 
-def _snapshot_from_database(*, user: Any, viewer: Viewer) -> dict[str, Any]:
+def _snapshot_from_database(*, user: AnyUser, viewer: Viewer) -> dict[str, Any]:
     """The snapshot shape built from the database and the latest samples, for when no publisher is running (or
     Redis was just restarted): the page still lists every node and GPU, with figures where there are any."""
     gpus = list(selectors.gpus_visible_to(user=user))

@@ -1,12 +1,16 @@
+from typing import TypeVar
+
 from django.contrib import admin
 from django.http import HttpRequest
 
-from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup, RollupFields
+
+_R = TypeVar("_R", bound=RollupFields)
 
 _FIGURES = ("samples", "util_min", "util_mean", "util_max", "mem_used_mean", "mem_used_max", "temp_max", "power_mean")
 
 
-class RollupAdmin(admin.ModelAdmin):
+class RollupAdmin(admin.ModelAdmin[_R]):
     """Rollups are written by the flush tasks only: read-only here."""
 
     list_select_related = ("gpu", "gpu__node")
@@ -15,17 +19,17 @@ class RollupAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: _R | None = None) -> bool:
         return False
 
 
 @admin.register(GpuRollup)
-class GpuRollupAdmin(RollupAdmin):
+class GpuRollupAdmin(RollupAdmin[GpuRollup]):
     list_display = ("gpu", "minute", *_FIGURES)
     date_hierarchy = "minute"
 
 
 @admin.register(GpuHourlyRollup)
-class GpuHourlyRollupAdmin(RollupAdmin):
+class GpuHourlyRollupAdmin(RollupAdmin[GpuHourlyRollup]):
     list_display = ("gpu", "hour", *_FIGURES)
     date_hierarchy = "hour"

@@ -33,6 +33,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from apps.accounts.types import AnyUser
 from apps.telemetry import keys
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Viewer:
     teams: frozenset[str] = frozenset()
 
 
-def viewer_for(user: Any) -> Viewer:
+def viewer_for(user: AnyUser) -> Viewer:
     """The viewer of a signed-in user; reads the database (call through database_sync_to_async from async code)."""
     from apps.accounts.models import Team
 
@@ -387,6 +388,6 @@ def last_snapshot_document(*, viewer: Viewer) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        return Snapshot.parse(raw).document_for(viewer)  # type: ignore[arg-type]
+        return Snapshot.parse(raw).document_for(viewer)
     except (ValueError, TypeError, KeyError):
         return None

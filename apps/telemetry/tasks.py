@@ -16,7 +16,8 @@ logger = logging.getLogger(__name__)
 
 # No retries and no acks_late: a sample is worth a second; a lost one is replaced by the next. The agent sends it
 # with `expires`, so a backlog after an outage is discarded by the worker instead of replayed.
-@shared_task(name="telemetry.ingest", ignore_result=True, acks_late=False, time_limit=10)
+# Celery ships no type information: its task decorator is untyped, hence the ignore on each task.
+@shared_task(name="telemetry.ingest", ignore_result=True, acks_late=False, time_limit=10)  # type: ignore[untyped-decorator]
 def ingest(payload: Any) -> None:
     try:
         telemetry_ingest(payload)
@@ -26,11 +27,11 @@ def ingest(payload: Any) -> None:
         logger.warning("telemetry from node %r refused: %s", str(node)[:100], exc)
 
 
-@shared_task(name="telemetry.flush_rollups", ignore_result=True, time_limit=120, soft_time_limit=100)
+@shared_task(name="telemetry.flush_rollups", ignore_result=True, time_limit=120, soft_time_limit=100)  # type: ignore[untyped-decorator]
 def flush_rollups() -> int:
     return rollups.flush_rollups()
 
 
-@shared_task(name="telemetry.rollup_hours", ignore_result=True, time_limit=300, soft_time_limit=240)
+@shared_task(name="telemetry.rollup_hours", ignore_result=True, time_limit=300, soft_time_limit=240)  # type: ignore[untyped-decorator]
 def rollup_hours() -> int:
     return rollups.rollup_hours()

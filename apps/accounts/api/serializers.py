@@ -4,21 +4,21 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.accounts.models import ApiToken, Scope, Team
+from apps.accounts.models import ApiToken, Membership, Scope, Team
 
 
-class TeamOutput(serializers.ModelSerializer):
+class TeamOutput(serializers.ModelSerializer[Team]):
     class Meta:
         model = Team
         fields = ["slug", "name", "share"]
 
 
-class MembershipOutput(serializers.Serializer):
+class MembershipOutput(serializers.Serializer[Membership]):
     team = TeamOutput()
     role = serializers.CharField()
 
 
-class MeOutput(serializers.Serializer):
+class MeOutput(serializers.Serializer[dict[str, Any]]):
     id = serializers.IntegerField()
     username = serializers.CharField()
     email = serializers.EmailField()
@@ -27,13 +27,13 @@ class MeOutput(serializers.Serializer):
     token_scopes = serializers.ListField(child=serializers.CharField(), allow_null=True)
 
 
-class TokenInput(serializers.Serializer):
+class TokenInput(serializers.Serializer[dict[str, Any]]):
     name = serializers.CharField(max_length=100)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), min_length=1, max_length=4)
     expires_days = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=90)
 
 
-class TokenOutput(serializers.ModelSerializer):
+class TokenOutput(serializers.ModelSerializer[ApiToken]):
     class Meta:
         model = ApiToken
         fields = ["id", "name", "prefix", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at"]
@@ -45,11 +45,11 @@ class TokenCreatedOutput(TokenOutput):
     class Meta(TokenOutput.Meta):
         fields = [*TokenOutput.Meta.fields, "token"]
 
-    def get_token(self, obj: Any) -> str:
+    def get_token(self, obj: ApiToken) -> str:
         return str(self.context["plaintext"])
 
 
-class MemberOutput(serializers.Serializer):
+class MemberOutput(serializers.Serializer[Membership]):
     username = serializers.CharField(source="user.username")
     role = serializers.CharField()
 

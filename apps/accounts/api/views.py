@@ -15,6 +15,7 @@ from apps.accounts.api.serializers import (
     TokenOutput,
 )
 from apps.accounts.models import ApiToken, Scope, Team
+from apps.accounts.types import signed_in
 from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveAPIView
 from apps.core.idempotency import idempotent
 
@@ -64,7 +65,7 @@ class TokenListCreateView(PortalAPIView):
                     code="insufficient_scope",
                 )
         token, plaintext = services.token_create(
-            user=request.user,
+            user=signed_in(request.user),
             name=payload.validated_data["name"],
             scopes=scopes,
             expires_days=payload.validated_data.get("expires_days"),
@@ -79,7 +80,7 @@ class TokenDetailView(PortalAPIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, token_id: int) -> Response:
-        services.token_revoke(user=request.user, token_id=token_id)
+        services.token_revoke(user=signed_in(request.user), token_id=token_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

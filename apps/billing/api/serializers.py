@@ -12,7 +12,7 @@ from rest_framework import serializers
 from apps.billing.models import Price, UsageRecord
 
 
-class UsageRecordOutput(serializers.ModelSerializer):
+class UsageRecordOutput(serializers.ModelSerializer[UsageRecord]):
     team = serializers.CharField(source="team.slug")
     user = serializers.CharField(source="user.username", allow_null=True, default=None)
     gpu = serializers.CharField(source="gpu.uuid")
@@ -50,12 +50,12 @@ class UsageRecordOutput(serializers.ModelSerializer):
         return None if value is None else str(value)
 
 
-class ReportQueryInput(serializers.Serializer):
+class ReportQueryInput(serializers.Serializer[dict[str, Any]]):
     month = serializers.CharField(required=False, help_text="YYYY-MM; default: the current month")
     team = serializers.SlugField(required=False)
 
 
-class FigureOutput(serializers.Serializer):
+class FigureOutput(serializers.Serializer[dict[str, Any]]):
     gpu_hours = serializers.CharField()
     cost = serializers.CharField(help_text="rounded to the cent")
     idle_cost = serializers.CharField(help_text="cost x (1 - utilization) over the time with telemetry")
@@ -83,7 +83,7 @@ class TotalsOutput(FigureOutput):
     by_gpu_model = ModelFigureOutput(many=True)
 
 
-class MonthlyReportOutput(serializers.Serializer):
+class MonthlyReportOutput(serializers.Serializer[dict[str, Any]]):
     month = serializers.CharField()
     currency = serializers.CharField()
     status = serializers.CharField(help_text="open | closed (frozen figures) | reopened")
@@ -94,7 +94,7 @@ class MonthlyReportOutput(serializers.Serializer):
     totals = TotalsOutput()
 
 
-class PriceOutput(serializers.ModelSerializer):
+class PriceOutput(serializers.ModelSerializer[Price]):
     gpu_model = serializers.CharField(source="gpu_model.name")
     hourly_price = serializers.DecimalField(max_digits=12, decimal_places=4)
     currency = serializers.SerializerMethodField()
@@ -110,7 +110,7 @@ class PriceOutput(serializers.ModelSerializer):
 
 
 @extend_schema_field({"type": "string", "example": "2026-11-01 or 2026-11-01T00:00:00+01:00"})
-class InstantField(serializers.Field):
+class InstantField(serializers.Field[date | datetime, str, str, Any]):
     """A date (local midnight of the installation's time zone) or an ISO 8601 date-time with an offset."""
 
     default_error_messages = {"invalid": "Expected YYYY-MM-DD or an ISO 8601 date-time with an offset."}
@@ -129,11 +129,11 @@ class InstantField(serializers.Field):
             self.fail("invalid")
         return moment
 
-    def to_representation(self, value: Any) -> str:
+    def to_representation(self, value: date | datetime) -> str:
         return value.isoformat()
 
 
-class PriceInput(serializers.Serializer):
+class PriceInput(serializers.Serializer[dict[str, Any]]):
     gpu_model = serializers.CharField(max_length=64)
     valid_from = InstantField()
     hourly_price = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from apps.accounts.models import Role, Team
 from apps.accounts.scoping import team_ids_of
-from apps.accounts.types import AnyUser
+from apps.accounts.types import AnyUser, User
 from apps.billing.models import Notification
 from apps.core.errors import NotFound
 
@@ -26,8 +26,10 @@ def team_page_visible(*, user: AnyUser, slug: str) -> Team:
 
 
 def is_manager_of(*, user: AnyUser, team: Team) -> bool:
-    if getattr(user, "is_staff", False):
+    if user.is_staff:
         return True
+    if not isinstance(user, User):
+        return False
     return team.memberships.filter(user=user, role=Role.MANAGER).exists()
 
 

@@ -27,11 +27,10 @@ def _rollup_means(
     """{segment index: sample-weighted mean util (0..1)} of the rollups of `model` whose bucket (`time_field`)
     starts inside each (index, gpu id, lo, hi). One query; per segment one index range scan on the rollups'
     (gpu, time) unique index."""
-    meta = model._meta
-    table = connection.ops.quote_name(meta.db_table)
-    gpu, at, util, samples = (
-        connection.ops.quote_name(meta.get_field(name).column) for name in ("gpu", time_field, "util_mean", "samples")
-    )
+    quote = connection.ops.quote_name
+    columns = {f.name: f.column for f in model._meta.concrete_fields if f.column}
+    table = quote(model._meta.db_table)
+    gpu, at, util, samples = (quote(columns[name]) for name in ("gpu", time_field, "util_mean", "samples"))
     # A lateral subquery per segment: a plain join over the segments would let PostgreSQL hash the whole rollup
     # table instead (bench/billing_report.py).
     sql = (
@@ -41,13 +40,13 @@ def _rollup_means(
         f"WHERE r.{gpu} = seg.gpu_id AND r.{at} >= seg.lo AND r.{at} < seg.hi "
         f"AND r.{util} IS NOT NULL AND r.{samples} > 0) agg"
     )
-    columns: list[list[Any]] = [[], [], [], []]
+    arrays: list[list[Any]] = [[], [], [], []]
     for segment in segments:
-        for column, value in zip(columns, segment, strict=True):
-            column.append(value)
+        for array, value in zip(arrays, segment, strict=True):
+            array.append(value)
     out: dict[int, Decimal] = {}
     with connection.cursor() as cursor:
-        cursor.execute(sql, columns)
+        cursor.execute(sql, arrays)
         for index, weighted, count in cursor.fetchall():
             if count and weighted is not None:
                 mean = Decimal(str(float(weighted) / float(count))) / 100

@@ -1,15 +1,16 @@
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from rest_framework import serializers
 
-from apps.fleet.models import GpuModel
-from apps.telemetry.keys import PUBLIC_HOLDER_FIELDS
+from apps.fleet.models import Gpu, GpuModel, Node
+from apps.telemetry.keys import PUBLIC_HOLDER_FIELDS, Holder, LatestSample
 from apps.telemetry.selectors import is_stale
 
 
-class GpuModelOutput(serializers.ModelSerializer):
+class GpuModelOutput(serializers.ModelSerializer[GpuModel]):
     currency = serializers.SerializerMethodField()
 
     class Meta:
@@ -20,7 +21,7 @@ class GpuModelOutput(serializers.ModelSerializer):
         return str(settings.PORTAL_CURRENCY)
 
 
-class NodeGpuOutput(serializers.Serializer):
+class NodeGpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True)
     uuid = serializers.CharField()
     index = serializers.IntegerField()
     model = serializers.CharField(source="model.name")
@@ -30,7 +31,7 @@ class NodeGpuOutput(serializers.Serializer):
     status = serializers.CharField()
 
 
-class NodeOutput(serializers.Serializer):
+class NodeOutput(serializers.Serializer[Node]):
     name = serializers.CharField()
     status = serializers.CharField()
     draining = serializers.BooleanField()
@@ -42,12 +43,12 @@ class NodeOutput(serializers.Serializer):
     backend = serializers.CharField()
     gpus = serializers.SerializerMethodField()
 
-    def get_gpus(self, node: Any) -> list[dict[str, Any]]:
+    def get_gpus(self, node: Node) -> list[dict[str, Any]]:
         live = [g for g in node.gpus.all() if g.retired_at is None]
-        return NodeGpuOutput(sorted(live, key=lambda g: g.index), many=True).data  # type: ignore[return-value]
+        return list(NodeGpuOutput(sorted(live, key=lambda g: g.index), many=True).data)
 
 
-class GpuOutput(serializers.Serializer):
+class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True)
     """A GPU with its state and its latest sample (null figures when none in the last seconds or ever)."""
 
     uuid = serializers.CharField()
@@ -72,48 +73,56 @@ class GpuOutput(serializers.Serializer):
     stale = serializers.SerializerMethodField(help_text="no sample in the last 10 s")
     holder = serializers.SerializerMethodField()
 
-    def _sample(self, gpu: Any) -> dict[str, Any] | None:
-        return self.context.get("latest", {}).get(gpu.uuid)
+    def _sample(self, gpu: Gpu) -> LatestSample | None:
+        latest: Mapping[str, LatestSample] = self.context.get("latest", {})
+        return latest.get(gpu.uuid)
 
-    def _field(self, gpu: Any, key: str) -> Any:
-        sample = self._sample(gpu)
-        return None if sample is None else sample.get(key)
-
-    def get_probe_verdict(self, gpu: Any) -> str | None:
-        if not gpu.probe:
+    def get_probe_verdict(self, gpu: Gpu) -> str | None:
+        probe: dict[str, Any] | None = gpu.probe
+        if not probe:
             return None
-        return "error" if "error" in gpu.probe and "comparison" not in gpu.probe else gpu.probe.get("comparison")
+        verdict: str | None = "error" if "error" in probe and "comparison" not in probe else probe.get("comparison")
+        return verdict
 
-    def get_utilization(self, gpu: Any) -> int | None:
-        return self._field(gpu, "util")
+    def get_utilization(self, gpu: Gpu) -> int | None:
+        sample = self._sample(gpu)
+        return None if sample is None else sample.get("util")
 
-    def get_memory_used_mib(self, gpu: Any) -> int | None:
-        return self._field(gpu, "mem_used")
+    def get_memory_used_mib(self, gpu: Gpu) -> int | None:
+        sample = self._sample(gpu)
+        return None if sample is None else sample.get("mem_used")
 
-    def get_memory_total_mib(self, gpu: Any) -> int | None:
-        return self._field(gpu, "mem_total")
+    def get_memory_total_mib(self, gpu: Gpu) -> int | None:
+        sample = self._sample(gpu)
+        return None if sample is None else sample.get("mem_total")
 
-    def get_temperature_c(self, gpu: Any) -> int | None:
-        return self._field(gpu, "temp")
+    def get_temperature_c(self, gpu: Gpu) -> int | None:
+        sample = self._sample(gpu)
+        return None if sample is None else sample.get("temp")
 
-    def get_power_w(self, gpu: Any) -> float | None:
-        return self._field(gpu, "power")
+    def get_power_w(self, gpu: Gpu) -> float | None:
+        sample = self._sample(gpu)
+        return None if sample is None else sample.get("power")
 
-    def get_sm_clock_mhz(self, gpu: Any) -> int | None:
-        return self._field(gpu, "sm_clock")
+    def get_sm_clock_mhz(self, gpu: Gpu) -> int | None:
+        sample = self._sample(gpu)
+        return None if sample is None else sample.get("sm_clock")
 
-    def get_tensor_active(self, gpu: Any) -> float | None:
-        return self._field(gpu, "tensor")
+    def get_tensor_active(self, gpu: Gpu) -> float | None:
+        sample = self._sample(gpu)
+        return None if sample is None else sample.get("tensor")
 
-    def get_sampled_at(self, gpu: Any) -> datetime | None:
-        ts = self._field(gpu, "ts")
+    def get_sampled_at(self, gpu: Gpu) -> datetime | None:
+        sample = self._sample(gpu)
+        ts = None if sample is None else sample.get("ts")
         return None if ts is None else datetime.fromtimestamp(float(ts), tz=UTC)
 
-    def get_stale(self, gpu: Any) -> bool:
-        return bool(is_stale(self._sample(gpu)))  # type: ignore[arg-type]
+    def get_stale(self, gpu: Gpu) -> bool:
+        return is_stale(self._sample(gpu))
 
-    def get_holder(self, gpu: Any) -> dict[str, Any] | None:
-        holder = self.context.get("holders", {}).get(gpu.uuid)
+    def get_holder(self, gpu: Gpu) -> Holder | dict[str, Any] | None:
+        holders: Mapping[str, Holder] = self.context.get("holders", {})
+        holder = holders.get(gpu.uuid)
         if holder is None:
             return None
         # Who holds a GPU is the holder's team's business: others see that it is taken and by which team, the
@@ -123,7 +132,7 @@ class GpuOutput(serializers.Serializer):
         return {k: holder[k] for k in PUBLIC_HOLDER_FIELDS if k in holder}
 
 
-class HistoryPointOutput(serializers.Serializer):
+class HistoryPointOutput(serializers.Serializer[dict[str, Any]]):
     t = serializers.DateTimeField()
     samples = serializers.IntegerField()
     util_min = serializers.IntegerField(allow_null=True)
@@ -135,14 +144,14 @@ class HistoryPointOutput(serializers.Serializer):
     power_mean = serializers.FloatField(allow_null=True)
 
 
-class GpuHistoryOutput(serializers.Serializer):
+class GpuHistoryOutput(serializers.Serializer[dict[str, Any]]):
     uuid = serializers.CharField()
     resolution = serializers.ChoiceField(choices=["raw", "minute", "hour"])
     since = serializers.DateTimeField()
     points = serializers.ListField(child=serializers.DictField())
 
 
-class ProbeRequestedOutput(serializers.Serializer):
+class ProbeRequestedOutput(serializers.Serializer[dict[str, Any]]):
     gpu = serializers.CharField()
     node = serializers.CharField()
     status = serializers.CharField()
