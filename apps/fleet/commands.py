@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.core.errors import Conflict
-from workers import celery_wire
+from workers.internals import celery_wire
 
 logger = logging.getLogger(__name__)
 
@@ -87,5 +87,5 @@ def publish_command(
     queue: str, task: str, envelope: dict[str, Any], *, expires_s: float | None = None, argsrepr: str = ""
 ) -> None:
     """Put the Celery task message on the node's queue: the bytes `send_task` would write, for a third of its CPU
-    (workers/celery_wire.py); the agent's Celery worker consumes it as any task."""
+    (workers/internals/celery_wire.py); the agent's Celery worker consumes it as any task."""
     celery_wire.publish(_broker(), task, [envelope], queue=queue, expires_s=expires_s, argsrepr=argsrepr)
