@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -21,7 +22,8 @@ from apps.fleet.api.serializers import (
     NodeOutput,
     ProbeRequestedOutput,
 )
-from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node
+from apps.fleet.filtersets import GpuFilterSet
+from apps.fleet.models import Gpu, GpuModel, Node
 from apps.telemetry import selectors as telemetry
 
 
@@ -53,29 +55,12 @@ class GpuListView(ScopedListAPIView):
 
     model = Gpu
     serializer_class = GpuOutput
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("node", str, description="node name"),
-            OpenApiParameter("model", str, description="GPU model, e.g. A100-80GB"),
-            OpenApiParameter("status", str, enum=list(GpuStatus.values)),
-        ]
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = GpuFilterSet
 
     def base_queryset(self) -> QuerySet[Gpu]:
-        qs = Gpu.objects.filter(retired_at__isnull=True).select_related("node", "model").order_by("node__name", "index")
-        params = self.request.query_params
-        if params.get("node"):
-            qs = qs.filter(node__name=params["node"])
-        if params.get("model"):
-            qs = qs.filter(model__name=params["model"])
-        if params.get("status"):
-            if params["status"] not in GpuStatus.values:
-                raise ValidationFailed("Unknown status.", fields={"status": [f"One of {', '.join(GpuStatus.values)}."]})
-            qs = qs.filter(status=params["status"])
-        return qs
+        live = Gpu.objects.filter(retired_at__isnull=True)
+        return live.select_related("node", "model").order_by("node__name", "index")
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         qs = self.filter_queryset(self.get_queryset())
