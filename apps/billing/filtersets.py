@@ -1,5 +1,6 @@
-"""Query filters for ledger rows (GET /api/v1/usage/: `?team=&month=&source=&source_id=&gpu_model=`), as a
-django-filter FilterSet over rows the user may already see."""
+"""Query filters for billing's lists, as django-filter FilterSets over rows the user may already see: ledger rows
+(GET /api/v1/usage/: `?team=&month=&source=&source_id=&gpu_model=`) and prices (GET /api/v1/prices/:
+`?gpu_model=`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema_field
 
 from apps.accounts.models import Team
-from apps.billing.models import SourceKind, UsageRecord
+from apps.billing.models import Price, SourceKind, UsageRecord
 from apps.billing.selectors.months import parse_month
 from apps.core.errors import NotFound, ValidationFailed
 
@@ -62,3 +63,11 @@ class UsageFilterSet(django_filters.FilterSet):  # type: ignore[misc]
         if team is None:
             raise NotFound(f"No team {value!r} that you belong to.")
         return queryset.filter(team=team)
+
+
+class PriceFilterSet(django_filters.FilterSet):  # type: ignore[misc]
+    gpu_model = django_filters.CharFilter(field_name="gpu_model__name", label="GPU model name")
+
+    class Meta:
+        model = Price
+        fields = ["gpu_model"]

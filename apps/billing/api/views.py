@@ -23,7 +23,7 @@ from apps.billing.api.serializers import (
     ReportQueryInput,
     UsageRecordOutput,
 )
-from apps.billing.filtersets import UsageFilterSet
+from apps.billing.filtersets import PriceFilterSet, UsageFilterSet
 from apps.billing.models import Price, UsageRecord
 from apps.core.api.base import PortalAPIView, ScopedListAPIView
 from apps.core.errors import ValidationFailed
@@ -110,11 +110,11 @@ class PriceListCreateView(ScopedListAPIView):
 
     model = Price
     serializer_class = PriceOutput
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = PriceFilterSet
 
     def base_queryset(self) -> QuerySet[Any]:
-        qs = Price.objects.select_related("gpu_model").order_by("gpu_model__name", "valid_from")
-        name = self.request.query_params.get("gpu_model")
-        return qs.filter(gpu_model__name=name) if name else qs
+        return Price.objects.select_related("gpu_model").order_by("gpu_model__name", "valid_from")
 
     @extend_schema(request=PriceInput, responses={201: PriceOutput})
     @idempotent
