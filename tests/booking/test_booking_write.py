@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from django.db import models
+from psycopg import _queries as psycopg_queries
 
 from apps.audit.models import AuditEvent
-from apps.audit.services import audit_record
+from apps.audit.services import audit_event, audit_record
 from apps.booking import quota as quota_math
 from apps.booking import services
 from apps.booking.models import Allocation, AllocationKind, QuotaHold, Reservation
@@ -64,8 +65,39 @@ def test_the_statement_writes_every_column_of_every_row(vision: Any, alice: Any,
         QuotaHold._meta.db_table: _concrete(QuotaHold, with_pk=False),
         AuditEvent._meta.db_table: _concrete(AuditEvent, with_pk=False),
     }
-    assert sql.count("%s") == len(params)
+    assert set(re.findall(r"%\((\w+)\)s", sql)) == set(params)
     assert expected == [1, 2, 1, 1, 1]
+
+
+@pytest.mark.parametrize("gpu_count", [1, 8])
+def test_the_statement_stays_within_what_psycopg_keeps_parsed(
+    gpu_count: int, vision: Any, alice: Any, fleet: dict[str, Any]
+) -> None:
+    """psycopg parses a statement's placeholders again on every execution when it is long or has many parameters;
+    a booking's statement of up to 8 GPUs stays under both limits (equal values are sent once)."""
+    start, end = slot()
+    reservation = Reservation(pk=10**9, team=vision, user=alice, gpu_count=gpu_count, start=start, end=end)
+    gpu_ids = [g.pk for g in list(fleet["gpus"].values())[:gpu_count]]
+    rows = BookingRows(
+        reservation=reservation,
+        allocations=allocation_rows(
+            gpu_ids=gpu_ids, team_id=vision.pk, user=alice, start=start, end=end,
+            kind=AllocationKind.RESERVATION, reservation_id=reservation.pk,
+        ),
+        hold=hold_row(
+            team_id=vision.pk, kind=AllocationKind.RESERVATION, reservation_id=reservation.pk, gpu_count=gpu_count,
+            hourly_rate=Decimal("5"), start=start, end=end,
+        ),
+        extra=[audit_event(actor=alice, action="reservation.create", target=reservation, data={"gpus": []})],
+    )  # fmt: skip
+    month = date(start.year, start.month, 1)
+    sql, params, _ = booking_statement(
+        rows,
+        usage={month: UsageRow(id=1, month=month, used=quota_math.Amount())},
+        amounts={month: quota_math.Amount(Decimal("4"), Decimal("10"))},
+    )
+    assert len(params) <= psycopg_queries.MAX_CACHED_STATEMENT_PARAMS
+    assert len(sql) <= psycopg_queries.MAX_CACHED_STATEMENT_LENGTH
 
 
 def _row(obj: models.Model) -> dict[str, Any]:

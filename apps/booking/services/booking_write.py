@@ -21,13 +21,9 @@ from django.db import connection, models
 from apps.booking import quota as quota_math
 from apps.booking.models import Allocation, QuotaHold, Reservation
 from apps.booking.services.conflicts import held_sql
-from apps.booking.services.quotas import UsageRow, usage_add_params, usage_add_sql
-from apps.booking.services.sql import insert_rows
+from apps.booking.services.quotas import UsageRow, usage_add_sql
+from apps.booking.services.sql import Params, insert_rows
 
-# Whether any of the GPUs is held in [start, end). Parameters: GPU ids, start, end, end, end.
-_CLASH_SQL = "SELECT 1 FROM unnest(%s::bigint[]) AS x(gpu) WHERE {held} LIMIT 1".replace(
-    "{held}", held_sql(gpu="x.gpu", start="%s", end="%s")
-)
 _UNLESS_CLASH = "NOT EXISTS (SELECT 1 FROM clash)"
 
 
@@ -43,26 +39,24 @@ class BookingRows:
 
 def booking_statement(
     rows: BookingRows, *, usage: Mapping[date, UsageRow], amounts: Mapping[date, quota_math.Amount]
-) -> tuple[str, list[Any], list[int]]:
+) -> tuple[str, dict[str, Any], list[int]]:
     """The statement, its parameters and how many rows each of its writes must change (the reservation's first)."""
     r = rows.reservation
-    gpu_ids = [a.gpu_id for a in rows.allocations]
-    ctes: list[str] = ["clash AS (" + _CLASH_SQL + ")"]
-    params: list[Any] = [gpu_ids, r.start, r.end, r.end, r.end]
+    # Every piece is this module's SQL or built from the models' metadata; every value is a parameter.
+    p = Params()
+    gpus = p([a.gpu_id for a in rows.allocations], "bigint[]")
+    held = held_sql(gpu="x.gpu", start=p(r.start, "timestamptz"), end=p(r.end, "timestamptz"))
+    ctes = [f"clash AS (SELECT 1 FROM unnest({gpus}) AS x(gpu) WHERE {held} LIMIT 1)"]  # noqa: S608
     expected: list[int] = []
     groups: list[Sequence[models.Model]] = [[r], rows.allocations, [rows.hold]]
     groups += [[obj] for obj in rows.extra]
     for n, objs in enumerate(groups):
-        sql, values = insert_rows(objs, guard=f"WHERE {_UNLESS_CLASH}", suffix="RETURNING 1")
-        ctes.append(f"w{n} AS ({sql})")
-        params += values
+        ctes.append(f"w{n} AS ({insert_rows(objs, p, guard=f'WHERE {_UNLESS_CLASH}', suffix='RETURNING 1')})")
         expected.append(len(objs))
-    ctes.append(f"w{len(groups)} AS ({usage_add_sql(guard=f'AND {_UNLESS_CLASH}')} RETURNING 1)")
-    params += usage_add_params(usage, amounts)
+    ctes.append(f"w{len(groups)} AS ({usage_add_sql(p, usage, amounts, guard=f'AND {_UNLESS_CLASH}')} RETURNING 1)")
     expected.append(len(amounts))
-    # Every piece is this module's SQL or built from the models' metadata; every value is a parameter.
     counts = ", ".join(f"(SELECT count(*) FROM w{n})" for n in range(len(expected)))  # noqa: S608
-    return f"WITH {', '.join(ctes)} SELECT {counts}", params, expected
+    return f"WITH {', '.join(ctes)} SELECT {counts}", p.values, expected
 
 
 def booking_write(

@@ -23,7 +23,7 @@ from apps.booking import quota as quota_math
 from apps.booking import selectors
 from apps.booking.models import USAGE_SLOTS, Allocation, Quota, QuotaHold, QuotaUsage, Reservation
 from apps.booking.services.locks import GPU_LOCK_NAMESPACE
-from apps.booking.services.sql import insert_rows
+from apps.booking.services.sql import Params, insert_rows
 from apps.core import rawsql
 from apps.core.errors import Forbidden, QuotaExceeded, ValidationFailed
 from apps.fleet.models import GpuModel
@@ -141,25 +141,25 @@ def lock_usage(
     return LockedUsage(usage=usage, limits=limits, reservation_id=rows[0][7])
 
 
-def usage_add_sql(*, guard: str = "") -> str:
-    """An UPDATE adding amounts to usage rows by id; parameters: ids, GPU-hours and costs (three arrays of one
-    length), and the time. `guard`: a further condition (e.g. that the rest of a statement wrote)."""
+def usage_add_sql(
+    params: Params,
+    usage: Mapping[date, UsageRow],
+    amounts: Mapping[date, quota_math.Amount],
+    *,
+    guard: str = "",
+) -> str:
+    """An UPDATE adding each month's amount to its usage row (`usage[month].id`), its values added to `params`.
+    `guard`: a further condition (e.g. that the rest of a statement wrote)."""
+    months = sorted(amounts)
+    ids = params([usage[m].id for m in months], "bigint[]")
+    hours = params([amounts[m].gpu_hours for m in months], "numeric[]")
+    costs = params([amounts[m].cost for m in months], "numeric[]")
     # `guard` is the caller's SQL, never a value.
     return (
-        "UPDATE booking_quotausage q SET gpu_hours = q.gpu_hours + d.h, cost = q.cost + d.c, updated_at = %s "  # noqa: S608
-        "FROM unnest(%s::bigint[], %s::numeric[], %s::numeric[]) AS d(id, h, c) "
-        f"WHERE q.id = d.id {guard}"
+        f"UPDATE booking_quotausage q SET gpu_hours = q.gpu_hours + d.h, cost = q.cost + d.c, "  # noqa: S608
+        f"updated_at = {params(timezone.now(), 'timestamptz')} "
+        f"FROM unnest({ids}, {hours}, {costs}) AS d(id, h, c) WHERE q.id = d.id {guard}"
     )
-
-
-def usage_add_params(usage: Mapping[date, UsageRow], amounts: Mapping[date, quota_math.Amount]) -> list[Any]:
-    months = sorted(amounts)
-    return [
-        timezone.now(),
-        [usage[m].id for m in months],
-        [amounts[m].gpu_hours for m in months],
-        [amounts[m].cost for m in months],
-    ]
 
 
 # Add to the first usage row of the month that no one holds (a job end of the same team may be committing on
@@ -202,8 +202,8 @@ def add_usage(team_id: int, deltas: Mapping[date, quota_math.Amount]) -> None:
                     gpu_hours=deltas[month].gpu_hours,
                     cost=deltas[month].cost,
                 )
-                sql, values = insert_rows([row], suffix=_ADD_ON_CONFLICT)
-                cursor.execute(sql, values)
+                insert = Params()
+                cursor.execute(insert_rows([row], insert, suffix=_ADD_ON_CONFLICT), insert.values)
 
 
 def _limited(limits: quota_math.Limits) -> bool:
@@ -377,8 +377,9 @@ def _quota_check_and_hold(
         gpu_count=gpu_count,
         check_concurrency=check_concurrency,
     )
+    add = Params()
     with connection.cursor() as cursor:
-        cursor.execute(usage_add_sql(), usage_add_params(usage, amounts))
+        cursor.execute(usage_add_sql(add, usage, amounts), add.values)
     return QuotaCheck(hold=hold, warnings=warnings)
 
 
