@@ -31,13 +31,14 @@ class Params:
         try:
             found = self._names.get(key)
         except TypeError:  # an unhashable value (a list, a JSON adapter): sent as it is, every time
-            found, key = None, None  # type: ignore[assignment]
-        if found is not None:
-            return found
+            return self._add(value)
+        if found is None:
+            found = self._names[key] = self._add(value)
+        return found
+
+    def _add(self, value: Any) -> str:
         name = f"p{len(self.values)}"
         self.values[name] = value
-        if key is not None:
-            self._names[key] = name
         return name
 
     def __call__(self, value: Any, cast: str = "") -> str:
@@ -78,14 +79,13 @@ def insert_rows(objs: Sequence[models.Model], params: Params, *, guard: str = ""
     # The connection itself, not the `django.db.connection` proxy, which looks it up again on every attribute
     # access: each field's conversion reads it a few times, for every column of every row.
     conn = connections[DEFAULT_DB_ALIAS]
+    name = params.name
     rows = []
     for n, obj in enumerate(objs):
-        values = [
-            (f.get_db_prep_save(f.pre_save(obj, True), conn), cast) for f, cast in zip(fields, casts, strict=True)
-        ]
+        values = [(f.get_db_prep_save(f.pre_save(obj, True), conn), c) for f, c in zip(fields, casts, strict=True)]
         if n == 0:
-            rows.append(", ".join(params(value, cast) for value, cast in values))
+            rows.append(", ".join(f"%({name(value, cast)})s::{cast}" for value, cast in values))
         else:  # typed by the first row; named by type and cast all the same, so equal values are sent once
-            rows.append(", ".join(f"%({params.name(value, cast)})s" for value, cast in values))
+            rows.append(", ".join(f"%({name(value, cast)})s" for value, cast in values))
     sql = f"{head} SELECT * FROM (VALUES ({'), ('.join(rows)})) AS v {guard} {suffix}"  # noqa: S608
     return sql.strip()
