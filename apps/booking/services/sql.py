@@ -19,7 +19,8 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 class Params:
     """The named parameters of one statement. A value given again with the same type and cast is sent once: the
     rows of one write repeat most values (team, times, ids), and psycopg keeps the parsed form of a statement only
-    when it has few parameters (50), which a booking's statement then stays under."""
+    when it has few parameters (`psycopg._queries.MAX_CACHED_STATEMENT_PARAMS`), which a booking's statement then
+    stays under (tests/booking/test_booking_write.py checks it)."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
