@@ -12,10 +12,19 @@ import hashlib
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
 from django.db import models
 from django.db.models import Q
 
 from apps.accounts.scoping import ScopedQuerySet
+
+
+class TsTzRange(models.Func):
+    """`tstzrange(start, end)`: the half-open interval [start, end) of two timestamps."""
+
+    function = "TSTZRANGE"
+    output_field = DateTimeRangeField()
 
 
 class ReservationStatus(models.TextChoices):
@@ -124,6 +133,13 @@ class Allocation(models.Model):
             models.CheckConstraint(
                 condition=Q(kind="reservation", reservation__isnull=False) | Q(kind="job", reservation__isnull=True),
                 name="booking_alloc_kind_source",
+            ),
+            # Created by migration 0002 (with the btree_gist extension it needs); declared here so that the
+            # model states every rule the database enforces.
+            ExclusionConstraint(
+                name="booking_allocation_no_overlap",
+                expressions=[("gpu", RangeOperators.EQUAL), (TsTzRange("start", "end"), RangeOperators.OVERLAPS)],
+                condition=Q(active=True),
             ),
         ]
 
