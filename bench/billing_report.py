@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     from rest_framework.test import APIClient
 
     from apps.accounts import services as account_services
+    from apps.accounts.models import Team
     from apps.billing import costing, selectors
     from apps.billing.api.views import CsvRenderer
 
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     results["report_http_json_s"], _ = _median(lambda: http("json"), args.runs)
     results["report_http_csv_s"], _ = _median(lambda: http("csv"), args.runs)
 
-    team_ids = list(selectors.Team.objects.filter(slug__startswith="bench-").values_list("pk", flat=True))
+    team_ids = list(Team.objects.filter(slug__startswith="bench-").values_list("pk", flat=True))
 
     def charts() -> int:
         daily = selectors.daily_costs(month=month, team_ids=team_ids, now=info["after"])

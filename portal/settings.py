@@ -145,7 +145,6 @@ DATABASES["default"]["ENGINE"] = "portal.pgbackend"
 # notifications (apps/core/rowcache.py); portal/asgi.py turns it on there. Off elsewhere (tests run in-process
 # inside transactions; workers do not make these lookups).
 DB_ROW_CACHE = env_bool("DB_ROW_CACHE", False)
-IS_POSTGRES = True  # TEMPORARY-INTEGRATION: removed once no module reads it
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: one URL, spelled for each client -------------------------------------------------------------

@@ -25,8 +25,6 @@ from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
 REPO = Path(__file__).resolve().parent.parent
 
-requires_postgres = pytest.mark.skipif(not settings.IS_POSTGRES, reason="needs PostgreSQL (set DATABASE_URL; CI does)")
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _clean_redis() -> Iterator[None]:

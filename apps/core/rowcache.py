@@ -4,7 +4,7 @@ Why: every API request looks up its token with the token's user, and every booki
 with the caller's membership. Those two one-row queries were a large share of a booking request's CPU in the web
 process and of its statements in PostgreSQL (bench/booking_load.py), for rows that change a few times a day.
 
-Why it stays right: triggers on the tables behind these rows (migration accounts 0002) send
+Why it stays right: triggers on the tables behind these rows (declared on the models with django-pgtrigger: apps/accounts/triggers.py) send
 `NOTIFY portal_rowcache` on every change, delivered when the changing transaction commits. Each web process has
 one thread that LISTENs on a connection of its own and, for every notification, moves a generation counter on and
 empties the cache; an entry counts only under the generation read before its query was sent, so a row read just
@@ -37,7 +37,7 @@ from apps.core.ttlcache import TTLCache
 
 logger = logging.getLogger(__name__)
 
-CHANNEL = "portal_rowcache"  # = accounts migration 0002
+CHANNEL = "portal_rowcache"  # the channel apps/accounts/triggers.py notifies
 HEARTBEAT_S = 5.0  # a NOTIFY to itself this often proves the listener hears (see _Listener._listen)
 HEARTBEAT_PREFIX = "heartbeat:"
 POLL_S = 1.0  # how long one wait for notifications lasts: the listener sees a stop request this soon
