@@ -4,8 +4,8 @@ Why: every API request looks up its token with the token's user, and every booki
 with the caller's membership. Those two one-row queries were a large share of a booking request's CPU in the web
 process and of its statements in PostgreSQL (bench/booking_load.py), for rows that change a few times a day.
 
-Why it stays right: triggers on the tables behind these rows (declared on the models with django-pgtrigger: apps/accounts/triggers.py) send
-`NOTIFY portal_rowcache` on every change, delivered when the changing transaction commits. Each web process has
+Why it stays right: triggers on the tables behind these rows (declared with django-pgtrigger in
+apps/accounts/triggers.py) send `NOTIFY portal_rowcache` on every change, delivered when the changing transaction commits. Each web process has
 one thread that LISTENs on a connection of its own and, for every notification, moves a generation counter on and
 empties the cache; an entry counts only under the generation read before its query was sent, so a row read just
 before a change committed is never served after the notification arrived. The window that remains is the one

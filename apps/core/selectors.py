@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from apps.accounts.selectors import teams_of
 from apps.accounts.types import AnyUser
 
