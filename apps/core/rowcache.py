@@ -5,15 +5,15 @@ with the caller's membership. Those two one-row queries were a large share of a 
 process and of its statements in PostgreSQL (bench/booking_load.py), for rows that change a few times a day.
 
 Why it stays right: triggers on the tables behind these rows (declared with django-pgtrigger in
-apps/accounts/triggers.py) send `NOTIFY portal_rowcache` on every change, delivered when the changing transaction commits. Each web process has
-one thread that LISTENs on a connection of its own and, for every notification, moves a generation counter on and
-empties the cache; an entry counts only under the generation read before its query was sent, so a row read just
-before a change committed is never served after the notification arrived. The window that remains is the one
-between a commit and its notification reaching the process (a millisecond or so; the same as a request that
-started just before the change). While the listener is not connected and confirmed alive (process start, database
-restart, a silent network failure, a pooler that swallows notifications: every HEARTBEAT_S it sends a notification
-to itself and counts as alive only while they come back), nothing is served from the cache and every lookup goes
-to the database. Entries also expire after MAX_AGE_S, a backstop should a notification ever be lost.
+apps/accounts/triggers.py) send `NOTIFY portal_rowcache` on every change, delivered when the changing transaction
+commits. Each web process has one thread that LISTENs on a connection of its own and, for every notification, moves
+a generation counter on and empties the cache; an entry counts only under the generation read before its query was
+sent, so a row read just before a change committed is never served after the notification arrived. The window that
+remains is the one between a commit and its notification reaching the process (a millisecond or so; the same as a
+request that started just before the change). While the listener is not connected and confirmed alive (process
+start, database restart, a silent network failure, a pooler that swallows notifications: every HEARTBEAT_S it sends
+a notification to itself and counts as alive only while they come back), nothing is served from the cache and every
+lookup goes to the database. Entries also expire after MAX_AGE_S, a backstop should a notification ever be lost.
 
 Lookups inside a transaction (`atomic`) skip the cache: that transaction may itself have changed the rows, and
 its notification is only sent at commit. On by default in the web process (portal/asgi.py); `DB_ROW_CACHE=0`
