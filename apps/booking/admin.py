@@ -3,39 +3,42 @@ are read-only (they change only through services, which keep the quota and the o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin
+from django.db import models
 from django.http import HttpRequest
 
 from apps.booking import selectors
 from apps.booking.models import Allocation, BookingPolicy, MaintenanceWindow, Quota, QuotaUsage, Reservation
 
+_M = TypeVar("_M", bound=models.Model)
 
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+
+class ReadOnlyAdmin(admin.ModelAdmin[_M]):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
         return False
 
 
-class AllocationInline(admin.TabularInline):  # type: ignore[type-arg]
+class AllocationInline(admin.TabularInline[Allocation, Reservation]):
     model = Allocation
     extra = 0
     fields = ("gpu", "start", "end", "active", "ended_at")
     readonly_fields = fields
     can_delete = False
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Reservation | None = None) -> bool:
         return False
 
 
 @admin.register(Reservation)
-class ReservationAdmin(ReadOnlyAdmin):
+class ReservationAdmin(ReadOnlyAdmin[Reservation]):
     list_display = ("id", "team", "user", "gpu_model", "gpu_count", "start", "end", "status")
     list_filter = ("status", "team", "gpu_model")
     search_fields = ("team__slug", "user__username", "note")
@@ -44,7 +47,7 @@ class ReservationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Allocation)
-class AllocationAdmin(ReadOnlyAdmin):
+class AllocationAdmin(ReadOnlyAdmin[Allocation]):
     list_display = ("id", "gpu", "team", "kind", "reservation", "job_id", "start", "end", "active")
     list_filter = ("kind", "active", "team")
     search_fields = ("gpu__uuid", "team__slug")
@@ -52,26 +55,26 @@ class AllocationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class QuotaAdmin(admin.ModelAdmin[Quota]):
     list_display = ("team", "month", "gpu_hours", "max_concurrent_gpus", "budget_soft", "budget_hard")
     list_filter = ("team",)
     filter_horizontal = ("allowed_models",)
 
 
 @admin.register(QuotaUsage)
-class QuotaUsageAdmin(ReadOnlyAdmin):
+class QuotaUsageAdmin(ReadOnlyAdmin[QuotaUsage]):
     list_display = ("team", "month", "slot", "gpu_hours", "cost", "updated_at")
     list_filter = ("team",)
 
 
 @admin.register(BookingPolicy)
-class BookingPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class BookingPolicyAdmin(admin.ModelAdmin[BookingPolicy]):
     list_display = ("__str__", "granularity_minutes", "min_duration_minutes", "max_duration_hours", "max_advance_days")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not BookingPolicy.objects.exists()
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: BookingPolicy | None = None) -> bool:
         return False
 
     def save_model(self, request: HttpRequest, obj: BookingPolicy, form: Any, change: bool) -> None:
@@ -81,7 +84,7 @@ class BookingPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(MaintenanceWindow)
-class MaintenanceWindowAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class MaintenanceWindowAdmin(admin.ModelAdmin[MaintenanceWindow]):
     list_display = ("start", "end", "node", "gpu", "reason")
     list_filter = ("node",)
     date_hierarchy = "start"
