@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.booking.models import Reservation, ReservationStatus
+from apps.booking.models import Reservation
 from portal.internals.drf_output import FastOutputMixin
 
 
@@ -79,23 +79,6 @@ class ReservationCreatedOutput(ReservationOutput):
 
     def get_warnings(self, obj: Reservation) -> list[dict[str, Any]]:
         return list(self.context.get("warnings", []))
-
-
-class ReservationFilterInput(serializers.Serializer[Any]):
-    team = serializers.SlugField(required=False)
-    gpu = serializers.CharField(required=False, max_length=96)
-    model = serializers.CharField(required=False, max_length=64)
-    status = serializers.CharField(required=False, help_text="comma-separated: booked,active,released,cancelled")
-    # "from"/"to" are Python keywords: read from the query dict by name in the view.
-    window_from = serializers.DateTimeField(required=False)
-    window_to = serializers.DateTimeField(required=False)
-
-    def validate_status(self, value: str) -> list[str]:
-        statuses = [s.strip() for s in value.split(",") if s.strip()]
-        unknown = sorted(set(statuses) - set(ReservationStatus.values))
-        if unknown:
-            raise serializers.ValidationError(f"Unknown status: {', '.join(unknown)}.")
-        return statuses
 
 
 class WindowInput(serializers.Serializer[Any]):
