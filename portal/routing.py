@@ -1,4 +1,4 @@
-"""Websocket routes. Each app that streams adds its consumers here (see DESIGN.md for the paths)."""
+"""Websocket routes. Each app that streams adds its consumers here (docs/api.md lists the paths)."""
 
 from __future__ import annotations
 

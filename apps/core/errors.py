@@ -1,6 +1,6 @@
 """One application error type, mapped to HTTP in one place (apps/core/api/exceptions.py).
 
-Services raise these; views never build error responses by hand. The JSON shape is DESIGN.md's:
+Services raise these; views never build error responses by hand. The JSON shape is the API's (docs/api.md):
 `{"code": "...", "detail": "...", "fields": {...}}`, plus optional extra keys (e.g. `conflicts`, `remaining`).
 """
 

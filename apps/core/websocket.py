@@ -1,7 +1,7 @@
 """Origin checking for websocket handshakes that still admits non-browser clients.
 
 Channels' AllowedHostsOriginValidator refuses a handshake without an `Origin` header, which shuts out the CLI and
-scripts that authenticate with `Authorization: Bearer` (DESIGN.md: websockets take a session cookie or a bearer
+scripts that authenticate with `Authorization: Bearer` (docs/api.md: websockets take a session cookie or a bearer
 token). The check exists against cross-site websocket hijacking, which needs a browser, and browsers always send
 `Origin` on a websocket handshake: so a foreign Origin is refused, a missing one is admitted (such a client has no
 ambient cookie to abuse; it must present its own credentials).

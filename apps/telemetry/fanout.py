@@ -1,6 +1,6 @@
 """Live fleet fan-out: one Redis pub/sub subscription per web process, fanned out in-process to the websockets.
 
-Why this shape (DESIGN.md, "Live fan-out", measured on these machines): sending each snapshot through the channel
+Why this shape (bench/fleet_fanout.py measures it; docs/benchmarks.md): sending each snapshot through the channel
 layer costs ~400 µs of CPU per delivery, so with 1,000 sockets the last one waits ~0.5 s. One subscription per
 process with the fan-out done in the event loop costs ~30 µs per delivery. So:
 
@@ -113,7 +113,7 @@ class Snapshot:
         if doc.setdefault("type", "fleet") != "fleet":
             raise ValueError(f"not a fleet snapshot (type {doc['type']!r})")
         if not complete:
-            # Every message a client gets carries type and ts (DESIGN.md); add what the publisher left out.
+            # Every message a client gets carries type and ts (docs/api.md); add what the publisher left out.
             doc.setdefault("ts", _now_iso())
             return cls(doc)
         return cls(doc, raw=text)

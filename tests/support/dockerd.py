@@ -1,4 +1,4 @@
-"""A throwaway Docker engine for tests: Debian's dockerd started by hand, as DESIGN.md describes.
+"""A throwaway Docker engine for tests: Debian's dockerd started by hand (no systemd, no registry).
 
 Everything (data root, exec root, socket, pid file, log) lives under one temp dir; no systemd, no iptables, no
 bridge (containers use network "none"). There is no registry here, so the image the tests run,

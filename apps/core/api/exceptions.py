@@ -1,4 +1,4 @@
-"""Every API error leaves in DESIGN.md's shape: `{"code", "detail", "fields"}`; never a traceback."""
+"""Every API error leaves in the API's one shape (docs/api.md): `{"code", "detail", "fields"}`; never a traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenAPI: declare the error responses every operation can give, in the one error shape (DESIGN.md).
+"""OpenAPI: declare the error responses every operation can give, in the one error shape (docs/api.md).
 
 Views declare their successes; the errors come from shared machinery (authentication, scopes, throttling, the
 exception handler, the database-outage handler), so they are declared here once, for every operation, as a

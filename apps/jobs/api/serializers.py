@@ -1,4 +1,4 @@
-"""Input and output shapes of the jobs API (the names are the contract: DESIGN.md, the CLI, tests)."""
+"""Input and output shapes of the jobs API (the names are the contract: docs/api.md, the CLI, tests)."""
 
 from __future__ import annotations
 
