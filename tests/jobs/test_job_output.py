@@ -1,5 +1,5 @@
-"""The job serializers build their fields once per class (TemplateFieldsMixin) and render from a plan
-(FastOutputMixin): the output must be exactly DRF's, and every serializer instance must render with its own
+"""The job serializers render from a plan built once per class (FastOutputMixin, portal/internals/drf_output.py):
+the output must be exactly DRF's, and every serializer instance must render with its own
 context (the env values only its submitter may see)."""
 
 from __future__ import annotations
