@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from apps.accounts.models import Scope, Team
 from apps.accounts.types import AnyUser
 from apps.booking import selectors, services
+from apps.booking.api.inputs import reservation_input_fast
 from apps.booking.api.serializers import (
     AvailabilityOutput,
     QuotaPreviewInput,
@@ -79,9 +80,11 @@ class ReservationListCreateView(ScopedListAPIView):
     @extend_schema(request=ReservationInput, responses={201: ReservationCreatedOutput})
     @idempotent
     def post(self, request: Request) -> Response:
-        payload = ReservationInput(data=request.data)
-        payload.is_valid(raise_exception=True)
-        data = payload.validated_data
+        data = reservation_input_fast(request)
+        if data is None:
+            payload = ReservationInput(data=request.data)
+            payload.is_valid(raise_exception=True)
+            data = payload.validated_data
         result = services.reservation_create(
             user=request.user,
             team=_team_by_slug(data["team"], request.user),
