@@ -372,9 +372,9 @@ class PortalLink:
                 self._stop.wait(1.0)
                 continue
             self._recovered()
-            self.stats.sent += 1
             if item.weight:
                 self._keep(item)
+            self.stats.sent += 1  # after _keep: a sent report counts once it can be replayed
 
     def _requeue(self, item: _Outgoing, *, always: bool = False) -> None:
         """Put a message back at the head of its queue (only a critical one while the broker is away)."""
