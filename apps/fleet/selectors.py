@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
 
 from apps.accounts.types import AnyUser
 from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
@@ -41,9 +42,25 @@ def gpus_visible_to(*, user: AnyUser) -> QuerySet[Gpu]:
 
 def gpu_holders() -> dict[str, dict[str, Any]]:
     """Who holds each GPU right now: {gpu uuid: {"kind": "reservation" | "job", "id", "team", "team_id", "user",
-    "until"}} (apps.telemetry.keys.Holder). The fleet publisher and the GPU API merge it in.
+    "until"}} (apps.telemetry.keys.Holder), from the active allocations whose window contains now. A job that runs
+    inside a reservation has no allocation of its own: the reservation is the holder. The fleet publisher calls it
+    once a second and the GPU API and Fleet page merge it in: one query on the active-allocation index."""
+    from apps.booking.models import Allocation, AllocationKind
 
-    A hook: booking and jobs fill it (active reservations, running jobs) by replacing this body; until then nobody
-    holds anything as far as the fleet view knows. Called once a second by the publisher, so keep it to a query
-    or two."""
-    return {}
+    now = timezone.now()
+    rows = (
+        Allocation.objects.active()
+        .filter(start__lte=now, end__gt=now)
+        .values_list("gpu__uuid", "kind", "reservation_id", "job_id", "team_id", "team__slug", "user__username", "end")
+    )
+    holders: dict[str, dict[str, Any]] = {}
+    for uuid, kind, reservation_id, job_id, team_id, team, user, end in rows:
+        holders[uuid] = {
+            "kind": kind,
+            "id": reservation_id if kind == AllocationKind.RESERVATION else job_id,
+            "team": team,
+            "team_id": team_id,
+            "user": user or "",
+            "until": end.isoformat(),
+        }
+    return holders

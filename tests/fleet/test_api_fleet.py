@@ -123,3 +123,47 @@ def test_history_refuses_bad_parameters(api_as, bob, query: str) -> None:
 def test_history_of_an_unknown_gpu_is_404(api_as, bob) -> None:
     response = api_as(bob, scopes=["read"]).get("/api/v1/gpus/GPU-nope/history/")
     assert response.status_code == 404 and response.json()["code"] == "not_found"
+
+
+def test_the_holders_are_the_allocations_holding_each_gpu_now(api_as, alice, charlie, vision) -> None:
+    from apps.booking.models import Allocation, AllocationKind, Reservation, ReservationStatus
+    from apps.fleet.models import Gpu
+    from apps.fleet.selectors import gpu_holders
+
+    registered_node("n1")
+    now = timezone.now()
+    held_gpu, later_gpu = Gpu.objects.get(uuid="GPU-n1-0"), Gpu.objects.get(uuid="GPU-n1-1")
+
+    def book(gpu: Gpu, start: datetime, end: datetime) -> Reservation:
+        reservation = Reservation.objects.create(
+            team=vision, user=alice, gpu_count=1, start=start, end=end, booked_end=end, status=ReservationStatus.ACTIVE
+        )
+        Allocation.objects.create(
+            gpu=gpu,
+            team=vision,
+            user=alice,
+            kind=AllocationKind.RESERVATION,
+            reservation=reservation,
+            start=start,
+            end=end,
+        )
+        return reservation
+
+    current = book(held_gpu, now - timedelta(minutes=30), now + timedelta(minutes=30))
+    book(later_gpu, now + timedelta(hours=1), now + timedelta(hours=2))  # not yet: nobody holds it now
+    assert gpu_holders() == {
+        "GPU-n1-0": {
+            "kind": "reservation",
+            "id": current.pk,
+            "team": "vision",
+            "team_id": vision.pk,
+            "user": "alice",
+            "until": current.end.isoformat(),
+        }
+    }
+    gpus = {g["uuid"]: g for g in api_as(charlie, scopes=["read"]).get("/api/v1/gpus/").json()["results"]}
+    assert gpus["GPU-n1-0"]["holder"] == {"kind": "reservation", "team": "vision"}
+    assert gpus["GPU-n1-1"]["holder"] is None
+    # Released early: the allocation is cut at the release and the GPU is free at once.
+    Allocation.objects.filter(reservation=current).update(end=now - timedelta(seconds=1))
+    assert gpu_holders() == {}
