@@ -18,6 +18,7 @@ from channels.exceptions import StopConsumer
 from apps.accounts.types import User
 from apps.core.consumers import AuthorizedConsumer, now_iso
 from apps.telemetry.fanout import Subscriber, Viewer, get_fanout, viewer_for
+from portal.internals.channels_send import server_send
 
 CLOSE_TOO_BIG: Final = 1009  # RFC 6455 "message too big"
 CLOSE_POLICY: Final = 1008  # RFC 6455 "policy violation"
@@ -26,17 +27,6 @@ CLOSE_POLICY: Final = 1008  # RFC 6455 "policy violation"
 MAX_INCOMING_BYTES: Final = 512
 MAX_INCOMING_PER_WINDOW: Final = 20
 INCOMING_WINDOW_S: Final = 10.0
-
-
-def _server_send(send: Any) -> Any:
-    """The server's own `send` under Channels' SessionMiddleware wrapper, when it can be found.
-
-    The wrapper inspects the session on every message to save it on `http.response.start`; a websocket frame never
-    qualifies, and that inspection was a quarter of the CPU of each snapshot delivered (profiled under
-    bench/fleet_fanout.py). Snapshots skip it; accept and close still pass through it. Falls back to the wrapped
-    send if Channels changes the attribute."""
-    inner = getattr(getattr(send, "__self__", None), "real_send", None)
-    return inner if callable(inner) else send
 
 
 class FleetConsumer(AuthorizedConsumer[Viewer]):
@@ -74,7 +64,7 @@ class FleetConsumer(AuthorizedConsumer[Viewer]):
     async def _send_loop(self, sub: Subscriber) -> None:
         # One sender per socket: when this client stops reading, only this task waits (the server pauses the
         # transport); the fan-out keeps replacing what is in the mailbox with newer snapshots.
-        send = _server_send(self.base_send)
+        send = server_send(self.base_send)  # skips the session wrapper (portal/internals/channels_send.py)
         try:
             while True:
                 payload = await sub.next()

@@ -248,11 +248,11 @@ def test_fanout_delivers_the_last_snapshot_on_subscribe() -> None:
 def test_snapshot_sends_skip_only_the_session_wrapper() -> None:
     from channels.sessions import InstanceSessionWrapper
 
-    from apps.telemetry.consumers import _server_send
+    from portal.internals.channels_send import server_send as unwrap
 
     async def server_send(message: dict[str, Any]) -> None:
         pass
 
     wrapper = InstanceSessionWrapper({"type": "websocket", "cookies": {}}, server_send)
-    assert _server_send(wrapper.send) is server_send
-    assert _server_send(server_send) is server_send  # nothing to unwrap: the send itself
+    assert unwrap(wrapper.send) is server_send
+    assert unwrap(server_send) is server_send  # nothing to unwrap: the send itself
