@@ -12,6 +12,7 @@ PYTEST_ARGS ?=
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "GPU Portal needs Python 3.11 (found %s)" % sys.version.split()[0]'
+	@scripts/ensure-system-packages.sh --build
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
