@@ -68,6 +68,9 @@ class Reservation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True, help_text="when it was released or cancelled")
+    released_reason = models.CharField(
+        max_length=16, blank=True, help_text="why it was released early: user, idle, unused, or empty"
+    )
 
     objects = ReservationQuerySet.as_manager()
 

@@ -43,6 +43,38 @@ class GpuModel(models.Model):
         return self.name
 
 
+class PoolBackend(models.TextChoices):
+    # The seam for who schedules a pool's GPUs: the portal's own scheduler and node agents, or an existing scheduler
+    # the portal fronts (its bridge process submits and follows the jobs). A new backend is a new choice plus its
+    # bridge; the other backends do not change.
+    AGENTS = "agents", "Portal agents"
+    SLURM = "slurm", "Slurm"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
+class PoolQuerySet(ScopedQuerySet["Pool"]):
+    team_path = None
+
+
+class Pool(models.Model):
+    """A set of nodes scheduled by one backend. Nodes without a pool belong to the portal's own agents."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    backend = models.CharField(max_length=16, choices=PoolBackend.choices, default=PoolBackend.AGENTS)
+    description = models.CharField(max_length=300, blank=True)
+    # Backend settings (for Slurm: partition, accounts prefix, container flag); read by the pool's bridge.
+    options = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = PoolQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class NodeQuerySet(ScopedQuerySet["Node"]):
     # Nodes are shared infrastructure: every signed-in user sees the fleet (who holds a GPU is scoped
     # separately, by the holder's team).
@@ -64,6 +96,9 @@ class Node(models.Model):
     driver_version = models.CharField(max_length=64, blank=True)
     hostname = models.CharField(max_length=255, blank=True)
     backend = models.CharField(max_length=16, blank=True, help_text="nvml or simulated")
+    pool = models.ForeignKey(
+        Pool, on_delete=models.PROTECT, null=True, blank=True, related_name="nodes", help_text="empty: portal agents"
+    )
     # The node's token: `gpn_<prefix>_<secret>`, stored as the SHA-256 of the whole token (apps.accounts.tokens).
     # The digest also keys the HMAC of portal -> agent commands, so only this node's agent accepts them.
     token_prefix = models.CharField(max_length=16, blank=True, db_index=True)

@@ -30,6 +30,7 @@ class JobReason(models.TextChoices):
     PREEMPTED = "preempted", "Preempted"
     LAUNCH_ERROR = "launch_error", "Launch error"
     CANCELLED = "cancelled", "Cancelled"
+    IDLE = "idle", "Reclaimed while idle"
 
 
 ACTIVE_STATES = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING})
