@@ -1,0 +1,25 @@
+from django.apps import AppConfig
+
+
+class EventsConfig(AppConfig):
+    """The event outbox, signed webhooks (CloudEvents + Standard Webhooks) and mail notifications."""
+
+    name = "apps.events"
+    label = "events"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        from apps.events import conf
+
+        # The sweep is what makes delivery survive a lost broker message (a Redis restart, a killed worker): it
+        # re-enqueues whatever the database says is still owed. Messages expire with their period.
+        settings.CELERY_BEAT_SCHEDULE.setdefault(
+            "events-sweep",
+            {
+                "task": "events.sweep",
+                "schedule": float(conf.SWEEP_EVERY_S),
+                "options": {"queue": "portal", "expires": float(conf.SWEEP_EVERY_S)},
+            },
+        )

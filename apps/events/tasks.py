@@ -1,0 +1,43 @@
+"""Celery tasks for events: thin, idempotent, taking ids (the outbox rows are the record, messages only nudges)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from apps.events import delivery, mail, outbox
+
+
+def _send(owed: outbox.Owed) -> None:
+    for pk in owed.webhooks:
+        deliver_webhook.delay(pk)
+    for pk in owed.mails:
+        deliver_mail.delay(pk)
+
+
+# Celery ships no type information: its task decorator is untyped, hence the ignore on each task.
+@shared_task(name="events.dispatch", queue="portal", time_limit=60, soft_time_limit=50, ignore_result=True)  # type: ignore[untyped-decorator]
+def dispatch_event(event_id: int) -> None:
+    """Create an event's webhook and mail deliveries and send them."""
+    _send(outbox.dispatch_event(event_id))
+
+
+@shared_task(name="events.deliver_webhook", queue="portal", time_limit=60, soft_time_limit=50, ignore_result=True)  # type: ignore[untyped-decorator]
+def deliver_webhook(delivery_id: int) -> None:
+    """One attempt; a failure schedules the next after its backoff (the sweep also finds it if this is lost)."""
+    delay = delivery.deliver_webhook(delivery_id)
+    if delay is not None:
+        deliver_webhook.apply_async(args=[delivery_id], countdown=delay)
+
+
+@shared_task(name="events.deliver_mail", queue="portal", time_limit=120, soft_time_limit=100, ignore_result=True)  # type: ignore[untyped-decorator]
+def deliver_mail(delivery_id: int) -> None:
+    """Send one mail; a failure schedules the next attempt after its backoff."""
+    delay = mail.deliver_mail(delivery_id)
+    if delay is not None:
+        deliver_mail.apply_async(args=[delivery_id], countdown=delay)
+
+
+@shared_task(name="events.sweep", queue="portal", time_limit=120, soft_time_limit=100, ignore_result=True)  # type: ignore[untyped-decorator]
+def sweep() -> None:
+    """Fan out undispatched events and re-send owed deliveries (periodic: what makes a lost message harmless)."""
+    _send(outbox.sweep())

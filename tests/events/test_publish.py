@@ -1,0 +1,74 @@
+"""publish() writes the outbox row in the caller's transaction; fan-out creates each delivery once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from apps.events import outbox, secrets
+from apps.events.matching import backoff_s, pattern_is_valid, selects
+from apps.events.models import MailDelivery, MailPreference, OutboxEvent, WebhookDelivery, WebhookEndpoint
+from apps.events.services import publish
+
+pytestmark = pytest.mark.django_db
+
+
+def _endpoint(team: Any, events: list[str]) -> WebhookEndpoint:
+    return WebhookEndpoint.objects.create(
+        team=team, url="https://example.org/hook", events=events, secret_encrypted=secrets.encrypt(secrets.new_secret())
+    )
+
+
+def test_publish_writes_an_outbox_row(vision: Any, alice: Any) -> None:
+    publish("job.succeeded", team_id=vision.pk, subject="jobs/7", data={"id": 7}, user_id=alice.pk)
+    event = OutboxEvent.objects.get()
+    assert (event.event_type, event.team_id, event.user_id, event.subject, event.data) == (
+        "job.succeeded",
+        vision.pk,
+        alice.pk,
+        "jobs/7",
+        {"id": 7},
+    )
+    assert event.dispatched_at is None
+
+
+def test_an_event_rolled_back_with_its_change_is_not_published(vision: Any) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish("job.failed", team_id=vision.pk, subject="jobs/8", data={})
+        raise RuntimeError("the change failed")
+    assert not OutboxEvent.objects.exists()
+
+
+def test_fan_out_selects_endpoints_by_team_and_pattern_once(vision: Any, nlp: Any, alice: Any) -> None:
+    jobs = _endpoint(vision, ["job.*"])
+    _endpoint(vision, ["reservation.*"])
+    _endpoint(nlp, ["*"])
+    everything = _endpoint(None, ["job.succeeded"])
+    MailPreference.objects.create(user=alice, job_finished=True)
+    publish("job.succeeded", team_id=vision.pk, subject="jobs/9", data={}, user_id=alice.pk)
+    event = OutboxEvent.objects.get()
+
+    owed = outbox.dispatch_event(event.pk)
+    again = outbox.dispatch_event(event.pk)
+
+    assert sorted(WebhookDelivery.objects.values_list("endpoint_id", flat=True)) == sorted([jobs.pk, everything.pk])
+    assert len(owed.webhooks) == 2 and again.webhooks == []
+    assert list(MailDelivery.objects.values_list("user_id", flat=True)) == [alice.pk]
+
+
+def test_the_sweep_fans_out_what_a_lost_message_left(vision: Any) -> None:
+    endpoint = _endpoint(vision, ["node.down"])
+    publish("node.down", team_id=vision.pk, subject="nodes/n1", data={})
+    owed = outbox.sweep()
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.endpoint_id == endpoint.pk and owed.webhooks == [delivery.pk]
+
+
+def test_patterns() -> None:
+    assert selects(["job.*"], "job.lost") and not selects(["job.*"], "jobs.lost")
+    assert selects(["*"], "node.up") and selects(["node.up"], "node.up") and not selects(["node.up"], "node.down")
+    assert pattern_is_valid("reservation.*") and pattern_is_valid("budget.threshold")
+    assert not pattern_is_valid("nope.*") and not pattern_is_valid("job.exploded")
+    assert [backoff_s(n, base_s=5, max_s=60) for n in (1, 2, 3, 4, 5)] == [5, 10, 20, 40, 60]
