@@ -26,7 +26,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 ROLES = ("anonymous", "outsider", "member", "manager", "admin", "readonly")
-_ALL_SCOPES = ["read", "jobs:write", "reservations:write"]
+_ALL_SCOPES = ["read", "jobs:write", "reservations:write", "webhooks:write"]
 
 # pattern -> method -> expected status per role, in ROLES order:
 #        (anonymous, outsider, member, manager, admin, readonly)
@@ -80,6 +80,12 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
         "GET": (401, 200, 200, 200, 200, 200),
         "POST": (401, 403, 403, 403, 400, 403),
     },
+    # Webhooks are the managers' (their teams) and admins'; plain members do not see them either.
+    "api/v1/webhooks/": {"GET": (401, 200, 200, 200, 200, 200), "POST": (401, 400, 400, 400, 400, 403)},
+    "api/v1/webhooks/<int:endpoint_id>/": {"DELETE": (401, 404, 404, 204, 204, 403)},
+    "api/v1/webhooks/<int:endpoint_id>/rotate-secret/": {"POST": (401, 404, 404, 200, 200, 403)},
+    "api/v1/webhooks/<int:endpoint_id>/deliveries/": {"GET": (401, 404, 404, 200, 200, 404)},
+    "api/v1/me/notifications/": {"GET": (401, 200, 200, 200, 200, 200), "PATCH": (401, 200, 200, 200, 200, 200)},
     "api/schema/": {"GET": (200, 200, 200, 200, 200, 200)},
     "api/docs/": {"GET": (200, 200, 200, 200, 200, 200)},
 }
@@ -224,6 +230,17 @@ def _obj_node(cast: Cast) -> dict[str, Any]:
     return {"name": _gpu().node.name}
 
 
+def _obj_webhook(cast: Cast) -> dict[str, Any]:
+    from apps.events import secrets
+    from apps.events.models import WebhookEndpoint
+
+    endpoint = WebhookEndpoint.objects.create(
+        team=cast.vision, url=f"http://93.184.215.14/{MARKER}", events=["job.*"],
+        secret_encrypted=secrets.encrypt(secrets.new_secret()),
+    )  # fmt: skip
+    return {"endpoint_id": endpoint.pk}
+
+
 def _window_query(cast: Cast) -> str:
     _obj_reservation(cast)  # something of team vision's in the window, whose note must not leak
     start = (timezone.now() + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
@@ -281,6 +298,9 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/gpus/<str:uuid>/probe/": _obj_gpu,
     "api/v1/nodes/<str:name>/drain/": _obj_node,
     "api/v1/nodes/<str:name>/undrain/": _obj_node,
+    "api/v1/webhooks/<int:endpoint_id>/": _obj_webhook,
+    "api/v1/webhooks/<int:endpoint_id>/rotate-secret/": _obj_webhook,
+    "api/v1/webhooks/<int:endpoint_id>/deliveries/": _obj_webhook,
 }
 
 

@@ -14,4 +14,5 @@ class Scope(models.TextChoices):
     READ = "read", "Read"
     JOBS_WRITE = "jobs:write", "Submit and cancel jobs"
     RESERVATIONS_WRITE = "reservations:write", "Book and release GPUs"
+    WEBHOOKS_WRITE = "webhooks:write", "Manage the team's webhooks (managers)"
     ADMIN = "admin", "Administer (staff only)"

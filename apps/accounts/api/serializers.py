@@ -29,7 +29,7 @@ class MeOutput(serializers.Serializer[dict[str, Any]]):
 
 class TokenInput(serializers.Serializer[dict[str, Any]]):
     name = serializers.CharField(max_length=100)
-    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), min_length=1, max_length=4)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), min_length=1, max_length=5)
     expires_days = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=90)
 
 
