@@ -31,6 +31,7 @@ urlpatterns = [
     path("costs/", include("apps.billing.urls")),
     path("admin/", admin.site.urls),
     path("metrics", telemetry_views.metrics, name="metrics"),
+    path("metrics/targets", telemetry_views.metrics_targets, name="metrics-targets"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

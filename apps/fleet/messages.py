@@ -216,6 +216,31 @@ class TelemetryRow:
     sm: int | None
     tensor: float | None
     lost: bool = False
+    # Device counters for /metrics: the `"x"` keys of workers.gpu.base.COUNTER_KEYS plus the health counters
+    # `last_xid`, `remap_cor`, `remap_unc`, `remap_fail` (0/1); only those the row carries, each an int >= 0.
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+# workers.gpu.base.COUNTER_KEYS and the health keys that are counters (repeated, not imported, as above).
+COUNTER_KEYS: frozenset[str] = frozenset({"mt", "mc", "en", "ptx", "prx", "prc", "nvl"})
+HEALTH_COUNTER_KEYS: tuple[str, ...] = ("last_xid", "remap_cor", "remap_unc", "remap_fail")
+
+
+def _counters(extra: dict[str, Any], health: dict[str, Any]) -> dict[str, int]:
+    """The row's device counters. A value that is not a non-negative integer is left out alone (a counter
+    glitch must not cost the row its utilization); unknown keys are ignored (newer agents may send more)."""
+    raw = extra.get("x", {})
+    items = list(raw.items()) if isinstance(raw, dict) else []
+    items += [(k, health[k]) for k in HEALTH_COUNTER_KEYS if k in health]
+    out: dict[str, int] = {}
+    for key, value in items:
+        if key not in COUNTER_KEYS and key not in HEALTH_COUNTER_KEYS:
+            continue
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, int) and 0 <= value < 2**63:
+            out[key] = value
+    return out
 
 
 @dataclass
@@ -237,12 +262,14 @@ def check_row(row: Any) -> TelemetryRow:
     if mem is not None and mem_total is not None:
         _require(mem <= mem_total, "out_of_range", f"mem {mem} above mem_total {mem_total}")
     lost = False
+    counters: dict[str, int] = {}
     if len(row) == n + 1:
         extra = row[n]
         _require(isinstance(extra, dict), "malformed", "9th column must be an object")
         health = extra.get("h", {})
         _require(isinstance(health, dict), "malformed", "health must be an object")
         lost = health.get("lost") is True
+        counters = _counters(extra, health)
     return TelemetryRow(
         uuid=uuid,
         util=check_int(row[1], "util", *UTIL_RANGE, nullable=True),
@@ -253,6 +280,7 @@ def check_row(row: Any) -> TelemetryRow:
         sm=check_int(row[6], "sm", *SM_CLOCK_RANGE, nullable=True),
         tensor=check_float(row[7], "tensor", *TENSOR_RANGE, nullable=True),
         lost=lost,
+        counters=counters,
     )
 
 

@@ -174,6 +174,8 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             "tensor": row.tensor,
             "ts": ts,
         }
+        if row.counters:
+            latest["counters"] = row.counters
         argv += [
             row.uuid,
             json.dumps(latest, separators=(",", ":")),

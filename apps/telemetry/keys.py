@@ -13,7 +13,7 @@ that was still accumulating is lost.
 from __future__ import annotations
 
 import json
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
 
 # --- Latest sample per GPU ---------------------------------------------------------------------------------
 # Hash. Field: GPU uuid. Value: compact JSON `LatestSample` (below). One HSET per agent message (all GPUs of the
@@ -92,6 +92,9 @@ class LatestSample(TypedDict):
     sm_clock: int | None
     tensor: float | None  # tensor-pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE); null where unsupported
     ts: float
+    # Device counters for /metrics (apps.fleet.messages.TelemetryRow.counters: mt, mc, en, ptx, prx, prc, nvl,
+    # last_xid, remap_cor, remap_unc, remap_fail), only those the GPU reported; absent when it reported none.
+    counters: NotRequired[dict[str, int]]
 
 
 # Holder fields everyone may see (the fleet websocket and GET /api/v1/gpus/ alike); anything else (user,

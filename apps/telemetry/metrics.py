@@ -7,9 +7,15 @@ live there (agents report to any web process), not in this process's memory, so 
 prometheus-client's own metric objects.
 
 GPU series carry dcgm-exporter's labels: `gpu` (index), `UUID`, `device` (nvidiaN), `modelName` (the driver's
-device name), `Hostname` (the node), `DCGM_FI_DRIVER_VERSION`. A GPU without a fresh sample (older than
-keys.STALE_AFTER_S) exports no series, as dcgm-exporter exports none for a GPU it cannot read: Prometheus then
-marks the series stale instead of repeating an old value.
+device name), `Hostname` (the node), `DCGM_FI_DRIVER_VERSION`, and `instance` (the node): one portal stands in for
+one dcgm-exporter per node, so a Prometheus job with `honor_labels: true` keeps a per-node `instance` and the
+dashboards' node picker and legends work on a fleet (docs/monitoring.md). `render(node=...)` exports one node's GPU
+series alone, for Prometheus' HTTP service discovery (apps.telemetry.views.metrics_targets). A GPU without a fresh
+sample (older than keys.STALE_AFTER_S) exports no series, as dcgm-exporter exports none for a GPU it cannot read:
+Prometheus then marks the series stale instead of repeating an old value.
+
+The GPU families are written here rather than through prometheus-client, because dcgm-exporter's counters have no
+`_total` suffix and prometheus-client would add one to their HELP and TYPE lines.
 """
 
 from __future__ import annotations
@@ -35,17 +41,76 @@ def _fb_free(sample: Sample) -> Any:
     return sample["mem_total"] - sample["mem_used"]
 
 
-# (metric, help, function of the latest sample -> value or None); all gauges, as in dcgm-exporter.
-DCGM_SERIES: tuple[tuple[str, str, Callable[[Sample], Any]], ...] = (
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda s: s.get("util")),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda s: s.get("mem_used")),
-    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _fb_free),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda s: s.get("temp")),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda s: s.get("power")),
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda s: s.get("sm_clock")),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", lambda s: s.get("tensor")),
+def _counter(key: str) -> Callable[[Sample], Any]:
+    return lambda s: (s.get("counters") or {}).get(key)
+
+
+def _health(key: str) -> Callable[[Sample], Any]:
+    """A health counter: the agent sends only values that signal a problem, so a sample with device counters but
+    without this key means 0. A sample without any (an older agent) exports no series."""
+    return lambda s: None if "counters" not in s else s["counters"].get(key, 0)
+
+
+# (metric, type, help, function of the latest sample -> value or None): dcgm-exporter's names, types and help
+# texts (its default-counters.csv) for every field the agents read through NVML.
+DCGM_SERIES: tuple[tuple[str, str, str, Callable[[Sample], Any]], ...] = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda s: s.get("sm_clock")),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", _counter("mc")),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", _counter("mt")),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda s: s.get("temp")),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda s: s.get("power")),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        _counter("en"),
+    ),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", _counter("prc")),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda s: s.get("util")),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", _health("last_xid")),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _fb_free),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", lambda s: s.get("mem_used")),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        _counter("nvl"),
+    ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+        _health("remap_unc"),
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors",
+        _health("remap_cor"),
+    ),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", _health("remap_fail")),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "gauge",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        lambda s: s.get("tensor"),
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in "
+        "bytes per second.",
+        _counter("ptx"),
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes "
+        "per second.",
+        _counter("prx"),
+    ),
 )
-DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
+DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "instance")
 QUEUES = ("control", "portal")
 
 
@@ -64,50 +129,74 @@ def _counts_by_status(queryset: Any) -> dict[str, int]:
     return dict(queryset.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
 
 
-class PortalCollector:
-    """Everything /metrics shows, read fresh on every collect (one query for the GPUs, two counts, three Redis
-    calls). `now` (seconds since the epoch) decides which samples are stale; default the time of the scrape."""
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
-    def __init__(self, *, now: float | None = None) -> None:
-        self.now = now
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return repr(float(value)) if isinstance(value, float) else str(int(value))
+
+
+def dcgm_text(series: list[tuple[list[str], Sample]]) -> str:
+    """The GPU families in text format 0.0.4: every family with HELP and TYPE, a series per GPU that has a value."""
+    lines: list[str] = []
+    label_parts = [
+        ",".join(f'{name}="{_escape(value)}"' for name, value in zip(DCGM_LABELS, label_values, strict=True))
+        for label_values, _ in series
+    ]
+    for name, kind, help_text, value_of in DCGM_SERIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, (_, sample) in zip(label_parts, series, strict=True):
+            value = value_of(sample)
+            if value is not None:  # a null reading: no series, not a fake zero
+                lines.append(f"{name}{{{labels}}} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def gpu_series(*, now: float, node: str | None = None) -> list[tuple[list[str], Sample]]:
+    """(dcgm-exporter's label values, the latest sample) of every GPU with a fresh sample (of one node when given);
+    empty when Redis is unreachable."""
+    try:
+        latest = all_latest_samples()
+    except Exception:
+        return []
+    gpus = Gpu.objects.filter(retired_at__isnull=True)
+    if node is not None:
+        gpus = gpus.filter(node__name=node)
+    rows = gpus.order_by("node__name", "index").values_list(
+        "uuid", "index", "name", "model__name", "node__name", "node__driver_version"
+    )
+    out: list[tuple[list[str], Sample]] = []
+    for uuid, index, name, model_name, hostname, driver_version in rows:
+        sample = latest.get(uuid)
+        if sample is None or is_stale(sample, now=now):
+            continue
+        labels = [str(index), uuid, f"nvidia{index}", name or model_name, hostname, driver_version or "", hostname]
+        out.append((labels, sample))
+    return out
+
+
+class PortalCollector:
+    """The portal's own families, read fresh on every collect (two counts, three Redis calls). `reporting` is the
+    number of GPUs with a fresh sample (the GPU series are written by dcgm_text)."""
+
+    def __init__(self, *, reporting: int) -> None:
+        self.reporting = reporting
 
     def collect(self) -> Iterator[Metric]:
-        now = time.time() if self.now is None else self.now
         try:
-            latest = all_latest_samples()
             counters = stats()
         except Exception:  # Redis down: the portal gauges still tell the story
-            latest, counters = {}, {}
-        series = list(self._gpu_series(latest, now))
-        yield from self._dcgm_families(series)
-        yield from self._fleet_families(reporting=len(series))
+            counters = {}
+        yield from self._fleet_families(reporting=self.reporting)
         yield from self._telemetry_families(counters)
         queues = GaugeMetricFamily("gpuportal_queue_length", "Messages waiting in a Celery queue.", labels=["queue"])
         for name, length in _queue_lengths(QUEUES).items():
             queues.add_metric([name], length)
         yield queues
-
-    def _gpu_series(self, latest: Mapping[str, Any], now: float) -> Iterator[tuple[list[str], Sample]]:
-        """(dcgm-exporter's label values, the latest sample) of every GPU with a fresh sample."""
-        gpus = (
-            Gpu.objects.filter(retired_at__isnull=True)
-            .order_by("node__name", "index")
-            .values_list("uuid", "index", "name", "model__name", "node__name", "node__driver_version")
-        )
-        for uuid, index, name, model_name, hostname, driver_version in gpus:
-            sample = latest.get(uuid)
-            if sample is None or is_stale(sample, now=now):
-                continue
-            yield [str(index), uuid, f"nvidia{index}", name or model_name, hostname, driver_version or ""], sample
-
-    def _dcgm_families(self, series: list[tuple[list[str], Sample]]) -> Iterator[Metric]:
-        for name, help_text, value_of in DCGM_SERIES:
-            family = GaugeMetricFamily(name, help_text, labels=DCGM_LABELS)
-            for label_values, sample in series:
-                value = value_of(sample)
-                if value is not None:  # a null reading: no series, not a fake zero
-                    family.add_metric(label_values, value)
-            yield family
 
     def _fleet_families(self, *, reporting: int) -> Iterator[Metric]:
         node_counts = _counts_by_status(Node.objects.all())
@@ -146,6 +235,16 @@ class PortalCollector:
         yield rejections
 
 
-def render(*, now: float | None = None) -> str:
-    """The whole exposition, in Prometheus' text format 0.0.4."""
-    return generate_latest(PortalCollector(now=now)).decode()
+def render(*, now: float | None = None, node: str | None = None) -> str:
+    """The whole exposition, in Prometheus' text format 0.0.4; with `node`, that node's GPU series alone (one
+    service-discovery target per node: the portal's own families come from the target without `node`)."""
+    series = gpu_series(now=time.time() if now is None else now, node=node)
+    if node is not None:
+        return dcgm_text(series)
+    return dcgm_text(series) + generate_latest(PortalCollector(reporting=len(series))).decode()
+
+
+def render_portal(*, now: float | None = None) -> str:
+    """The portal's own families alone (the service-discovery target that goes with the per-node ones)."""
+    reporting = len(gpu_series(now=time.time() if now is None else now))
+    return generate_latest(PortalCollector(reporting=reporting)).decode()

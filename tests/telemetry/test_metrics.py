@@ -82,6 +82,7 @@ def test_gpu_series_carry_dcgm_labels_and_values() -> None:
         "modelName": "NVIDIA A100-SXM4-80GB",
         "Hostname": "n1",
         "DCGM_FI_DRIVER_VERSION": "",
+        "instance": "n1",  # the node: kept by a Prometheus job with honor_labels (docs/monitoring.md)
     }
     free = {lab["UUID"]: v for lab, v in families["DCGM_FI_DEV_FB_FREE"].samples}
     assert free["GPU-n2-0"] == 68
@@ -145,3 +146,88 @@ def test_the_parser_is_strict() -> None:
     ):
         with pytest.raises(ParseError):
             parse(bad)
+
+
+def test_device_counters_reach_metrics_under_dcgm_names_and_types() -> None:
+    _, token = registered_node("n1", ("A100-80GB", "H100-80GB"))
+    counters = {"mt": 47, "mc": 1593, "en": 123_456_789, "ptx": 2_097_152, "prx": 4_194_304, "prc": 2, "nvl": 9_000}
+    health = {"xid": 1, "last_xid": 79, "remap_cor": 3, "remap_unc": 1, "remap_fail": True}
+    bad = {"mt": -5, "mc": "fast", "en": 10**30, "future_counter": 1, "prc": 0}  # bad ones left out alone
+    telemetry_ingest(
+        telemetry(
+            "n1",
+            token,
+            [row("GPU-n1-0", extra={"x": counters, "h": health}), row("GPU-n1-1", util=7, extra={"x": bad})],
+        )
+    )
+    families = parse(_scrape())
+
+    def value(metric: str, uuid: str) -> float | None:
+        return next((v for lab, v in families[metric].samples if lab["UUID"] == uuid), None)
+
+    expected = {
+        "DCGM_FI_DEV_MEMORY_TEMP": 47,
+        "DCGM_FI_DEV_MEM_CLOCK": 1593,
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 123_456_789,
+        "DCGM_FI_PROF_PCIE_TX_BYTES": 2_097_152,
+        "DCGM_FI_PROF_PCIE_RX_BYTES": 4_194_304,
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 2,
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 9_000,
+        "DCGM_FI_DEV_XID_ERRORS": 79,
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 3,
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 1,
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": 1,
+    }
+    assert {m: value(m, "GPU-n1-0") for m in expected} == expected
+    # dcgm-exporter's types, and its names: counters without prometheus-client's `_total`.
+    assert families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "counter"
+    assert families["DCGM_FI_DEV_XID_ERRORS"].type == "gauge"
+    # The second row's bad counters are dropped, not the row; its health counters read as all clear.
+    assert value("DCGM_FI_DEV_GPU_UTIL", "GPU-n1-1") == 7
+    assert value("DCGM_FI_DEV_MEMORY_TEMP", "GPU-n1-1") is None
+    assert value("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "GPU-n1-1") is None
+    assert value("DCGM_FI_DEV_XID_ERRORS", "GPU-n1-1") == 0
+
+
+def test_a_row_without_device_counters_exports_no_health_series() -> None:
+    _fleet_with_samples()  # rows as an older agent sends them: no "x", no health
+    families = parse(_scrape())
+    assert families["DCGM_FI_DEV_XID_ERRORS"].samples == []
+    assert families["DCGM_FI_DEV_GPU_UTIL"].samples
+
+
+def test_one_nodes_series_and_the_portal_scope() -> None:
+    _fleet_with_samples()
+    n1 = parse(_scrape_path("/metrics?node=n1"))
+    assert {lab["instance"] for lab, _ in n1["DCGM_FI_DEV_GPU_UTIL"].samples} == {"n1"}
+    assert len(n1["DCGM_FI_DEV_GPU_UTIL"].samples) == 2
+    assert not any(name.startswith("gpuportal_") for name in n1)  # those come from the portal's own target
+    portal = parse(_scrape_path("/metrics?scope=portal"))
+    assert not any(name.startswith("DCGM_") for name in portal)
+    assert portal["gpuportal_gpus_reporting"].samples[0][1] == 3
+    for bad, status in (("/metrics?node=ghost", 404), ("/metrics?scope=everything", 400)):
+        response = Client().get(bad)
+        assert response.status_code == status
+        assert set(response.json()) == {"code", "detail", "fields"}
+
+
+def test_service_discovery_lists_a_target_per_node_and_one_for_the_portal(settings) -> None:
+    _fleet_with_samples()
+    settings.ALLOWED_HOSTS = ["portal.example"]
+    response = Client().get("/metrics/targets", HTTP_HOST="portal.example:8000")
+    assert response.status_code == 200
+    groups = response.json()
+    assert [g["labels"].get("__param_node") for g in groups] == ["n1", "n2", None]
+    assert all(g["targets"] == ["portal.example:8000"] for g in groups)
+    assert groups[0]["labels"]["instance"] == "n1" and groups[-1]["labels"]["__param_scope"] == "portal"
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+    assert Client().get("/metrics/targets", HTTP_HOST="portal.example").status_code == 401
+    assert Client().get("/metrics?node=n1", HTTP_HOST="portal.example").status_code == 401
+    ok = Client().get("/metrics/targets", HTTP_HOST="portal.example", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
+    assert ok.status_code == 200
+
+
+def _scrape_path(path: str) -> str:
+    response = Client().get(path)
+    assert response.status_code == 200, response.content
+    return response.content.decode()

@@ -40,6 +40,11 @@ PATCHED = (
     "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetRemappedRows",
     "nvmlEventSetCreate",
     "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait",
@@ -71,6 +76,12 @@ class FakeGpu:
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
     ecc_dbe: int = 0
     lost: bool = False
+    energy_mj: int = 1_234_567
+    memory_temp: int | None = 41  # None: no HBM sensor (the field answers NOT_SUPPORTED)
+    nvlink_kib: tuple[int, int] | None = (1_000, 2_000)  # (TX, RX) KiB since boot; None: no NVLink
+    pcie_kbps: tuple[int, int] = (2_048, 4_096)  # (TX, RX) KB/s as nvmlDeviceGetPcieThroughput reports
+    pcie_replays: int = 0
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corrected, uncorrected, pending, failure
     # NVML function name -> error code it raises for this GPU (e.g. NOT_SUPPORTED for power on some boards)
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -225,6 +236,44 @@ class FakeNvml:
         if errorType != pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED or counterType != pynvml.NVML_VOLATILE_ECC:
             return 0
         return gpu.ecc_dbe
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Any:
+        gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        known: dict[int, int | None] = {
+            pynvml.NVML_FI_DEV_MEMORY_TEMP: gpu.memory_temp,
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: None if gpu.nvlink_kib is None else gpu.nvlink_kib[0],
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: None if gpu.nvlink_kib is None else gpu.nvlink_kib[1],
+        }
+        for i, field_id in enumerate(fieldIds):
+            values[i].fieldId = field_id
+            value = known.get(field_id)
+            if value is None:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            values[i].nvmlReturn = pynvml.NVML_SUCCESS
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:  # the driver answers temperatures as unsigned int
+                values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = value
+            else:
+                values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                values[i].value.ullVal = value
+        return values
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetPcieThroughput", handle)
+        if counter not in (pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.pcie_kbps[0 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 1]
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetPcieReplayCounter", handle).pcie_replays
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        return self._gpu("nvmlDeviceGetRemappedRows", handle).remapped_rows
 
     # -- events ----------------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.workers.fake_nvml import FakeGpu, FakeNvml
 from workers.gpu import open_backend
-from workers.gpu.base import GpuBackend, build_message, parse_message
+from workers.gpu.base import HEALTH_OK, GpuBackend, build_message, parse_message
 from workers.gpu.nvml import NvmlBackend, NvmlUnavailable
 from workers.gpu.simulated import SimulatedBackend
 
@@ -18,9 +18,15 @@ PER_TICK = (
     "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetTemperature",
     "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetFieldValues",
 )
-SLOW = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetTotalEccErrors")
+SLOW = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetRemappedRows",
+)
 
 
 def two_gpus() -> list[FakeGpu]:
@@ -96,7 +102,7 @@ def test_sample_values_are_converted_to_portal_units(fake: FakeNvml) -> None:
     assert first.power_w == pytest.approx(312.4)
     assert first.sm_clock_mhz == 1_980
     assert first.processes == [(17, 512), (4242, 39_000)]
-    assert first.health == {"ecc_dbe": 0, "xid": 0, "last_xid": None, "lost": False}
+    assert first.health == {**HEALTH_OK, "ecc_dbe": 0, "xid": 0, "last_xid": None, "lost": False}
     assert first.error is None
     # GPM needs two samples: no tensor figure on the first tick, then the driver's value as a fraction.
     assert first.tensor_active is None
@@ -119,6 +125,8 @@ def test_each_metric_is_read_once_per_gpu_per_sample_and_processes_at_the_slow_r
         assert fake.count("nvmlDeviceGetMemoryInfo", index) - (discovery_memory_calls if index == 0 else 1) == 25
         for function in SLOW:
             assert fake.count(function, index) == 3, function
+        assert fake.count("nvmlDeviceGetClockInfo", index) == 25 + 3  # SM clock every tick, memory clock slow
+        assert fake.count("nvmlDeviceGetPcieThroughput", index) == 2 * 3  # TX and RX, 20 ms each: slow
     assert fake.count("nvmlGpmSampleGet", 0) == 25
     assert fake.count("nvmlGpmSampleGet", 1) == 0  # no GPM on the A100: never asked per tick
     assert fake.count("nvmlGpmMetricsGet") == 24
@@ -189,7 +197,7 @@ def test_xid_events_and_ecc_count_reach_health(fake: FakeNvml) -> None:
     fake.raise_xid(1, 79)
     fake.gpus[0].ecc_dbe = 2
     samples = backend.sample(1001.0)
-    assert samples[1].health == {"ecc_dbe": 0, "xid": 2, "last_xid": 79, "lost": False}
+    assert samples[1].health == {**HEALTH_OK, "ecc_dbe": 0, "xid": 2, "last_xid": 79, "lost": False}
     assert samples[0].health["xid"] == 0
     assert samples[0].health["ecc_dbe"] == 0  # ECC is read on the slow tick only
     assert backend.sample(1010.0)[0].health["ecc_dbe"] == 2
@@ -244,7 +252,7 @@ def test_message_is_small_and_round_trips(fake: FakeNvml) -> None:
     samples = backend.sample(1001.0)
     message = build_message("gpu-node-01", samples, ts=1001.0, seq=2)
     text = json.dumps(message, separators=(",", ":"))
-    assert len(text) < 400
+    assert len(text) < 560  # two rows of ~80 bytes plus ~80 of device counters each
     node, ts, seq, decoded = parse_message(json.loads(text))
     assert (node, ts, seq) == ("gpu-node-01", 1001.0, 2)
     assert decoded == samples
@@ -275,4 +283,36 @@ def test_failed_ecc_read_keeps_the_last_known_count(fake: FakeNvml) -> None:
     fake.gpus[0].errors["nvmlDeviceGetTotalEccErrors"] = pynvml.NVML_ERROR_UNKNOWN
     failed = backend.sample(1001.0)[0]
     assert failed.health["ecc_dbe"] == 3 and failed.error == "ecc_dbe: Unknown Error"
+    backend.close()
+
+
+def test_device_counters_travel_with_every_sample_and_missing_ones_are_left_out(fake: FakeNvml) -> None:
+    fake.gpus[1].memory_temp = None  # no HBM sensor
+    fake.gpus[1].nvlink_kib = None  # a PCIe board
+    fake.gpus[0].remapped_rows = (3, 1, 0, 1)
+    backend = NvmlBackend(slow_every_s=10.0)
+    first = backend.sample(1000.0)
+    assert first[0].counters == {
+        "en": 1_234_567,
+        "mt": 41,
+        "nvl": 3_000,
+        "mc": 1_593,
+        "ptx": 2_048 * 1024,
+        "prx": 4_096 * 1024,
+        "prc": 0,
+    }
+    assert first[1].counters == {"en": 1_234_567, "mc": 1_593, "ptx": 2_048 * 1024, "prx": 4_096 * 1024, "prc": 0}
+    assert first[0].health["remap_cor"] == 3 and first[0].health["remap_unc"] == 1
+    assert first[0].health["remap_fail"] is True and first[1].health["remap_fail"] is False
+    fake.gpus[0].energy_mj = 2_000_000
+    fake.gpus[0].pcie_kbps = (1, 1)
+    second = backend.sample(1001.0)  # not a slow tick: energy is new, the PCIe figures are the slow tick's
+    assert second[0].counters["en"] == 2_000_000 and second[0].counters["ptx"] == 2_048 * 1024
+    assert first[0].error is None and first[1].error is None
+    # Through the wire format and back, unchanged; the remap health only where it signals a problem.
+    message = json.loads(json.dumps(build_message("n1", second, ts=1001.0, seq=1)))
+    _node, _ts, _seq, decoded = parse_message(message)
+    assert [s.counters for s in decoded] == [s.counters for s in second]
+    assert message["g"][0][8]["h"] == {"remap_cor": 3, "remap_unc": 1, "remap_fail": True}
+    assert "h" not in message["g"][1][8]
     backend.close()

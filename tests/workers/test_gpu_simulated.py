@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.gpu.base import GpuBackend, GpuSample
+from workers.gpu.base import HEALTH_OK, GpuBackend, GpuSample
 from workers.gpu.profiles import build_profiles
 from workers.gpu.simulated import PROFILE_FILE, SimulatedBackend, load_profiles, parse_profile
 from workers.gpu.specs import get_spec
@@ -205,7 +205,7 @@ def test_injected_faults_show_in_health() -> None:
     backend.inject(uuids[0], xid=79)
     backend.inject(uuids[1], lost=True)
     ok, lost = backend.sample(T0)
-    assert ok.health == {"ecc_dbe": 0, "xid": 1, "last_xid": 79, "lost": False}
+    assert ok.health == {**HEALTH_OK, "ecc_dbe": 0, "xid": 1, "last_xid": 79, "lost": False}
     assert lost.health["lost"] is True and lost.error and lost.utilization_pct is None
 
 
@@ -232,3 +232,22 @@ DATA = Path(build_profiles.DEFAULT_DATA)
 def test_profile_file_is_what_the_generator_builds_from_the_trace() -> None:
     built = build_profiles.build(DATA, build_profiles.DEFAULT_POINTS)
     assert built == json.loads(PROFILE_FILE.read_text())
+
+
+def test_device_counters_follow_the_simulated_load_and_report_a_driver_version() -> None:
+    backend = SimulatedBackend("n1", ["H100-80GB", "L40S-48GB"], seed=3)
+    h100, l40s = backend.discover()
+    assert h100.extra["driver_version"] and l40s.extra["driver_version"]
+    backend.assign(h100.uuid, "job-1", profile="const:90:0.5")
+    first = backend.sample(T0)
+    later = backend.sample(T0 + 10)
+    busy, idle = later
+    assert set(busy.counters) == {"mt", "mc", "en", "ptx", "prx", "prc", "nvl"}
+    assert "nvl" not in idle.counters  # a PCIe board has no NVLink
+    # Energy integrates power: ten seconds above 100 W are more than a million mJ.
+    assert busy.counters["en"] - first[0].counters["en"] > 10 * 100 * 1000
+    assert busy.counters["nvl"] > first[0].counters["nvl"] and busy.counters["prx"] > idle.counters["prx"]
+    assert busy.counters["mt"] > busy.temperature_c  # HBM runs warmer than the die sensor
+    backend.inject(h100.uuid, remapped_rows=(2, 1), remap_failed=True)
+    health = backend.sample(T0 + 11)[0].health
+    assert (health["remap_cor"], health["remap_unc"], health["remap_fail"]) == (2, 1, True)

@@ -20,8 +20,13 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   `"p"`: per-process memory `[[pid, used_mib], ...]`, present only on ticks where processes were read (the
   NVML call is slow, so the agent reads it every ~10 s; absent means "not read this tick", `[]` means "none");
   `"h"`: only the health keys that signal a problem (`ecc_dbe` > 0 volatile double-bit ECC errors, `xid` > 0
-  critical Xid events seen since the agent started, `last_xid`, `lost`: true when the GPU stopped answering);
-  a reader fills the rest from `HEALTH_OK`;
+  critical Xid events seen since the agent started, `last_xid`, `lost`: true when the GPU stopped answering,
+  `remap_cor` / `remap_unc` rows remapped for correctable / uncorrectable errors, `remap_fail`: true when a
+  row remap failed); a reader fills the rest from `HEALTH_OK`;
+  `"x"`: the device counters dcgm-exporter exports by default that NVML gives, each key only when the GPU has it
+  (`COUNTER_KEYS`): `mt` memory temperature °C, `mc` memory clock MHz, `en` energy since the driver loaded (mJ),
+  `ptx` / `prx` PCIe throughput (bytes/s), `prc` PCIe replays (count), `nvl` NVLink traffic over all links (KiB,
+  cumulative);
   `"e"`: an error text for this GPU this tick.
 """
 
@@ -35,7 +40,17 @@ MESSAGE_VERSION = 1
 ROW_FIELDS: tuple[str, ...] = ("uuid", "util", "mem", "mem_total", "temp", "power", "sm", "tensor")
 
 # Health as a GPU that is fine reports it; rows only carry the keys that differ, so most rows carry none.
-HEALTH_OK: dict[str, Any] = {"ecc_dbe": 0, "xid": 0, "last_xid": None, "lost": False}
+HEALTH_OK: dict[str, Any] = {
+    "ecc_dbe": 0,
+    "xid": 0,
+    "last_xid": None,
+    "lost": False,
+    "remap_cor": 0,
+    "remap_unc": 0,
+    "remap_fail": False,
+}
+# Keys of the `"x"` object (see the module docstring); all numbers >= 0.
+COUNTER_KEYS: tuple[str, ...] = ("mt", "mc", "en", "ptx", "prx", "prc", "nvl")
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,7 @@ class GpuSample:
     processes: list[tuple[int, int]] | None = None  # None: not sampled this tick; []: sampled, none running
     health: dict[str, Any] = field(default_factory=lambda: dict(HEALTH_OK))
     error: str | None = None
+    counters: dict[str, int] = field(default_factory=dict)  # COUNTER_KEYS the GPU has; missing: not readable
 
 
 @runtime_checkable
@@ -121,6 +137,9 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
     health = {k: v for k, v in sample.health.items() if v is not None and HEALTH_OK.get(k) != v}
     if health:
         extra["h"] = health
+    counters = {k: v for k, v in sample.counters.items() if v is not None}
+    if counters:
+        extra["x"] = counters
     if sample.error:
         extra["e"] = sample.error
     if extra:
@@ -150,6 +169,7 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         processes=None if procs is None else [(int(p), int(m)) for p, m in procs],
         health=health,
         error=extra.get("e"),
+        counters=dict(extra.get("x", {})),
     )
 
 

@@ -20,6 +20,12 @@ Health, realistically:
 - NVML_ERROR_NOT_SUPPORTED for a metric makes that field None and the call is never made again for that GPU
   (e.g. utilization under MIG, power on some boards). Any other NVMLError makes the field None for this tick only.
 
+Device counters (`GpuSample.counters`, the dcgm-exporter defaults NVML gives): energy since the driver loaded and
+one `nvmlDeviceGetFieldValues` call (memory temperature, NVLink data TX and RX) every tick; the memory clock, the PCIe
+throughput (each `nvmlDeviceGetPcieThroughput` samples the link for 20 ms), the PCIe replay counter and the remapped
+rows (`health["remap_cor"]`, `["remap_unc"]`, `["remap_fail"]`) on the slow tick, their last value repeated in
+between. A counter the board lacks (no HBM sensor, no NVLink, no row remapping before Ampere) is left out.
+
 Tensor activity comes from GPM (GPU Performance Monitoring, Hopper and later): two GPM samples one tick apart give
 `NVML_GPM_METRIC_ANY_TENSOR_UTIL`. Older GPUs, and GPUs in MIG mode, report None; DCGM's profiling counters are
 the alternative there and are out of scope for a dependency-light agent.
@@ -50,6 +56,14 @@ SM_CLOCK = "sm_clock"
 TENSOR = "tensor_active"
 PROCESSES = "processes"
 ECC = "ecc_dbe"
+ENERGY = "energy"
+FIELDS = "field_values"
+MEM_CLOCK = "mem_clock"
+PCIE_TX = "pcie_tx"
+PCIE_RX = "pcie_rx"
+PCIE_REPLAY = "pcie_replay"
+REMAP = "remapped_rows"
+_KIB = 1024
 
 
 class NvmlUnavailable(RuntimeError):
@@ -76,6 +90,21 @@ class _Gpu:
         self.gpm_samples: list[Any] = []  # two GPM buffers used alternately
         self.gpm_turn = 0
         self.gpm_primed = False
+        self.counters: dict[str, int] = {}  # base.COUNTER_KEYS, slow ones kept between their reads
+
+
+def _field_value(nv: Any, field: Any) -> float | None:
+    """The number in one c_nvmlFieldValue_t, None when the driver could not read that field."""
+    if field.nvmlReturn != nv.NVML_SUCCESS:
+        return None
+    kind = field.valueType
+    if kind == nv.NVML_VALUE_TYPE_DOUBLE:
+        return float(field.value.dVal)
+    if kind == nv.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return int(field.value.uiVal)
+    if kind == nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return int(field.value.sllVal)
+    return int(field.value.ullVal)
 
 
 def _import_pynvml() -> Any:
@@ -244,6 +273,7 @@ class NvmlBackend:
             processes=values.get(PROCESSES),
             health=dict(gpu.health),
             error="; ".join(errors) or None,
+            counters=dict(gpu.counters),
         )
 
     def _read_all(self, gpu: _Gpu, slow: bool, values: dict[str, Any], errors: list[str]) -> None:
@@ -272,6 +302,51 @@ class NvmlBackend:
                 gpu.health["ecc_dbe"] = None
             elif ecc is not None:  # a failed read keeps the last known count rather than forgetting it
                 gpu.health["ecc_dbe"] = ecc
+        self._read_counters(gpu, slow, values, errors)
+
+    def _read_counters(self, gpu: _Gpu, slow: bool, values: dict[str, Any], errors: list[str]) -> None:
+        """The device counters (see the module docstring) into `gpu.counters` and the remap keys of `gpu.health`."""
+        nv = self._nv
+        h = gpu.handle
+        c = gpu.counters
+        energy = self._read(gpu, ENERGY, lambda: int(nv.nvmlDeviceGetTotalEnergyConsumption(h)), values, errors)
+        if energy is not None:
+            c["en"] = energy
+        fields = self._read(gpu, FIELDS, lambda: self._read_fields(h), values, errors)
+        if fields:
+            c.update(fields)
+        if not slow:
+            return
+        for metric, key, call in (
+            (MEM_CLOCK, "mc", lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))),
+            (PCIE_TX, "ptx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)) * _KIB),
+            (PCIE_RX, "prx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)) * _KIB),
+            (PCIE_REPLAY, "prc", lambda: int(nv.nvmlDeviceGetPcieReplayCounter(h))),
+        ):
+            value = self._read(gpu, metric, call, values, errors)
+            if value is not None:
+                c[key] = value
+        remap = self._read(gpu, REMAP, lambda: nv.nvmlDeviceGetRemappedRows(h), values, errors)
+        if remap is not None:
+            corrected, uncorrected, _pending, failed = remap
+            gpu.health.update(remap_cor=int(corrected), remap_unc=int(uncorrected), remap_fail=bool(failed))
+
+    def _read_fields(self, handle: Any) -> dict[str, int]:
+        """Memory temperature and NVLink traffic in one call; each field has its own status (no HBM sensor, no
+        NVLink: that field is left out)."""
+        nv = self._nv
+        ids = (
+            nv.NVML_FI_DEV_MEMORY_TEMP,
+            nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        )
+        got = [_field_value(nv, v) for v in nv.nvmlDeviceGetFieldValues(handle, list(ids))]
+        out: dict[str, int] = {}
+        if got[0] is not None:
+            out["mt"] = int(got[0])
+        if got[1] is not None and got[2] is not None:
+            out["nvl"] = int(got[1] + got[2])
+        return out
 
     def _read(self, gpu: _Gpu, metric: str, call: Callable[[], Any], values: dict[str, Any], errors: list[str]) -> Any:
         """One NVML read with the error policy of this module; stores and returns the value (None on failure)."""

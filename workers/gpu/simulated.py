@@ -33,6 +33,15 @@ _TEMP_TAU_S = 45.0  # heat sink + airflow: tens of seconds to settle
 _TEMP_RISE_AT_TDP_C = 45.0  # above ambient, at full board power, in a well-cooled server
 _IDLE_CLOCK_AFTER_S = 5.0  # the driver drops boost clocks a few seconds after the last kernel
 
+# What `nvidia-smi` says of simulated nodes: a current datacenter driver branch (DCGM_FI_DRIVER_VERSION).
+SIMULATED_DRIVER_VERSION = "550.127.05"
+# Memory clock (MHz, `nvidia-smi -q -d CLOCK` under load) by model family; HBM runs a few °C above the die.
+_MEM_CLOCK_MHZ = {"A100-40GB": 1215, "A100": 1593, "H100": 2619, "H200": 3201, "L40S": 9001, "V100": 877, "RTX": 8001}
+_MEM_TEMP_OFFSET_C = 4.0
+_NO_NVLINK = ("L40S", "RTX")  # PCIe-only boards: NVML answers NOT_SUPPORTED, so no NVLink series
+_PCIE_PEAK_BPS = 12e9  # a busy data loader keeps a Gen4 x16 link well below its 32 GB/s
+_NVLINK_PEAK_KIBPS = 150e6 / 1.024  # all-reduce traffic of data-parallel training, all links, KiB/s
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -152,6 +161,11 @@ class _SimGpu:
         self.idle_mem_mib = 1 + rng.randrange(4)  # driver context, persistence mode: a few MiB on a free GPU
         self.last_busy: float = -math.inf
         self.health: dict[str, Any] = dict(HEALTH_OK)
+        # Device counters (base.COUNTER_KEYS) that accumulate; derived from the state above, never from `rng`, so
+        # they do not shift the seeded draws of the other readings.
+        self.energy_mj = float(_stable_int(info.uuid, "energy") % 10**9)  # since a driver load days ago
+        self.nvlink_kib: float | None = None if spec.key.startswith(_NO_NVLINK) else 0.0
+        self.mem_clock_mhz = next((mhz for prefix, mhz in _MEM_CLOCK_MHZ.items() if spec.key.startswith(prefix)), 1215)
 
 
 class SimulatedBackend:
@@ -185,7 +199,7 @@ class SimulatedBackend:
                 model=spec.key,
                 memory_mib=spec.memory_mib,
                 mig_mode=False,
-                extra={"simulated": True},
+                extra={"simulated": True, "driver_version": SIMULATED_DRIVER_VERSION},
             )
             gpu = _SimGpu(info, spec, random.Random(f"{node_name}|{index}|{seed}"), ambient_c)
             if self._idle_profile is not None:
@@ -228,10 +242,22 @@ class SimulatedBackend:
         return (run.job_key, run.profile.name) if run else None
 
     def inject(
-        self, uuid: str, *, lost: bool | None = None, xid: int | None = None, ecc_dbe: int | None = None
+        self,
+        uuid: str,
+        *,
+        lost: bool | None = None,
+        xid: int | None = None,
+        ecc_dbe: int | None = None,
+        remapped_rows: tuple[int, int] | None = None,
+        remap_failed: bool | None = None,
     ) -> None:
-        """Fault injection for tests and demos: mark a GPU lost, record a critical Xid, set the ECC DBE count."""
+        """Fault injection for tests and demos: mark a GPU lost, record a critical Xid, set the ECC DBE count, set
+        the (correctable, uncorrectable) remapped row counts, flag a failed row remap."""
         gpu = self._gpu(uuid)
+        if remapped_rows is not None:
+            gpu.health["remap_cor"], gpu.health["remap_unc"] = remapped_rows
+        if remap_failed is not None:
+            gpu.health["remap_fail"] = remap_failed
         if lost is not None:
             gpu.health["lost"] = lost
         if xid is not None:
@@ -327,6 +353,7 @@ class SimulatedBackend:
         processes: list[tuple[int, int]] | None = None
         if slow:
             processes = [] if run is None else [(run.pid, max(0, mem_used - gpu.idle_mem_mib))]
+        counters = self._counters(gpu, util / 100.0, tensor_ratio, dt)
         return GpuSample(
             uuid=gpu.info.uuid,
             ts=now,
@@ -340,7 +367,27 @@ class SimulatedBackend:
             processes=processes,
             health=dict(gpu.health),
             error=None,
+            counters=counters,
         )
+
+    @staticmethod
+    def _counters(gpu: _SimGpu, load: float, tensor_ratio: float, dt: float) -> dict[str, int]:
+        """The dcgm-style device counters of this tick (base.COUNTER_KEYS), from the power, temperature and load
+        already simulated: energy integrates the board power, traffic follows the load."""
+        gpu.energy_mj += gpu.power_w * dt * 1000.0
+        pcie = _PCIE_PEAK_BPS * load * (1.0 - 0.5 * tensor_ratio)  # tensor-heavy work stays on the device
+        counters = {
+            "mt": round(gpu.temp_c + _MEM_TEMP_OFFSET_C),
+            "mc": gpu.mem_clock_mhz,
+            "en": int(gpu.energy_mj),
+            "ptx": int(pcie * 0.3),
+            "prx": int(pcie),
+            "prc": 0,
+        }
+        if gpu.nvlink_kib is not None:
+            gpu.nvlink_kib += _NVLINK_PEAK_KIBPS * load * tensor_ratio * dt
+            counters["nvl"] = int(gpu.nvlink_kib)
+        return counters
 
 
 def _approach(value: float, target: float, dt: float, tau: float) -> float:
