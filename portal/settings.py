@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "apps.booking",
     "apps.jobs",
     "apps.billing",
+    "apps.efficiency",
     "apps.events",
 ]
 

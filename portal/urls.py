@@ -18,6 +18,7 @@ api_v1 = [
     path("", include("apps.accounts.api.urls")),
     path("", include("apps.core.api.urls")),
     path("", include("apps.billing.api.urls")),
+    path("", include("apps.efficiency.api.urls")),
     path("", include("apps.events.api.urls")),
 ]
 

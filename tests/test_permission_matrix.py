@@ -86,6 +86,11 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/webhooks/<int:endpoint_id>/rotate-secret/": {"POST": (401, 404, 404, 200, 200, 403)},
     "api/v1/webhooks/<int:endpoint_id>/deliveries/": {"GET": (401, 404, 404, 200, 200, 404)},
     "api/v1/me/notifications/": {"GET": (401, 200, 200, 200, 200, 200), "PATCH": (401, 200, 200, 200, 200, 200)},
+    # Members read their team's idle policy; only admins change it (an empty PATCH changes nothing: 200).
+    "api/v1/teams/<slug:slug>/idle-policy/": {
+        "GET": (401, 404, 200, 200, 200, 200),
+        "PATCH": (401, 403, 403, 403, 200, 403),
+    },
     "api/schema/": {"GET": (200, 200, 200, 200, 200, 200)},
     "api/docs/": {"GET": (200, 200, 200, 200, 200, 200)},
 }
@@ -290,6 +295,7 @@ QUERIES: dict[str, Callable[[Cast], str]] = {
 OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/tokens/<int:token_id>/": _obj_token,
     "api/v1/teams/<slug:slug>/": _obj_team,
+    "api/v1/teams/<slug:slug>/idle-policy/": _obj_team,
     "api/v1/reservations/<int:pk>/": _obj_reservation,
     "api/v1/jobs/<int:job_id>/": _obj_job,
     "api/v1/jobs/<int:job_id>/cancel/": _obj_job,

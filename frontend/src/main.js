@@ -2,10 +2,12 @@
 import { api, ApiError, csrfToken } from "./lib/api.js";
 import { liveSocket } from "./lib/ws.js";
 import { money, pct, mib } from "./lib/format.js";
+import { idleBanner } from "./lib/idle_banner.js";
 
 window.Portal = { api, ApiError, csrfToken, liveSocket, money, pct, mib };
 
 document.addEventListener("DOMContentLoaded", () => {
+  idleBanner(liveSocket);
   // Copy buttons for values shown once (new tokens).
   const token = document.getElementById("new-token");
   if (token && navigator.clipboard) {

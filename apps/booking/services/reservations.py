@@ -368,6 +368,35 @@ def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
     return reservation
 
 
+def reservation_release_by_portal(
+    *, reservation_id: int, reason: str, data: dict[str, Any], now: datetime | None = None
+) -> Reservation | None:
+    """Release an active reservation for the portal itself (no user: the idle detector, `reason` "idle" or
+    "unused"): the same steps as a release by its holder, with `released_reason` set and the figures behind the
+    decision in the audit entry. None when it is not active any more (ended meanwhile: nothing to do). Locks the
+    reservation row first; call inside the caller's transaction."""
+    now = now or timezone.now()
+    reservation = Reservation.objects.select_for_update().filter(pk=reservation_id).first()
+    if reservation is None or reservation.status != ReservationStatus.ACTIVE or reservation.end <= now:
+        return None
+    if not _transition(reservation.pk, ReservationStatus.RELEASED, ended_at=now, end=now, released_reason=reason):
+        return None
+    allocation_ids = list(reservation.allocations.filter(active=True).values_list("pk", flat=True))
+    allocation_end(allocation_ids=allocation_ids, at=now)
+    quota_hold_update(reservation=reservation, end=now)
+    audit_record(
+        actor=None,
+        action="reservation.release",
+        target=reservation,
+        data={**data, "at": iso(now), "booked_end": iso(reservation.booked_end), "reason": reason},
+    )
+    send_holds(reservation.pk, until=now)
+    rid = reservation.pk
+    transaction.on_commit(lambda: emit_ended(rid, early=True))
+    reservation.refresh_from_db()
+    return reservation
+
+
 def reservations_tick(*, now: datetime | None = None, limit: int = 500) -> dict[str, list[int]]:
     """Activate reservations whose start has come and release those whose end has passed. Each move is a
     conditional UPDATE in its own transaction, so concurrent or repeated ticks do each move once; node agents

@@ -54,6 +54,8 @@ def final_state_of(job: Job, state: str, reason: str) -> tuple[str, str]:
             return JobState.CANCELLED, JobReason.PREEMPTED
         if job.stop_reason == JobReason.TIMEOUT:
             return JobState.FAILED, JobReason.TIMEOUT
+        if job.stop_reason == JobReason.IDLE:
+            return JobState.CANCELLED, JobReason.IDLE
         return JobState.CANCELLED, JobReason.CANCELLED
     return OUTCOME_STATES.get(state, JobState.FAILED), reason if reason in JobReason.values else JobReason.EXIT_CODE
 

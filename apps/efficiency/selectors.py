@@ -1,0 +1,177 @@
+"""Reads for efficiency: the allocations the idle detector watches and their GPUs' minute rollups."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from apps.accounts.models import Team
+from apps.booking.models import Allocation, Reservation, ReservationStatus
+from apps.efficiency import detector
+from apps.efficiency.models import IdleExemption, IdleMark, IdlePolicy, MarkState
+from apps.fleet.models import Gpu
+from apps.jobs.models import Job, JobState
+from apps.telemetry.models import GpuRollup
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A reservation or a job (outside any reservation) holding GPUs now."""
+
+    kind: str
+    source_id: int
+    team_id: int
+    user_id: int | None
+    start: datetime
+    end: datetime | None
+    gpu_ids: tuple[int, ...]
+
+
+def thresholds_of(policy: IdlePolicy | None) -> detector.Thresholds:
+    if policy is None:
+        return detector.Thresholds()
+    return detector.Thresholds(
+        warn_after_min=policy.warn_after_min,
+        reclaim_after_min=policy.reclaim_after_min,
+        utilization_below_pct=policy.utilization_below_pct,
+        memory_below_pct=policy.memory_below_pct,
+        unused_release_after_min=policy.unused_release_after_min,
+    )
+
+
+def policies() -> dict[int, IdlePolicy]:
+    return {p.team_id: p for p in IdlePolicy.objects.all()}
+
+
+def policy_of(team: Team) -> IdlePolicy:
+    """The team's policy, unsaved with the defaults when it has none."""
+    return IdlePolicy.objects.filter(team=team).first() or IdlePolicy(team=team)
+
+
+def applies(policy: IdlePolicy | None, kind: str) -> bool:
+    if policy is None:
+        return True
+    return policy.enabled and f"{kind}s" in (policy.applies_to or [])
+
+
+def watched(*, now: datetime) -> list[Watched]:
+    """Active reservations and running jobs outside reservations (a job inside a reservation is judged with it)."""
+    out: list[Watched] = []
+    reservations = list(
+        Reservation.objects.filter(status=ReservationStatus.ACTIVE, start__lte=now, end__gt=now).values(
+            "pk", "team_id", "user_id", "start", "end"
+        )
+    )
+    gpus_of: dict[int, list[int]] = defaultdict(list)
+    for rid, gid in Allocation.objects.filter(
+        reservation_id__in=[r["pk"] for r in reservations], active=True
+    ).values_list("reservation_id", "gpu_id"):
+        gpus_of[rid].append(gid)
+    for r in reservations:
+        if gpus_of[r["pk"]]:
+            out.append(
+                Watched(
+                    "reservation",
+                    r["pk"],
+                    r["team_id"],
+                    r["user_id"],
+                    r["start"],
+                    r["end"],
+                    tuple(sorted(gpus_of[r["pk"]])),
+                )
+            )
+    jobs = list(
+        Job.objects.filter(state=JobState.RUNNING, reservation__isnull=True, started_at__isnull=False).values(
+            "pk", "team_id", "user_id", "started_at"
+        )
+    )
+    job_gpus: dict[int, list[int]] = defaultdict(list)
+    for jid, gid in Job.gpus.through.objects.filter(job_id__in=[j["pk"] for j in jobs]).values_list("job_id", "gpu_id"):
+        job_gpus[jid].append(gid)
+    for j in jobs:
+        if job_gpus[j["pk"]]:
+            out.append(
+                Watched(
+                    "job",
+                    j["pk"],
+                    j["team_id"],
+                    j["user_id"],
+                    j["started_at"] or now,
+                    None,
+                    tuple(sorted(job_gpus[j["pk"]])),
+                )
+            )
+    return out
+
+
+def _floor_minute(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def minute_samples(
+    *, gpu_ids: Iterable[int], since: datetime, until: datetime
+) -> dict[int, dict[datetime, detector.Sample]]:
+    """{gpu id: {minute: sample}} from the minute rollups in [since, until)."""
+    ids = list(gpu_ids)
+    totals = dict(Gpu.objects.filter(pk__in=ids).values_list("pk", "memory_mib"))
+    out: dict[int, dict[datetime, detector.Sample]] = defaultdict(dict)
+    rows = GpuRollup.objects.filter(gpu_id__in=ids, minute__gte=since, minute__lt=until).values_list(
+        "gpu_id", "minute", "util_mean", "mem_used_max"
+    )
+    for gid, minute, util, mem in rows:
+        out[gid][minute] = detector.Sample(util=util, mem_used=mem, mem_total=float(totals.get(gid) or 0))
+    return out
+
+
+def allocation_minutes(
+    item: Watched,
+    samples: dict[int, dict[datetime, detector.Sample]],
+    th: detector.Thresholds,
+    *,
+    since: datetime,
+    now: datetime,
+    fresh_within: timedelta,
+) -> list[detector.MinuteKind]:
+    """The allocation's minutes from `since` to its newest minute with telemetry, oldest first; empty when the
+    newest is older than `fresh_within` (telemetry stopped: nothing is decided on old data)."""
+    newest = max((m for gid in item.gpu_ids for m in samples.get(gid, {})), default=None)
+    if newest is None or newest < now - fresh_within:
+        return []
+    kinds: list[detector.MinuteKind] = []
+    minute = _floor_minute(since)
+    while minute <= newest:
+        kinds.append(detector.combine([detector.minute_kind(samples.get(g, {}).get(minute), th) for g in item.gpu_ids]))
+        minute += timedelta(minutes=1)
+    return kinds
+
+
+def exemptions(items: Sequence[Watched]) -> dict[tuple[str, int], int | None]:
+    """{(kind, id): extra minutes or None (exempt)} for the items that have an exemption."""
+    ids_by_kind: dict[str, list[int]] = defaultdict(list)
+    for it in items:
+        ids_by_kind[it.kind].append(it.source_id)
+    out: dict[tuple[str, int], int | None] = {}
+    for kind, ids in ids_by_kind.items():
+        for sid, extra in IdleExemption.objects.filter(kind=kind, source_id__in=ids).values_list(
+            "source_id", "extra_min"
+        ):
+            out[(kind, sid)] = extra
+    return out
+
+
+def marks(items: Sequence[Watched]) -> dict[tuple[str, int], IdleMark]:
+    out: dict[tuple[str, int], IdleMark] = {}
+    ids_by_kind: dict[str, list[int]] = defaultdict(list)
+    for it in items:
+        ids_by_kind[it.kind].append(it.source_id)
+    for kind, ids in ids_by_kind.items():
+        for mark in IdleMark.objects.filter(kind=kind, source_id__in=ids):
+            out[(kind, mark.source_id)] = mark
+    return out
+
+
+def warnings_for(*, user_id: int) -> list[IdleMark]:
+    """The user's open idle warnings (for the banner on every page)."""
+    return list(IdleMark.objects.filter(user_id=user_id, state=MarkState.WARNED).order_by("reclaim_at")[:5])

@@ -1,0 +1,28 @@
+// The idle banner on every page: listens on the user's teams' sockets for idle warnings and reclaims of the
+// user's own reservations and jobs, and shows them at the top of the page as they come.
+export function idleBanner(liveSocket) {
+  const banner = document.getElementById("idle-banner");
+  if (!banner) return;
+  const me = Number(banner.dataset.user);
+  const teams = (banner.dataset.teams || "").split(",").filter(Boolean);
+  function show(msg) {
+    if (msg.type !== "team.notification" || !msg.event || !msg.event.startsWith("idle.")) return;
+    if (msg.user_id !== me) return;
+    const key = `${msg.kind}-${msg.id}`;
+    let p = banner.querySelector(`[data-key="${key}"]`);
+    if (!p) {
+      p = document.createElement("p");
+      p.className = "idle-warning";
+      p.dataset.key = key;
+      banner.appendChild(p);
+    }
+    if (msg.event === "idle.warning") {
+      const at = new Date(msg.reclaim_at).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+      p.textContent = `⚠ Your ${msg.kind} #${msg.id} has been idle for ${msg.idle_minutes} min${msg.loaded ? " (memory held)" : ""}: it will be reclaimed at ${at} unless its GPUs are used.`;
+    } else {
+      p.textContent = `Your ${msg.kind} #${msg.id} was reclaimed: ${msg.reason === "unused" ? "its GPUs were not used" : "it was idle"}.`;
+    }
+    banner.hidden = false;
+  }
+  for (const slug of teams) liveSocket(`/ws/teams/${slug}/`, show);
+}
