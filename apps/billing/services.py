@@ -36,6 +36,7 @@ from apps.billing.models import (
     UsageRecord,
 )
 from apps.core.errors import Conflict, Forbidden, ValidationFailed
+from apps.events.services import publish
 from apps.fleet.models import GpuModel
 
 logger = logging.getLogger(__name__)
@@ -379,6 +380,13 @@ def budget_check(
             if not created:
                 continue
             notification = _budget_notification(alert)
+            publish(
+                "budget.threshold",
+                team_id=team_id,
+                subject=f"teams/{team_id}/budget/{alert.month:%Y-%m}",
+                data={"threshold": threshold, "month": f"{alert.month:%Y-%m}", "budget": str(budget),
+                      "cost": str(alert.cost), "currency": settings.PORTAL_CURRENCY},
+            )  # fmt: skip
             transaction.on_commit(functools.partial(_after_budget_alert, alert.pk, notification.pk))
             fired.append(alert)
     return fired

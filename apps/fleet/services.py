@@ -19,6 +19,7 @@ from apps.accounts import tokens
 from apps.accounts.types import AnyUser
 from apps.audit.services import audit_record
 from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.events.services import publish
 from apps.fleet import auth
 from apps.fleet.commands import agent_send
 from apps.fleet.messages import NODE_NAME_RE, GpuReport, MessageRejected
@@ -64,6 +65,10 @@ def _node_transition(*, node: Node, to: str, actor: AnyUser | None, reason: str)
             gpu.status = _gpu_status_when_up(gpu)
             gpu.save(update_fields=["status"])
     audit_record(actor=actor, action=f"node.{to}", target=node, data={"from": previous, "reason": reason})
+    if NodeStatus.OFFLINE in (to, previous):  # fleet-wide events: every team's webhooks may ask for them
+        kind = "node.down" if to == NodeStatus.OFFLINE else "node.up"
+        data: dict[str, object] = {"node": node.name, "status": to, "reason": reason}
+        publish(kind, team_id=None, subject=f"nodes/{node.name}", data=data)
     return True
 
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
+from apps.events.services import publish
+
 if TYPE_CHECKING:
     from apps.jobs.models import Job
 
@@ -159,6 +161,29 @@ def broadcast_logs_on_commit(job_id: int, lines: list[dict[str, Any]]) -> None:
         return
     message = {"type": "logs", "ts": timezone.now().isoformat(), "job": job_id, "lines": lines}
     transaction.on_commit(lambda: _group_send(job_id, message))
+
+
+# The job states that are portal events (webhooks, mail): "job.<state>".
+PUBLISHED_STATES = frozenset({"queued", "running", "succeeded", "failed", "cancelled", "lost"})
+
+
+def publish_state(job: Job) -> None:
+    """The job's new state as a portal event, written to the outbox in the caller's transaction."""
+    if job.state not in PUBLISHED_STATES:
+        return
+    data: dict[str, object] = {
+        "id": job.pk,
+        "name": job.name,
+        "state": job.state,
+        "reason": job.reason or None,
+        "exit_code": job.exit_code,
+        "image": job.image,
+        "gpu_count": job.gpu_count,
+        "submitted_at": _iso(job.submitted_at),
+        "started_at": _iso(job.started_at),
+        "ended_at": _iso(job.ended_at),
+    }
+    publish(f"job.{job.state}", team_id=job.team_id, subject=f"jobs/{job.pk}", data=data, user_id=job.user_id)
 
 
 def wake_scheduler_on_commit(reason: str) -> None:

@@ -24,6 +24,7 @@ from apps.booking.services.agents import emit_ended, send_holds
 from apps.booking.services.allocations import allocation_end, allocation_rows
 from apps.booking.services.booking_write import BookingRows, booking_write
 from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso
+from apps.booking.services.events import publish_reservation
 from apps.booking.services.gpus import GpuInfo, place_locked, precheck, resolve_gpus, resolve_model
 from apps.booking.services.quotas import (
     hold_row,
@@ -307,7 +308,9 @@ def reservation_create(
                     note=note,
                     activated_at=activated_at,
                 )
+                publish_reservation("reservation.created", reservation, status=status)
                 if status == ReservationStatus.ACTIVE:
+                    publish_reservation("reservation.started", reservation, status=status)
                     send_holds(reservation.pk)
             return BookingResult(reservation=reservation, warnings=warnings, gpus=list(chosen))
         except Conflict as exc:
@@ -349,6 +352,7 @@ def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
             allocation_end(allocation_ids=allocation_ids, at=now)
             quota_hold_release(reservation=reservation)
             audit_record(actor=user, action="reservation.cancel", target=reservation, data={"at": iso(now)})
+            publish_reservation("reservation.released", reservation, status=ReservationStatus.CANCELLED)
         else:
             if not _transition(reservation.pk, ReservationStatus.RELEASED, ended_at=now, end=now):
                 raise Conflict("This reservation changed meanwhile; reload it.", code="reservation_ended")
@@ -361,6 +365,8 @@ def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
                 data={"at": iso(now), "booked_end": iso(reservation.booked_end)},
             )
             rid = reservation.pk
+            reservation.end = now
+            publish_reservation("reservation.released", reservation, status=ReservationStatus.RELEASED)
             if was_active:
                 send_holds(rid, until=now)
             transaction.on_commit(lambda: emit_ended(rid, early=True))
@@ -390,6 +396,8 @@ def reservation_release_by_portal(
         target=reservation,
         data={**data, "at": iso(now), "booked_end": iso(reservation.booked_end), "reason": reason},
     )
+    reservation.end = now
+    publish_reservation("reservation.released", reservation, status=ReservationStatus.RELEASED, reason=reason)
     send_holds(reservation.pk, until=now)
     rid = reservation.pk
     transaction.on_commit(lambda: emit_ended(rid, early=True))
@@ -412,6 +420,7 @@ def reservations_tick(*, now: datetime | None = None, limit: int = 500) -> dict[
             if _transition(rid, ReservationStatus.ACTIVE, activated_at=now):
                 reservation = Reservation.objects.get(pk=rid)
                 audit_record(actor=None, action="reservation.activate", target=reservation)
+                publish_reservation("reservation.started", reservation, status=reservation.status)
                 send_holds(rid)
                 activated.append(rid)
     due_end = Reservation.objects.filter(
@@ -422,6 +431,7 @@ def reservations_tick(*, now: datetime | None = None, limit: int = 500) -> dict[
             if _transition(rid, ReservationStatus.RELEASED, ended_at=F("end")):
                 reservation = Reservation.objects.get(pk=rid)
                 audit_record(actor=None, action="reservation.end", target=reservation)
+                publish_reservation("reservation.ended", reservation, status=reservation.status)
                 transaction.on_commit(lambda rid=rid: emit_ended(rid, early=False))  # type: ignore[misc]
                 released.append(rid)
     return {"activated": activated, "released": released}

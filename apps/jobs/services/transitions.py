@@ -108,6 +108,7 @@ def job_transition(
                 occupancy.quota_settle(job=job, start=job.started_at, end=job.ended_at if job.started_at else None)
             events.wake_scheduler_on_commit("ended")
         events.broadcast_state_on_commit(job)
+        events.publish_state(job)
     return job
 
 
