@@ -43,10 +43,10 @@ def test_exit_codes(job: dict[str, Any], code: int) -> None:
 def test_configuration_is_required(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUPORTAL_URL", raising=False)
     monkeypatch.delenv("GPUPORTAL_TOKEN", raising=False)
-    assert gpuportal.main(["status", "1"]) == 2
+    assert gpuportal.main(["status", "1"]) == gpuportal.EXIT_USAGE
     assert "GPUPORTAL_URL" in capsys.readouterr().err
     monkeypatch.setenv("GPUPORTAL_URL", "http://127.0.0.1:9")
-    assert gpuportal.main(["status", "1"]) == 2
+    assert gpuportal.main(["status", "1"]) == gpuportal.EXIT_USAGE
     assert "GPUPORTAL_TOKEN" in capsys.readouterr().err
 
 
@@ -63,12 +63,12 @@ def _run(live: Any, token: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_commands_against_a_live_server(alice, vision, fleet, images, make_token, live_portal) -> None:
     token = make_token(alice, ["read", "jobs:write"])
     refused = _run(live_portal, token, "submit", "--image", "evil/miner", "--team", "vision", "--", "mine")
-    assert refused.returncode == 2
+    assert refused.returncode == gpuportal.EXIT_REFUSED
     assert "is not on the portal's allow-list. (image_not_allowed)" in refused.stderr
     assert "image:" in refused.stderr  # the per-field message too
 
     too_big = _run(live_portal, token, "submit", "--image", BUSYBOX, "--gpus", "12", "--", "true")
-    assert too_big.returncode == 2 and "No node has 12" in too_big.stderr
+    assert too_big.returncode == gpuportal.EXIT_REFUSED and "No node has 12" in too_big.stderr
 
     queued = _run(live_portal, token, "submit", "--image", BUSYBOX, "--env", "A=1", "--", "echo", "hi")
     assert queued.returncode == 0, queued.stderr
@@ -80,15 +80,15 @@ def test_commands_against_a_live_server(alice, vision, fleet, images, make_token
     cancelled = _run(live_portal, token, "cancel", str(job_id))
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
     again = _run(live_portal, token, "cancel", str(job_id))
-    assert again.returncode == 2 and "job_finished" in again.stderr
+    assert again.returncode == gpuportal.EXIT_REFUSED and "job_finished" in again.stderr
 
     logs = _run(live_portal, token, "logs", str(job_id), "--follow")
     assert logs.returncode == 130  # it was cancelled
 
     read_only = _run(live_portal, make_token(alice, ["read"]), "submit", "--image", BUSYBOX, "--", "true")
-    assert read_only.returncode == 2 and "insufficient_scope" in read_only.stderr
+    assert read_only.returncode == gpuportal.EXIT_REFUSED and "insufficient_scope" in read_only.stderr
     missing = _run(live_portal, token, "status", "999999")
-    assert missing.returncode == 2 and "not_found" in missing.stderr
+    assert missing.returncode == gpuportal.EXIT_REFUSED and "not_found" in missing.stderr
 
 
 @pytest.fixture
