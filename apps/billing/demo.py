@@ -5,8 +5,9 @@ the past months closed. Idempotent: the history is added once (marked by its res
 month closes are get-or-create. A few seconds: everything is bulk-inserted.
 
 Before the local agent has ever registered, there are no GPUs: the history is then put on the GPUs the simulated
-local agent will register (node "local", the agent's default 8 x A100-80GB, the simulator's stable uuids), which
-registration adopts by uuid; with real GPUs those rows are retired on registration and keep the history.
+local agent will register, models included (apps.fleet.demo), which registration adopts by uuid; with real GPUs
+those rows are retired on registration and keep the history. Every model with a GPU gets a price timeline, so the
+Prices page lists each model the reports bill.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from apps.accounts.models import Team
 from apps.billing import costing, selectors, services
 from apps.billing.models import Price
 from apps.booking.models import Allocation, AllocationKind, Reservation, ReservationStatus
-from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
+from apps.fleet.models import Gpu, GpuModel
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,6 @@ HISTORY_NOTE = "demo history"
 SEED = 2026
 # Who books, how much: (team, user, share of bookings).
 BOOKERS = [("vision", "alice", 0.42), ("vision", "bob", 0.36), ("nlp", "carol", 0.22)]
-LOCAL_NODE = "local"
-LOCAL_GPUS = 8
-LOCAL_MODEL = ("A100-80GB", "NVIDIA A100 80GB", 81920, Decimal("2.2000"))
 # The A100 used to cost more: a price change in the middle of the month before last.
 PREVIOUS_PRICE_FACTOR = Decimal("1.15")
 NO_TELEMETRY_SHARE = 0.05  # bookings whose node agent was down: utilization unknown, flagged in reports
@@ -54,29 +52,11 @@ def _profiles() -> list[list[int]]:
 
 
 def _gpus() -> list[Gpu]:
-    """The GPUs to put history on: every live GPU; without any, the simulated local agent's future ones."""
-    gpus = list(Gpu.objects.filter(retired_at__isnull=True).select_related("model").order_by("node__name", "index"))
-    if gpus:
-        return gpus
-    from workers.gpu.simulated import simulated_uuid
+    """The GPUs to put history on: every live GPU; without any, the local agent's future ones."""
+    from apps.fleet.demo import placeholder_gpus
 
-    name, display, memory, price = LOCAL_MODEL
-    model, _ = GpuModel.objects.get_or_create(
-        name=name, defaults={"display_name": display, "memory_mib": memory, "hourly_price": price}
-    )
-    node, _ = Node.objects.get_or_create(name=LOCAL_NODE, defaults={"status": NodeStatus.OFFLINE})
-    for index in range(LOCAL_GPUS):
-        Gpu.objects.get_or_create(
-            uuid=simulated_uuid(LOCAL_NODE, index, 0),
-            defaults={
-                "node": node,
-                "index": index,
-                "model": model,
-                "memory_mib": memory,
-                "status": GpuStatus.OFFLINE,
-            },
-        )
-    return list(Gpu.objects.filter(node=node, retired_at__isnull=True).select_related("model").order_by("index"))
+    gpus = list(Gpu.objects.filter(retired_at__isnull=True).select_related("model").order_by("node__name", "index"))
+    return gpus or placeholder_gpus()
 
 
 def _prices(models: Sequence[GpuModel], history_start: datetime) -> None:
@@ -160,7 +140,6 @@ def _history(now: datetime) -> int:
     this_month = selectors.current_month(now=now)
     first = costing.month_bounds(costing.previous_month(costing.previous_month(this_month)), tz)[0]
     until = now - timedelta(hours=2)
-    _prices(sorted({g.model for g in gpus}, key=lambda m: m.name), first)
     rng = random.Random(SEED)
     plan = _plan(gpus, first, until, rng)
     busy = {
@@ -220,6 +199,10 @@ def load(*, now: datetime | None = None) -> None:
     now = now or timezone.now()
     with transaction.atomic():
         added = _history(now)
+        # Every start, not only with the history: a model the agent registered since gets its price too.
+        this_month = selectors.current_month(now=now)
+        first = costing.month_bounds(costing.previous_month(costing.previous_month(this_month)), selectors.local_tz())
+        _prices(list(GpuModel.objects.filter(gpus__retired_at__isnull=True).distinct().order_by("name")), first[0])
     # The closer and the month close, as the beat tasks would have run them.
     services.ledger_close(now=now)
     services.close_due_months(now=now)

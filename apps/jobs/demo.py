@@ -79,7 +79,11 @@ def _docker_has_busybox() -> bool:
 
 def _finished(teams: dict[str, Team], users: dict[str, User]) -> None:
     node = Node.objects.filter(name="local").first() or Node.objects.order_by("name").first()
-    gpus = list(Gpu.objects.filter(node=node, retired_at__isnull=True).select_related("model")) if node else []
+    gpus = (
+        list(Gpu.objects.filter(node=node, retired_at__isnull=True).select_related("model").order_by("index"))
+        if node
+        else []
+    )
     price = GpuModel.objects.filter(name="A100-80GB").values_list("hourly_price", flat=True).first() or Decimal("2.2")
     now = timezone.now()
     for spec in FINISHED:
@@ -92,7 +96,8 @@ def _finished(teams: dict[str, Team], users: dict[str, User]) -> None:
         held = gpus[: spec["gpus"]]
         job = Job.objects.create(
             team=team, user=user, name=DEMO + spec["name"], image=PROCESS, command=spec["command"],
-            gpu_count=spec["gpus"], gpu_models=["A100-80GB"], cpus=Decimal("4"), memory_mib=16384,
+            gpu_count=spec["gpus"], gpu_models=sorted({g.model.name for g in held}) or ["A100-80GB"],
+            cpus=Decimal("4"), memory_mib=16384,
             max_duration_s=4 * 3600, state=spec["state"], reason=spec["reason"], exit_code=spec["exit_code"],
             message=spec.get("message", f"exited with code {spec['exit_code']}"), node=node if held else None,
             hourly_price=(sum((g.model.hourly_price for g in held), Decimal("0")) if held else price * spec["gpus"]),
