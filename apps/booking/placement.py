@@ -74,3 +74,63 @@ def place(
         chosen.extend(_pick_in_node(by_node[node], len(by_node[node])))
         left -= len(by_node[node])
     return chosen
+
+
+# --- Parts of GPUs: MIG instances and shares --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FreeUnit:
+    """A MIG instance or a GPU share free for the whole window, with its physical GPU (`parent`)."""
+
+    id: int
+    parent: int
+    node: str
+    index: int
+
+
+def place_share(free: Sequence[FreeUnit], need: int, unit_totals: Mapping[int, int]) -> list[int] | None:
+    """Ids of `need` shares of one GPU, or None. `unit_totals`: shares per GPU in total (free or not).
+
+    Best fit, as "Beware of Fragmentation" (ATC'23) argues: a GPU already partly held before an untouched one (an
+    untouched GPU stays whole for whole-GPU work), then the one left with the fewest free shares (the remainders
+    stay big enough to use), then by node and index so ties break the same way every time."""
+    if need <= 0:
+        return None
+    by_parent: dict[int, list[FreeUnit]] = {}
+    for unit in free:
+        by_parent.setdefault(unit.parent, []).append(unit)
+    fitting = [p for p, units in by_parent.items() if len(units) >= need]
+    if not fitting:
+        return None
+
+    def key(parent: int) -> tuple[int, int, str, int]:
+        n_free = len(by_parent[parent])
+        untouched = 1 if n_free >= unit_totals.get(parent, n_free) else 0
+        return (untouched, n_free - need, by_parent[parent][0].node, parent)
+
+    best = min(fitting, key=key)
+    return [u.id for u in sorted(by_parent[best], key=lambda u: u.index)[:need]]
+
+
+def place_instances(free: Sequence[FreeUnit], count: int) -> list[int] | None:
+    """Ids of `count` free MIG instances (of the profile asked), or None: from as few GPUs as possible, each time
+    the GPU left with the fewest free instances (best fit, so GPUs with many free instances keep them together)."""
+    if count <= 0 or len(free) < count:
+        return None
+    by_parent: dict[int, list[FreeUnit]] = {}
+    for unit in free:
+        by_parent.setdefault(unit.parent, []).append(unit)
+    chosen: list[int] = []
+    left = count
+    while left > 0:
+        fits = [p for p, units in by_parent.items() if len(units) >= left]
+        if fits:
+            parent = min(fits, key=lambda p: (len(by_parent[p]) - left, by_parent[p][0].node, p))
+            take = left
+        else:
+            parent = min(by_parent, key=lambda p: (-len(by_parent[p]), by_parent[p][0].node, p))
+            take = len(by_parent[parent])
+        chosen.extend(u.id for u in sorted(by_parent.pop(parent), key=lambda u: u.index)[:take])
+        left -= take
+    return chosen

@@ -119,16 +119,49 @@ class GpuQuerySet(ScopedQuerySet["Gpu"]):
     team_path = None
 
 
+class DeviceKind(models.TextChoices):
+    GPU = "gpu", "Whole GPU"
+    MIG = "mig", "MIG instance"
+    SHARE = "share", "GPU share"
+
+
+_GpuManagerBase = models.Manager.from_queryset(GpuQuerySet)
+
+
+class PhysicalGpuManager(_GpuManagerBase["Gpu"]):
+    """`Gpu.objects`: physical GPUs only. MIG instances and shares are rows of the same table (so allocations,
+    the exclusion constraint and the ledger hold them like any GPU), but every list of GPUs (fleet, telemetry,
+    metrics, placement of whole GPUs) means the physical ones; `Gpu.devices` sees every row."""
+
+    def get_queryset(self) -> GpuQuerySet:
+        return GpuQuerySet(self.model, using=self._db).filter(parent__isnull=True)
+
+
 class Gpu(models.Model):
-    """One physical GPU (or, later, a MIG instance) on a node; a whole GPU is one slice of capacity 1.0."""
+    """One physical GPU on a node (a whole GPU is one slice of capacity 1.0), or one allocatable part of one: a
+    MIG instance (`kind` mig: its own `MIG-...` uuid, profile and memory) or one of the N equal shares an admin
+    split it into (`kind` share). A part's `capacity` is its fraction of the physical GPU (a 1g instance 1/7, a
+    share 1/N): what billing multiplies the GPU's price by."""
 
     uuid = models.CharField(max_length=96, unique=True)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
     model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus")
     memory_mib = models.PositiveIntegerField()
-    capacity = models.DecimalField(max_digits=4, decimal_places=3, default=Decimal("1.000"))
+    capacity = models.DecimalField(max_digits=7, decimal_places=6, default=Decimal("1.000000"))
     mig_mode = models.BooleanField(default=False)
+    kind = models.CharField(max_length=8, choices=DeviceKind.choices, default=DeviceKind.GPU)
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="for a MIG instance or share",
+    )
+    shares = models.PositiveSmallIntegerField(default=1, help_text="1: exclusive; N: split in N equal shares")
+    mig_profile = models.CharField(max_length=32, blank=True, help_text="a MIG instance's profile, e.g. 1g.10gb")
+    gi_id = models.PositiveSmallIntegerField(null=True, blank=True, help_text="a MIG instance's GPU instance id")
     status = models.CharField(max_length=16, choices=GpuStatus.choices, default=GpuStatus.OFFLINE)
     name = models.CharField(max_length=120, blank=True, help_text="device name as the driver reports it")
     # Last health probe (workers.probes.torch_probe result, or {"error": ...}); a degraded verdict makes the GPU
@@ -139,14 +172,23 @@ class Gpu(models.Model):
     # for history and the ledger; they leave the (node, index) uniqueness so a new GPU can take the slot.
     retired_at = models.DateTimeField(null=True, blank=True)
 
-    objects = GpuQuerySet.as_manager()
+    objects = PhysicalGpuManager()
+    devices = GpuQuerySet.as_manager()
 
     class Meta:
         ordering = ["node__name", "index"]
+        base_manager_name = "devices"
         constraints = [
             models.UniqueConstraint(
-                fields=["node", "index"], condition=models.Q(retired_at__isnull=True), name="gpu_unique_node_index"
-            )
+                fields=["node", "index"],
+                condition=models.Q(retired_at__isnull=True, parent__isnull=True),
+                name="gpu_unique_node_index",
+            ),
+            models.UniqueConstraint(
+                fields=["parent", "kind", "index"],
+                condition=models.Q(retired_at__isnull=True, parent__isnull=False),
+                name="gpu_unique_part_index",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -32,6 +32,9 @@ class ReservationBody(msgspec.Struct, frozen=True):
     gpu_model: Annotated[str, msgspec.Meta(max_length=64)] | UnsetType | None = UNSET
     gpus: Annotated[list[GpuUuid], msgspec.Meta(max_length=256)] | UnsetType = UNSET
     note: Annotated[str, msgspec.Meta(max_length=500)] | UnsetType = UNSET
+    # Parts of GPUs: rare enough to leave to ReservationInput (present means "not the fast path").
+    mig_profile: Any = UNSET
+    gpu_share: Any = UNSET
 
 
 _DECODER = msgspec.json.Decoder(ReservationBody)
@@ -52,6 +55,8 @@ def reservation_input_fast(request: Request) -> dict[str, Any] | None:
         return None  # invalid, or the body was already parsed by DRF (an idempotency key's fingerprint)
     if body.start.tzinfo is None or body.end.tzinfo is None:
         return None  # DRF reads a naive time in the installation's zone
+    if body.mig_profile is not UNSET or body.gpu_share is not UNSET:
+        return None
     data = {f: getattr(body, f) for f in body.__struct_fields__ if getattr(body, f) is not UNSET}
     data.setdefault("note", "")
     strings = [data["note"], *data.get("gpus", ())] + ([data["gpu_model"]] if data.get("gpu_model") else [])

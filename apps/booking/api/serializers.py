@@ -24,8 +24,16 @@ class ReservationInput(serializers.Serializer[Any]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    mig_profile = serializers.CharField(
+        max_length=32, required=False, allow_null=True, help_text="book MIG instances of this profile, e.g. 1g.10gb"
+    )
+    gpu_share = serializers.FloatField(
+        min_value=0, max_value=1, required=False, allow_null=True, help_text="book this fraction of one shared GPU"
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("mig_profile") or attrs.get("gpu_share") is not None:
+            return attrs  # parts of GPUs: of any model unless one is given (services.devices)
         if not attrs.get("gpus") and not attrs.get("gpu_model"):
             raise serializers.ValidationError({"gpu_model": ["Give gpu_model (with gpu_count) or gpus."]})
         if not attrs.get("gpus") and attrs.get("gpu_count") is None:
@@ -65,10 +73,36 @@ class ReservationOutput(FastOutputMixin, serializers.ModelSerializer[Reservation
         return obj.gpu_model.name if obj.gpu_model else None
 
     def get_gpus(self, obj: Reservation) -> list[dict[str, Any]]:
-        rows = sorted(obj.allocations.all(), key=lambda a: (a.gpu.node.name, a.gpu.index))
-        return [
-            {"uuid": a.gpu.uuid, "node": a.gpu.node.name, "index": a.gpu.index, "model": a.gpu.model.name} for a in rows
-        ]
+        rows = []
+        for a in obj.allocations.all():
+            g, parent = a.gpu, a.gpu.parent
+            rows.append(
+                (g.uuid, g.node.name, g.index, g.model.name, g.kind, g.mig_profile, g.capacity,
+                 parent.uuid if parent else None, parent.index if parent else None)
+            )  # fmt: skip
+        return allocated_devices(rows)
+
+
+def allocated_devices(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """The `gpus` of a booking: (uuid, node, index, model, kind, profile, share, parent uuid, parent index) per
+    device held, as the API shows them: a whole GPU with share 1.0; a MIG instance by its own uuid with its
+    profile and parent; the shares of one GPU as one entry of that GPU's uuid with their sum (what a container is
+    given: a share is not a device of its own to the driver)."""
+    out: dict[str, dict[str, Any]] = {}
+    for uuid, node, index, model, kind, profile, share, parent, parent_index in rows:
+        if kind == "share" and parent:
+            entry = out.setdefault(
+                parent,
+                {"uuid": parent, "node": node, "index": parent_index, "model": model, "profile": None, "share": 0.0},
+            )
+            entry["share"] = round(entry["share"] + float(share), 6)
+            continue
+        entry = {"uuid": uuid, "node": node, "index": index, "model": model, "profile": profile or None}
+        entry["share"] = round(float(share), 6) if kind == "mig" else 1.0
+        if kind == "mig" and parent:
+            entry.update({"parent": parent, "index": parent_index})
+        out[uuid] = entry
+    return sorted(out.values(), key=lambda e: (e["node"], e["index"], e["uuid"]))
 
 
 class ReservationCreatedOutput(ReservationOutput):
@@ -111,7 +145,7 @@ def booking_created_payload(result: Any) -> dict[str, Any]:
     def dt(value: Any) -> Any:
         return when.to_representation(value) if value is not None else None
 
-    gpus = sorted(result.gpus, key=lambda g: (g.node, g.index))
+    gpus = result.gpus
     models = {g.model for g in gpus}
     return {
         "id": r.pk,
@@ -119,7 +153,12 @@ def booking_created_payload(result: Any) -> dict[str, Any]:
         "user": r.user.username if r.user else None,
         "gpu_model": models.pop() if len(models) == 1 else None,
         "gpu_count": r.gpu_count,
-        "gpus": [{"uuid": g.uuid, "node": g.node, "index": g.index, "model": g.model} for g in gpus],
+        "gpus": allocated_devices(
+            [
+                (g.uuid, g.node, g.index, g.model, g.kind, g.profile, g.share, g.parent_uuid, g.parent_index)
+                for g in gpus
+            ]
+        ),
         "start": dt(r.start),
         "end": dt(r.end),
         "booked_end": dt(r.booked_end),

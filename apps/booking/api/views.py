@@ -94,6 +94,8 @@ class ReservationListCreateView(ScopedListAPIView):
             gpu_model=data.get("gpu_model") or None,
             gpus=data.get("gpus") or None,
             note=data.get("note", ""),
+            mig_profile=data.get("mig_profile") or None,
+            gpu_share=data.get("gpu_share"),
         )
         return Response(booking_created_payload(result), status=status.HTTP_201_CREATED)
 

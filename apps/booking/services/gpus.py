@@ -62,6 +62,14 @@ class GpuInfo:
     # The active allocations clashing with the window asked, earliest first, at most MAX_CONFLICTS_SHOWN (None:
     # not looked up): what a 409 reports, read with the GPU instead of by a second query.
     clashes: tuple[Clash, ...] | None = None
+    # A part of a GPU (services.devices): "mig" or "share", its profile, its fraction of the physical GPU and that
+    # GPU. A whole GPU: kind "gpu", share 1.
+    kind: str = "gpu"
+    profile: str | None = None
+    share: Decimal = Decimal(1)
+    parent_uuid: str | None = None
+    parent_id: int | None = None
+    parent_index: int | None = None
 
 
 # A PL/pgSQL function that keeps one generic plan per connection: PostgreSQL planned this query anew for every
@@ -124,7 +132,7 @@ SELECT g.id, g.uuid, g."index", g.node_id, n.name, n.status, g.status, m.id, m.n
        OR EXISTS (SELECT 1 FROM mw
                   WHERE mw.gpu_id = g.id OR mw.node_id = g.node_id OR (mw.gpu_id IS NULL AND mw.node_id IS NULL))
 FROM fleet_gpu g JOIN fleet_node n ON n.id = g.node_id JOIN fleet_gpumodel m ON m.id = g.model_id
-WHERE g.model_id = %(model)s
+WHERE g.model_id = %(model)s AND g.parent_id IS NULL AND NOT g.mig_mode AND g.shares = 1
   AND CASE WHEN %(include_offline)s THEN g.status <> %(lost)s ELSE g.status = %(ok)s AND n.status = %(online)s END
 ORDER BY n.name, g."index"
 """.replace("{held}", held_sql(gpu="g.id", start="%(start)s", end="%(end)s"))
@@ -134,7 +142,9 @@ def placement_pool(
     model_id: int, start: datetime, end: datetime, *, include_offline: bool = False
 ) -> list[tuple[GpuInfo, bool]]:
     """Each bookable GPU of the model (selectors.bookable_gpus), ordered by node name and index, with whether it is
-    taken in [start, end): held by an active allocation or blocked by a maintenance window."""
+    taken in [start, end): held by an active allocation or blocked by a maintenance window. Exclusive GPUs only:
+    a GPU in MIG mode is booked by its instances, and a shared GPU stays for fractions unless it is named
+    (services.devices)."""
     params: dict[str, Any] = {
         "model": model_id,
         "start": start,

@@ -24,6 +24,7 @@ from apps.booking.services.agents import emit_ended, send_holds
 from apps.booking.services.allocations import allocation_end, allocation_rows
 from apps.booking.services.booking_write import BookingRows, booking_write
 from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso
+from apps.booking.services.devices import check_profile, parse_share, place_parts_locked, whole_gpus
 from apps.booking.services.events import publish_reservation
 from apps.booking.services.gpus import GpuInfo, place_locked, precheck, resolve_gpus, resolve_model
 from apps.booking.services.quotas import (
@@ -213,6 +214,8 @@ def reservation_create(
     gpus: Sequence[str | Gpu] | None = None,
     note: str = "",
     include_offline: bool = False,
+    mig_profile: str | None = None,
+    gpu_share: Decimal | float | str | None = None,
 ) -> BookingResult:
     """Book `gpu_count` GPUs of `gpu_model` (placed: one node where possible, best fit) or exactly `gpus`
     (uuids) for `team` over [start, end).
@@ -225,6 +228,9 @@ def reservation_create(
     before 409. A booking starting now is active at once and its node agents are told after commit.
     `include_offline` (not exposed over the API): also book GPUs that are merely offline, e.g. demo data loaded
     before the node agent connects.
+    `mig_profile` (with `gpu_count` instances) or `gpu_share` (a fraction of one shared GPU) book parts of GPUs
+    instead (services.devices), optionally of `gpu_model` or of the GPUs or instances named in `gpus`; 400 for a
+    profile or share that does not exist, 409 when nothing fitting is free.
     """
     now = timezone.now()
     policy = selectors.booking_policy()
@@ -240,7 +246,25 @@ def reservation_create(
 
     explicit: list[GpuInfo] | None = None
     model: GpuModel | None = None
-    if gpus:
+    share: Decimal | None = None
+    named = [g.uuid if isinstance(g, Gpu) else str(g) for g in gpus or ()]
+    parts = bool(mig_profile) or gpu_share is not None
+    if parts:
+        if mig_profile and gpu_share is not None:
+            raise ValidationFailed("Give mig_profile or gpu_share, not both.", fields={"gpu_share": ["Not both."]})
+        if mig_profile:
+            check_profile(mig_profile)
+        else:
+            share = parse_share(gpu_share)
+            if gpu_count not in (None, 1):
+                raise ValidationFailed("A share is of one GPU.", fields={"gpu_count": ["1 with gpu_share."]})
+        count = gpu_count or 1
+        if count <= 0:
+            raise ValidationFailed("Book at least one instance.", fields={"gpu_count": ["At least 1."]})
+        model = resolve_model(gpu_model) if gpu_model else None
+        model_id = model.pk if model is not None else None
+        model_ids: Collection[int] = {model.pk} if model is not None else set()
+    elif gpus:
         explicit = resolve_gpus(gpus, start, end, include_offline=include_offline)
         if gpu_count is not None and gpu_count != len(explicit):
             raise ValidationFailed(
@@ -253,6 +277,7 @@ def reservation_create(
         count = len(explicit)
         model_ids = {g.model_id for g in explicit}
         model_id = explicit[0].model_id if len(model_ids) == 1 else None
+        explicit = whole_gpus(explicit, start, end)
         precheck(explicit, team=team, user=user)
     else:
         model = resolve_model(gpu_model)
@@ -282,7 +307,22 @@ def reservation_create(
     for attempt in range(PLACEMENT_ATTEMPTS):
         try:
             with transaction.atomic():
-                if explicit is not None:
+                if parts:
+                    chosen = place_parts_locked(
+                        team=team,
+                        user=user,
+                        model=model,
+                        uuids=named,
+                        mig_profile=mig_profile,
+                        gpu_share=share,
+                        count=count,
+                        start=start,
+                        end=end,
+                        include_offline=include_offline,
+                    )
+                    model_ids = {g.model_id for g in chosen}
+                    model_id = next(iter(model_ids)) if len(model_ids) == 1 else None
+                elif explicit is not None:
                     chosen = explicit
                 else:
                     assert model is not None

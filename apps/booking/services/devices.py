@@ -1,0 +1,248 @@
+"""Which parts of GPUs a booking of a MIG profile or of a GPU share takes, and what a whole-GPU booking of a shared
+or MIG-mode GPU means.
+
+A part (MIG instance or share) is a `Gpu` row with a parent, so the booking is written exactly like one of whole
+GPUs (`reservations._book`): the parts' advisory locks, the clash-guarded insert, the exclusion constraint per
+part. Placement runs under the placement lock of the GPU model (as whole GPUs by model do), so concurrent requests
+for the same profile or share pick from what the others left, and the winners are exactly as many as the parts.
+A whole-GPU booking of a shared GPU holds all its shares (so it waits until all are free, and blocks them all);
+a GPU in MIG mode is booked only by its instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.db import connection
+
+from apps.accounts.models import Team
+from apps.accounts.types import AnyUser
+from apps.booking.placement import FreeUnit, place_instances, place_share
+from apps.booking.services.conflicts import clashes, describe_slots, held_sql
+from apps.booking.services.gpus import GpuInfo, gpus_by_uuid
+from apps.booking.services.locks import lock_model
+from apps.core.errors import Conflict, ValidationFailed
+from apps.fleet.models import DeviceKind, GpuModel, GpuStatus, NodeStatus
+from workers.gpu.mig import all_profile_names
+
+SHARE_TOLERANCE = Decimal("0.001")
+
+# Every live part of the kind asked, of GPUs that can be booked, with whether it is taken in [start, end): the part
+# held, its GPU held whole, or a maintenance window on the GPU, its node or the fleet.
+_UNITS_SQL = """
+SELECT u.id, u.uuid, u."index", u.node_id, n.name, n.status, p.status, m.id, m.name, m.hourly_price,
+       u.parent_id, p.uuid, u.mig_profile, u.capacity, p.shares, p."index",
+       {held_unit} OR {held_parent}
+       OR EXISTS (SELECT 1 FROM booking_maintenancewindow w WHERE w.start < %(end)s AND w."end" > %(start)s
+                  AND (w.gpu_id = p.id OR w.node_id = p.node_id OR (w.gpu_id IS NULL AND w.node_id IS NULL)))
+FROM fleet_gpu u JOIN fleet_gpu p ON p.id = u.parent_id
+     JOIN fleet_node n ON n.id = p.node_id JOIN fleet_gpumodel m ON m.id = p.model_id
+WHERE u.kind = %(kind)s AND u.retired_at IS NULL AND p.retired_at IS NULL
+  AND (%(kind)s = 'mig' AND p.mig_mode AND u.mig_profile = %(profile)s
+       OR %(kind)s = 'share' AND NOT p.mig_mode AND p.shares > 1)
+  AND (%(model)s::bigint IS NULL OR p.model_id = %(model)s::bigint)
+  AND (cardinality(%(uuids)s::text[]) = 0 OR p.uuid = ANY(%(uuids)s::text[]) OR u.uuid = ANY(%(uuids)s::text[]))
+  AND CASE WHEN %(include_offline)s THEN p.status <> %(lost)s ELSE p.status = %(ok)s AND n.status = %(online)s END
+ORDER BY n.name, p."index", u."index"
+""".replace("{held_unit}", held_sql(gpu="u.id", start="%(start)s", end="%(end)s")).replace(
+    "{held_parent}", held_sql(gpu="p.id", start="%(start)s", end="%(end)s")
+)
+
+
+def parse_share(value: Any) -> Decimal:
+    """A `gpu_share` as a Decimal in (0, 1]; 400 otherwise."""
+    try:
+        share = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        share = Decimal(-1)
+    if not share.is_finite() or not Decimal(0) < share <= Decimal(1):
+        raise ValidationFailed(
+            "gpu_share is a fraction of one GPU, above 0 and at most 1.", fields={"gpu_share": ["0 < share <= 1."]}
+        )
+    return share
+
+
+def shares_needed(share: Decimal, split: int) -> int | None:
+    """How many of a GPU's `split` shares make `share` of it (0.25 of a GPU in 4: 1), or None when it is not a
+    whole number of them (0.3 of a GPU in 4)."""
+    need = share * split
+    whole = need.to_integral_value()
+    if whole < 1 or abs(need - whole) > SHARE_TOLERANCE * split:
+        return None
+    return int(whole)
+
+
+def check_profile(profile: str) -> None:
+    """400 for a profile NVIDIA does not define for any model the portal knows."""
+    if profile not in all_profile_names():
+        raise ValidationFailed(
+            f"Unknown MIG profile {profile!r}.",
+            fields={"mig_profile": [f"One of: {', '.join(sorted(all_profile_names()))}."]},
+        )
+
+
+def _unit_info(r: Sequence[Any]) -> tuple[GpuInfo, int, int]:
+    capacity = Decimal(r[13])
+    info = GpuInfo(
+        id=r[0], uuid=r[1], index=r[2], node_id=r[3], node=r[4], node_status=r[5], status=r[6], model_id=r[7],
+        model=r[8], hourly_price=(Decimal(r[9]) * capacity).quantize(Decimal("0.0001")), kind=DeviceKind.MIG
+        if r[12] else DeviceKind.SHARE, profile=r[12] or None, share=capacity, parent_uuid=r[11], parent_id=r[10],
+        parent_index=r[15],
+    )  # fmt: skip
+    return info, int(r[10]), int(r[14])
+
+
+def _units(
+    *,
+    kind: str,
+    profile: str,
+    model_id: int | None,
+    uuids: Sequence[str],
+    start: datetime,
+    end: datetime,
+    include_offline: bool,
+) -> list[tuple[GpuInfo, int, int, bool]]:
+    params = {
+        "kind": kind,
+        "profile": profile,
+        "model": model_id,
+        "uuids": list(uuids),
+        "start": start,
+        "end": end,
+        "include_offline": include_offline,
+        "lost": GpuStatus.LOST.value,
+        "ok": GpuStatus.OK.value,
+        "online": NodeStatus.ONLINE.value,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_UNITS_SQL, params)
+        rows = cursor.fetchall()
+    return [(*_unit_info(r), bool(r[16])) for r in rows]
+
+
+def _model_ids(model: GpuModel | None, uuids: Sequence[str]) -> list[int]:
+    """The placement locks to take: the model asked, or the models of the GPUs (or parts) named."""
+    if model is not None:
+        return [model.pk]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT model_id FROM fleet_gpu WHERE uuid = ANY(%s::text[]) ORDER BY model_id", [list(uuids)]
+        )
+        return [int(r[0]) for r in cursor.fetchall()]
+
+
+def place_parts_locked(
+    *,
+    team: Team,
+    user: AnyUser | None,
+    model: GpuModel | None,
+    uuids: Sequence[str],
+    mig_profile: str | None,
+    gpu_share: Decimal | None,
+    count: int,
+    start: datetime,
+    end: datetime,
+    include_offline: bool = False,
+) -> list[GpuInfo]:
+    """The parts a booking of `count` instances of `mig_profile`, or of `gpu_share` of one GPU, takes (inside the
+    caller's transaction, under the placement locks of the models involved); 409 `conflict` when none fit."""
+    for model_id in _model_ids(model, uuids):
+        lock_model(model_id)
+    kind = DeviceKind.MIG if mig_profile else DeviceKind.SHARE
+    rows = _units(
+        kind=kind,
+        profile=mig_profile or "",
+        model_id=model.pk if model is not None else None,
+        uuids=uuids,
+        start=start,
+        end=end,
+        include_offline=include_offline,
+    )
+    free = [(info, parent) for info, parent, _, taken in rows if not taken]
+    units = [FreeUnit(info.id, parent, info.node, info.index) for info, parent in free]
+    if mig_profile:
+        picked = place_instances(units, count)
+        what = f"{count} free {mig_profile} instance(s)"
+    else:
+        assert gpu_share is not None
+        picked = None
+        totals: dict[int, int] = {}
+        for _, parent, shares, _ in rows:
+            totals[parent] = shares
+        # The share asked must be a whole number of one GPU's shares: try the GPUs by their split.
+        splits = sorted(set(totals.values()))
+        for split in splits:
+            need = shares_needed(gpu_share, split)
+            if need is None:
+                continue
+            picked = place_share([u for u in units if totals.get(u.parent) == split], need, totals)
+            if picked is not None:
+                break
+        if picked is None and rows and all(shares_needed(gpu_share, s) is None for s in splits):
+            names = ", ".join(f"1/{s}" for s in splits)
+            raise ValidationFailed(
+                f"No GPU is split so that {gpu_share} of it is a whole number of shares (splits: {names}).",
+                fields={"gpu_share": [f"A multiple of one of: {names}."]},
+            )
+        what = f"{gpu_share} of a shared GPU"
+    if picked is None:
+        found = clashes([info.id for info, _, _, _ in rows], start, end)
+        raise Conflict(
+            f"Nothing fitting is free in that time ({what} asked, {len(free)} part(s) free).",
+            extra={"conflicts": describe_slots(found, team_id=team.pk, viewer=user), "free": len(free)},
+        )
+    by_id = {info.id: info for info, _ in free}
+    return [by_id[i] for i in picked]
+
+
+_SPLIT_SQL = """
+SELECT p.uuid, p.mig_mode, p.shares,
+       ARRAY(SELECT u.uuid FROM fleet_gpu u WHERE u.parent_id = p.id AND u.kind = 'share' AND u.retired_at IS NULL
+             ORDER BY u."index")
+FROM fleet_gpu p WHERE p.uuid = ANY(%s::text[]) AND p.parent_id IS NULL AND (p.mig_mode OR p.shares > 1)
+"""
+
+
+def whole_gpus(explicit: list[GpuInfo], start: datetime, end: datetime) -> list[GpuInfo]:
+    """GPUs named for a whole-GPU booking, as the devices to hold: a shared GPU becomes all its shares (so it is
+    refused while any share is held), a GPU in MIG mode is refused (400: book its instances). One query, and only
+    when a GPU named is shared or in MIG mode does a second one look its shares up."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SPLIT_SQL, [[g.uuid for g in explicit]])
+        special = {r[0]: (bool(r[1]), int(r[2]), list(r[3])) for r in cursor.fetchall()}
+    if not special:
+        return explicit
+    mig = [u for u, (mig_mode, _, _) in special.items() if mig_mode]
+    if mig:
+        raise ValidationFailed(
+            f"GPU(s) in MIG mode are booked by their instances (mig_profile): {', '.join(mig)}.",
+            code="mig_mode",
+            fields={"gpus": [f"In MIG mode: {', '.join(mig)}."]},
+        )
+    share_uuids = [s for _, _, shares in special.values() for s in shares]
+    parts = gpus_by_uuid(share_uuids, start, end)
+    out: list[GpuInfo] = []
+    for g in explicit:
+        if g.uuid not in special:
+            out.append(g)
+            continue
+        n = special[g.uuid][1]
+        for s in special[g.uuid][2]:
+            part = parts[s]
+            out.append(
+                replace(
+                    part,
+                    status=g.status,
+                    hourly_price=(g.hourly_price / n).quantize(Decimal("0.0001")),
+                    kind=DeviceKind.SHARE,
+                    share=Decimal(1) / n,
+                    parent_uuid=g.uuid,
+                    parent_id=g.id,
+                    parent_index=g.index,
+                )
+            )
+    return out

@@ -1,0 +1,124 @@
+"""Booking parts of GPUs through the API: a MIG instance by profile, a share of a shared GPU, the whole-GPU rules
+(a shared GPU whole only when all its shares are free; a GPU in MIG mode only by its instances), and the 400s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apps.booking.models import Allocation, Reservation
+from apps.core.errors import Conflict
+from apps.fleet.devices import gpu_set_shares
+from apps.fleet.models import Gpu
+from tests.booking.conftest import slot
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/reservations/"
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    start, end = slot(hours=2)
+    return {"team": "vision", "start": start.isoformat(), "end": end.isoformat(), **extra}
+
+
+def test_book_a_mig_instance_by_profile(api_as, alice, sharing_fleet):
+    resp = api_as(alice).post(URL, body(mig_profile="1g.10gb"), format="json")
+    assert resp.status_code == 201, resp.json()
+    (entry,) = resp.json()["gpus"]
+    assert entry["uuid"].startswith("MIG-")
+    assert entry["profile"] == "1g.10gb"
+    assert entry["parent"] == "GPU-mig-0"
+    assert entry["share"] == pytest.approx(1 / 7, abs=1e-6)
+    assert entry["model"] == "A100-80GB"
+    held = Allocation.objects.get(reservation_id=resp.json()["id"])
+    assert held.gpu.kind == "mig" and held.gpu.parent_id == sharing_fleet["mig"].pk
+    # The detail endpoint shows the same device.
+    again = api_as(alice).get(f"{URL}{resp.json()['id']}/").json()["gpus"]
+    assert again == resp.json()["gpus"]
+
+
+def test_seven_instances_then_conflict(api_as, alice, sharing_fleet):
+    client = api_as(alice)
+    granted = {client.post(URL, body(mig_profile="1g.10gb"), format="json").json()["gpus"][0]["uuid"] for _ in range(7)}
+    assert len(granted) == 7
+    refused = client.post(URL, body(mig_profile="1g.10gb"), format="json")
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "conflict"
+
+
+def test_book_a_quarter_of_a_shared_gpu(api_as, alice, sharing_fleet):
+    resp = api_as(alice).post(URL, body(gpu_share=0.25), format="json")
+    assert resp.status_code == 201, resp.json()
+    assert resp.json()["gpus"] == [
+        {"uuid": "GPU-shared-0", "node": "shared", "index": 0, "model": "A100-80GB", "profile": None, "share": 0.25}
+    ]
+    half = api_as(alice).post(URL, body(gpu_share=0.5, gpus=["GPU-shared-0"]), format="json")
+    assert half.status_code == 201, half.json()
+    assert half.json()["gpus"][0]["share"] == 0.5
+    # 0.25 left: another half does not fit.
+    assert api_as(alice).post(URL, body(gpu_share=0.5), format="json").status_code == 409
+
+
+def test_whole_gpu_refused_while_a_share_is_held(api_as, alice, bob, sharing_fleet):
+    assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 201
+    resp = api_as(bob).post(URL, body(gpus=["GPU-shared-0"]), format="json")
+    assert resp.status_code == 409
+    assert resp.json()["code"] == "conflict"
+    assert resp.json()["detail"]
+
+
+def test_whole_gpu_of_a_free_shared_gpu_holds_every_share(api_as, alice, sharing_fleet):
+    resp = api_as(alice).post(URL, body(gpus=["GPU-shared-0"]), format="json")
+    assert resp.status_code == 201, resp.json()
+    assert resp.json()["gpus"][0]["uuid"] == "GPU-shared-0"
+    assert resp.json()["gpus"][0]["share"] == 1.0
+    assert Allocation.objects.filter(reservation_id=resp.json()["id"]).count() == 4
+    assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 409
+
+
+def test_by_model_whole_gpus_skip_shared_and_mig_gpus(api_as, alice, sharing_fleet):
+    resp = api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=2), format="json")
+    assert resp.status_code == 201, resp.json()
+    assert {g["uuid"] for g in resp.json()["gpus"]} == {"GPU-mig-1", "GPU-shared-1"}
+    assert api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json").status_code == 409
+
+
+def test_mig_mode_gpu_is_not_booked_whole(api_as, alice, sharing_fleet):
+    resp = api_as(alice).post(URL, body(gpus=["GPU-mig-0"]), format="json")
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "mig_mode"
+
+
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ({"mig_profile": "9g.99gb"}, "mig_profile"),
+        ({"mig_profile": "big"}, "mig_profile"),
+        ({"gpu_share": 0}, "gpu_share"),
+        ({"gpu_share": 1.5}, "gpu_share"),
+        ({"gpu_share": 0.3}, "gpu_share"),
+        ({"gpu_share": 0.25, "gpu_count": 2}, "gpu_count"),
+        ({"gpu_share": 0.25, "mig_profile": "1g.10gb"}, "gpu_share"),
+    ],
+)
+def test_bad_profile_or_share_is_400(api_as, alice, sharing_fleet, extra, field):
+    resp = api_as(alice).post(URL, body(**extra), format="json")
+    assert resp.status_code == 400, resp.json()
+    assert resp.json()["code"]
+    assert field in resp.json()["fields"]
+    assert not Reservation.objects.exists()
+
+
+def test_shares_cannot_change_while_held(alice, vision, api_as, sharing_fleet):
+    assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 201
+    with pytest.raises(Conflict):
+        gpu_set_shares(actor=None, gpu_uuid="GPU-shared-0", shares=2)
+    gpu_set_shares(actor=None, gpu_uuid="GPU-shared-1", shares=2)
+    assert Gpu.devices.filter(parent__uuid="GPU-shared-1", retired_at__isnull=True).count() == 2
+
+
+def test_parts_stay_out_of_the_physical_gpu_lists(sharing_fleet):
+    assert Gpu.objects.count() == 4
+    assert Gpu.devices.filter(retired_at__isnull=True).count() == 4 + 7 + 4

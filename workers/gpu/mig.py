@@ -1,0 +1,112 @@
+"""NVIDIA's MIG profiles per GPU model: the vocabulary shared by the agent, the simulated backend and the portal.
+
+A MIG profile `<g>g.<m>gb` is a GPU instance with g of the GPU's 7 compute slices and about m GB of its memory.
+The portal never repartitions a GPU (admins choose the layout with NVIDIA's mig-parted); it validates the profiles
+a booking or job asks for against these tables, prices an instance at g/7 of its GPU, and the simulated backend
+builds its layouts from them. `max_count` is how many instances of that profile alone fit on one GPU; `memory_mib`
+what the driver reports for such an instance (`nvidia-smi mig -lgip`: a little under the nominal size, the rest
+holds the instance's own structures). Plain data, no NVML import.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+COMPUTE_SLICES = 7
+"""Every MIG-capable datacenter GPU here (A100, H100, H200) has 7 compute slices."""
+
+_PROFILE_RE = re.compile(r"^(\d)g\.(\d+)gb$")
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    name: str
+    slices: int
+    memory_mib: int
+    max_count: int
+
+    @property
+    def fraction(self) -> Fraction:
+        """The instance's share of its GPU's compute (what it is billed at by default): 1g = 1/7."""
+        return Fraction(self.slices, COMPUTE_SLICES)
+
+
+def _table(*rows: tuple[str, int, int]) -> dict[str, MigProfile]:
+    out = {}
+    for name, memory_mib, max_count in rows:
+        m = _PROFILE_RE.match(name)
+        assert m, name
+        out[name] = MigProfile(name=name, slices=int(m.group(1)), memory_mib=memory_mib, max_count=max_count)
+    return out
+
+
+_A100_80 = _table(
+    ("1g.10gb", 9_728, 7),
+    ("1g.20gb", 19_968, 4),
+    ("2g.20gb", 19_968, 3),
+    ("3g.40gb", 40_192, 2),
+    ("4g.40gb", 40_192, 1),
+    ("7g.80gb", 80_896, 1),
+)
+
+MIG_PROFILES: dict[str, dict[str, MigProfile]] = {
+    "A100-80GB": _A100_80,
+    "H100-80GB": _A100_80,
+    "A100-40GB": _table(
+        ("1g.5gb", 4_864, 7),
+        ("2g.10gb", 9_984, 3),
+        ("3g.20gb", 20_096, 2),
+        ("4g.20gb", 20_096, 1),
+        ("7g.40gb", 40_448, 1),
+    ),
+    "H200-141GB": _table(
+        ("1g.18gb", 16_384, 7),
+        ("1g.35gb", 32_768, 4),
+        ("2g.35gb", 32_768, 3),
+        ("3g.71gb", 70_144, 2),
+        ("4g.71gb", 70_144, 1),
+        ("7g.141gb", 143_104, 1),
+    ),
+}
+"""Per portal model key (workers.gpu.specs): the GPU-instance profiles NVIDIA defines for it."""
+
+
+def profiles_for(model: str) -> dict[str, MigProfile]:
+    """The MIG profiles of a model key; empty when the model has no MIG (L40S, V100, RTX)."""
+    return MIG_PROFILES.get(model, {})
+
+
+def all_profile_names() -> set[str]:
+    return {name for table in MIG_PROFILES.values() for name in table}
+
+
+def profile_fraction(name: str) -> Fraction:
+    """The compute fraction of any `<g>g.<m>gb` profile name (1g.10gb -> 1/7); ValueError for another name."""
+    m = _PROFILE_RE.match(name)
+    if not m or not 1 <= int(m.group(1)) <= COMPUTE_SLICES:
+        raise ValueError(f"not a MIG profile name: {name!r}")
+    return Fraction(int(m.group(1)), COMPUTE_SLICES)
+
+
+def profile_from_device_name(device_name: str) -> str | None:
+    """The profile in a MIG device's NVML name ("NVIDIA A100-SXM4-80GB MIG 1g.10gb" -> "1g.10gb"), or None."""
+    m = re.search(r"MIG (\d+g\.\d+gb)\b", device_name)
+    return m.group(1) if m else None
+
+
+def layout_fits(model: str, profiles: list[str]) -> bool:
+    """Whether a layout (profile names) fits one GPU of `model` by compute slices and by each profile's count.
+
+    A coarse check (the hardware also constrains where each instance may sit); enough to refuse a layout that
+    cannot exist, such as eight 1g instances."""
+    table = profiles_for(model)
+    if not profiles or any(p not in table for p in profiles):
+        return False
+    if sum(table[p].slices for p in profiles) > COMPUTE_SLICES:
+        return False
+    whole = max(t.memory_mib for t in table.values())  # the 7g instance: all the memory there is
+    if sum(table[p].memory_mib for p in profiles) > whole:
+        return False
+    return all(profiles.count(p) <= table[p].max_count for p in set(profiles))
