@@ -9,9 +9,12 @@ month's rows after it (apps.billing.services.price_set). Closed months never cha
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from apps.accounts.scoping import ScopedQuerySet, managed_team_ids_of, team_ids_of
 from apps.accounts.types import AnyUser
@@ -60,7 +63,9 @@ class Price(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.gpu_model_id} {self.hourly_price}/h from {self.valid_from:%Y-%m-%d %H:%M}"
+        since = timezone.localtime(self.valid_from)
+        price = self.hourly_price.quantize(Decimal("0.01")) if self.hourly_price is not None else "?"
+        return f"{self.gpu_model} at {price} {settings.PORTAL_CURRENCY}/h from {since:%Y-%m-%d %H:%M}"
 
 
 class UsageRecordQuerySet(ScopedQuerySet["UsageRecord"]):
@@ -120,7 +125,8 @@ class UsageRecord(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.source}:{self.source_id} gpu {self.gpu_id} {self.start:%Y-%m-%d %H:%M:%S} {self.gpu_seconds}s"
+        start = timezone.localtime(self.start)
+        return f"{self.source} {self.source_id} on {self.gpu}, {start:%Y-%m-%d %H:%M:%S} ({self.gpu_seconds} s)"
 
 
 class MonthCloseQuerySet(ScopedQuerySet["MonthClose"]):
@@ -176,7 +182,7 @@ class BudgetAlert(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.team_id} {self.month:%Y-%m} {self.threshold}%"
+        return f"{self.team}, {self.month:%Y-%m}: {self.threshold}% of the budget"
 
 
 class NotificationQuerySet(ScopedQuerySet["Notification"]):

@@ -133,32 +133,40 @@ def team_page(request: HttpRequest, slug: str) -> HttpResponse:
     )
 
 
-def _quota_rows(quota: dict[str, Any], usage: dict[str, Any]) -> list[dict[str, str]]:
+def _quota_rows(quota: dict[str, Any], usage: dict[str, Any]) -> list[dict[str, Any]]:
     """The team's limits against what it spent (the ledger, live) and what it booked (booking's holds): what is
-    left is measured from the larger of the two."""
+    left is measured from the larger of the two. Amounts stay numbers; the template formats them (`money` for the
+    budgets, `quantity` for GPU-hours)."""
 
-    def row(label: str, limit: str | None, spent: str, booked: str, unit: str = "") -> dict[str, str]:
+    def row(label: str, limit: str | None, spent: str, booked: str, *, is_money: bool) -> dict[str, Any]:
         used = max(Decimal(spent), Decimal(booked))
-        left = "—" if limit is None else str(costing.to_cents(Decimal(limit) - used))
         return {
             "label": label,
-            "limit": "none" if limit is None else f"{limit}{unit}",
-            "spent": spent,
-            "booked": booked,
-            "left": left,
+            "is_money": is_money,
+            "limit": None if limit is None else Decimal(limit),
+            "spent": Decimal(spent),
+            "booked": Decimal(booked),
+            "left": None if limit is None else Decimal(limit) - used,
         }
 
     limits, booked = quota["limits"], quota["booked"]
     return [
-        row("GPU-hours", limits["gpu_hours"], usage["gpu_hours"], booked["gpu_hours"]),
-        row("Budget (soft)", limits["budget_soft"], usage["cost"], booked["cost"]),
-        row("Budget (hard: new bookings and jobs refused above)", limits["budget_hard"], usage["cost"], booked["cost"]),
+        row("GPU-hours", limits["gpu_hours"], usage["gpu_hours"], booked["gpu_hours"], is_money=False),
+        row("Budget (soft)", limits["budget_soft"], usage["cost"], booked["cost"], is_money=True),
+        row(
+            "Budget (hard: new bookings and jobs refused above)",
+            limits["budget_hard"],
+            usage["cost"],
+            booked["cost"],
+            is_money=True,
+        ),
     ]
 
 
 def _pdf_response(content: bytes, filename: str) -> HttpResponse:
     response = HttpResponse(content, content_type="application/pdf")
-    response["Content-Disposition"] = f'inline; filename="{filename}"'
+    # attachment: the link saves the statement under its own name rather than opening an unnamed tab
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
 
 

@@ -9,6 +9,7 @@ through `apps.booking.services` (`allocations_create`, `allocation_end`, `reserv
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
@@ -16,6 +17,7 @@ from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from apps.accounts.scoping import ScopedQuerySet
 
@@ -25,6 +27,14 @@ class TsTzRange(models.Func):
 
     function = "TSTZRANGE"
     output_field = DateTimeRangeField()
+
+
+def _span(start: datetime, end: datetime) -> str:
+    """[start, end) in the installation's time zone, as admins' messages and lists show it."""
+    lo, hi = timezone.localtime(start), timezone.localtime(end)
+    if lo.date() == hi.date():
+        return f"{lo:%Y-%m-%d %H:%M} to {hi:%H:%M}"
+    return f"{lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M}"
 
 
 class ReservationStatus(models.TextChoices):
@@ -86,7 +96,8 @@ class Reservation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"#{self.pk} {self.team_id}: {self.gpu_count} GPU {self.start:%Y-%m-%d %H:%M}-{self.end:%H:%M}"
+        model = self.gpu_model.name if self.gpu_model else "GPU"
+        return f"#{self.pk} {self.team}: {self.gpu_count} x {model}, {_span(self.start, self.end)}"
 
 
 class AllocationQuerySet(ScopedQuerySet["Allocation"]):
@@ -147,7 +158,8 @@ class Allocation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"gpu {self.gpu_id} {self.kind} team {self.team_id} {self.start:%Y-%m-%d %H:%M}-{self.end:%H:%M}"
+        source = f"reservation #{self.reservation_id}" if self.reservation_id else f"job {self.job_id}"
+        return f"{self.gpu} for {self.team} ({source}), {_span(self.start, self.end)}"
 
 
 class QuotaQuerySet(ScopedQuerySet["Quota"]):
@@ -188,7 +200,7 @@ class Quota(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.team_id} {self.month:%Y-%m}" if self.month else f"{self.team_id} (every month)"
+        return f"{self.team}, {self.month:%Y-%m}" if self.month else f"{self.team}, every month"
 
 
 class QuotaUsageQuerySet(ScopedQuerySet["QuotaUsage"]):
@@ -223,7 +235,7 @@ class QuotaUsage(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.team_id} {self.month:%Y-%m} #{self.slot}: {self.gpu_hours} GPU-h, {self.cost}"
+        return f"{self.team}, {self.month:%Y-%m} (slot {self.slot})"
 
 
 class QuotaHoldQuerySet(ScopedQuerySet["QuotaHold"]):
@@ -252,7 +264,8 @@ class QuotaHold(models.Model):
         ordering = ["start"]
 
     def __str__(self) -> str:
-        return f"{self.kind} hold team {self.team_id}: {self.gpu_count} GPU {self.start:%Y-%m-%d %H:%M}"
+        source = f"reservation #{self.reservation_id}" if self.reservation_id else f"job {self.job_id}"
+        return f"{self.team}: {self.gpu_count} GPU for {source}, {_span(self.start, self.end)}"
 
 
 class BookingPolicy(models.Model):
@@ -301,7 +314,7 @@ class MaintenanceWindow(models.Model):
 
     def __str__(self) -> str:
         what = self.gpu or self.node or "whole fleet"
-        return f"maintenance {what} {self.start:%Y-%m-%d %H:%M}-{self.end:%Y-%m-%d %H:%M}"
+        return f"maintenance of {what}, {_span(self.start, self.end)}"
 
 
 class CalendarFeed(models.Model):
@@ -312,7 +325,7 @@ class CalendarFeed(models.Model):
     created_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
-        return f"calendar feed of {self.user_id}"
+        return f"calendar feed of {self.user}"
 
     @staticmethod
     def key_digest(key: str) -> str:

@@ -237,6 +237,20 @@ def reservations_due(*, now: datetime) -> bool:
     return due_start.exists() or due_end.exists()
 
 
+def reservations_current_and_upcoming(*, user: AnyUser, now: datetime, limit: int = 100) -> list[Reservation]:
+    """The user's teams' reservations a job can still run in (booked or active, not yet ended), soonest first:
+    what the job form and the home page offer. Admins see their own teams' only, as a member would."""
+    return list(
+        Reservation.objects.filter(
+            team_id__in=team_ids_of(user),
+            status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE],
+            end__gt=now,
+        )
+        .select_related("team", "user", "gpu_model")
+        .order_by("start", "id")[:limit]
+    )
+
+
 def reservations_for_calendar(*, user: AnyUser, since: datetime) -> QuerySet[Reservation]:
     """Booked, active and released reservations of the user's teams ending after `since` (for the iCal feed)."""
     return (

@@ -22,14 +22,21 @@ from apps.fleet.models import GpuModel
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
     policy = selectors.booking_policy()
+    models = [
+        {"name": m.name, "hourly_price": str(m.hourly_price)}
+        for m in GpuModel.objects.filter(gpus__isnull=False).distinct().order_by("name")
+    ]
+    names = [m["name"] for m in models]
+    teams = []
+    for m in memberships_of(user=request.user):
+        # The form offers a team only the models its quota allows this month ([] allows every model), rather
+        # than letting the booking be refused on submit.
+        allowed = set(selectors.allowed_model_names(team_id=m.team.pk))
+        offered = [n for n in names if n in allowed] if allowed else names
+        teams.append({"slug": m.team.slug, "name": m.team.name, "role": m.role, "models": offered})
     config = {
-        "teams": [
-            {"slug": m.team.slug, "name": m.team.name, "role": m.role} for m in memberships_of(user=request.user)
-        ],
-        "models": [
-            {"name": m.name, "hourly_price": str(m.hourly_price)}
-            for m in GpuModel.objects.filter(gpus__isnull=False).distinct().order_by("name")
-        ],
+        "teams": teams,
+        "models": models,
         "policy": {
             "granularity_minutes": policy.granularity_minutes,
             "min_duration_minutes": policy.min_duration_minutes,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.shortcuts import render
+from django.templatetags.static import static
 
 from apps.core import selectors
 
@@ -12,6 +13,11 @@ from apps.core import selectors
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     return render(request, "core/home.html", {"summary": selectors.home_summary(user=request.user)})
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, which browsers ask for on pages without a <link rel="icon"> (API docs, PDFs, JSON)."""
+    return HttpResponsePermanentRedirect(static("core/favicon.svg"))
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

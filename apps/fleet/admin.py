@@ -54,15 +54,17 @@ class NodeAdmin(admin.ModelAdmin[Node]):
 
     @admin.action(description="Drain: take no new work")
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        for node in queryset:
-            services.node_drain(actor=request.user, node_name=node.name, draining=True)
-        self.message_user(request, f"{queryset.count()} node(s) draining.")
+        names = [node.name for node in queryset]
+        for name in names:
+            services.node_drain(actor=request.user, node_name=name, draining=True)
+        self.message_user(request, f"Draining (no new work): {', '.join(names)}.")
 
     @admin.action(description="Undrain: take work again")
     def undrain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        for node in queryset:
-            services.node_drain(actor=request.user, node_name=node.name, draining=False)
-        self.message_user(request, f"{queryset.count()} node(s) undrained.")
+        names = [node.name for node in queryset]
+        for name in names:
+            services.node_drain(actor=request.user, node_name=name, draining=False)
+        self.message_user(request, f"Taking work again: {', '.join(names)}.")
 
 
 @admin.register(Gpu)

@@ -10,12 +10,16 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 
 from apps.accounts.types import AnyUser
-from apps.fleet import selectors
+from apps.core.errors import NotFound
+from apps.fleet import selectors, services
 from apps.fleet.models import Gpu
 from apps.telemetry import keys
 from apps.telemetry import selectors as telemetry
@@ -79,7 +83,27 @@ def fleet_page(request: HttpRequest) -> HttpResponse:
     snapshot = last_snapshot_document(viewer=viewer) or _snapshot_from_database(user=request.user, viewer=viewer)
     history = _utilization_history([g["uuid"] for g in snapshot["gpus"]])
     initial = {"snapshot": snapshot, "history": history, "spark_points": SPARK_POINTS}
-    return render(request, "fleet/fleet.html", {"initial": initial})
+    # Admins drain and undrain nodes here, as in Django admin and the API (the same service, audited).
+    nodes = list(selectors.nodes_visible_to(user=request.user).order_by("name")) if request.user.is_staff else []
+    return render(request, "fleet/fleet.html", {"initial": initial, "admin_nodes": nodes})
+
+
+@login_required
+@require_POST
+def node_drain(request: HttpRequest, name: str, draining: bool) -> HttpResponse:
+    """Drain (or undrain) a node from the Fleet page (admins): the scheduler places no new work on a draining
+    node; what runs there keeps running."""
+    if not request.user.is_staff:
+        raise PermissionDenied("Only administrators drain nodes.")
+    try:
+        node = services.node_drain(actor=request.user, node_name=name, draining=draining)
+    except NotFound:
+        raise Http404("No such node.") from None
+    if draining:
+        messages.success(request, f"Node “{node.name}” is draining: no new work is placed on it.")
+    else:
+        messages.success(request, f"Node “{node.name}” takes work again.")
+    return redirect("fleet:index")
 
 
 def _probe_rows(probe: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -99,7 +99,7 @@ class TeamJobPolicy(models.Model):
         verbose_name_plural = "team job policies"
 
     def __str__(self) -> str:
-        return f"job policy of {self.team_id}"
+        return f"job policy of {self.team}"
 
 
 class JobQuerySet(ScopedQuerySet["Job"]):

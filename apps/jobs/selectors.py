@@ -9,6 +9,8 @@ from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
 from apps.accounts.types import AnyUser
+from apps.billing.models import SourceKind, UsageRecord
+from apps.booking.models import Allocation, AllocationKind
 from apps.core.errors import NotFound
 from apps.fleet.models import Gpu
 from apps.jobs import conf
@@ -71,6 +73,18 @@ def job_get(*, user: AnyUser, job_id: int) -> Job:
     if job is None:
         raise NotFound("No such job.")
     return job
+
+
+def job_gpus_used(*, job: Job) -> list[Gpu]:
+    """The GPUs the job holds or ran on. `job.gpus` while it is placed; for a job whose placement was not kept
+    there, its job allocations, then its ledger rows (a job that ended still shows where it ran)."""
+    gpus = list(job.gpus.all())
+    if gpus or job.started_at is None:
+        return gpus
+    ids = set(Allocation.objects.filter(kind=AllocationKind.JOB, job_id=job.pk).values_list("gpu_id", flat=True))
+    if not ids:
+        ids = set(UsageRecord.objects.filter(source=SourceKind.JOB, source_id=job.pk).values_list("gpu_id", flat=True))
+    return list(Gpu.objects.filter(pk__in=ids).select_related("model", "node").order_by("node__name", "index"))
 
 
 def job_events(*, job: Job) -> QuerySet[JobEvent]:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.accounts.models import Team
+from apps.booking.selectors import reservations_current_and_upcoming
 from apps.core.errors import ApplicationError, NotFound
 from apps.fleet.models import GpuModel
 from apps.jobs import selectors, services
@@ -27,7 +28,17 @@ def _form_for(request: HttpRequest) -> JobForm:
     teams = list(Team.objects.visible_to(request.user).order_by("slug"))
     images = list(selectors.images_visible_to(user=request.user).values_list("name", flat=True))
     models = list(GpuModel.objects.order_by("name").values_list("name", flat=True))
-    return JobForm(request.POST or None, teams=teams, images=images, models=models)
+    reservations = reservations_current_and_upcoming(user=request.user, now=timezone.now())
+    # ?reservation=ID&team=SLUG (the home page's "run a job in it"): the form starts with them chosen.
+    initial = {k: request.GET[k] for k in ("reservation", "team") if request.GET.get(k)}
+    return JobForm(
+        request.POST or None,
+        initial=initial,
+        teams=teams,
+        images=images,
+        models=models,
+        reservations=reservations,
+    )
 
 
 def cli_download(request: HttpRequest) -> HttpResponse:
@@ -96,7 +107,7 @@ def submit(request: HttpRequest) -> HttpResponse:
             if not placed:
                 form.add_error(None, exc.detail)
         else:
-            messages.success(request, f"Job {job.pk} queued.")
+            messages.success(request, f"Job {job.pk}{f' “{job.name}”' if job.name else ''} queued.")
             return redirect("jobs:detail", job_id=job.pk)
     return render(request, "jobs/submit.html", {"form": form})
 
@@ -114,7 +125,7 @@ def detail(request: HttpRequest, job_id: int) -> HttpResponse:
         {
             "job": job,
             "events": selectors.job_events(job=job),
-            "gpus": list(job.gpus.all()),
+            "gpus": selectors.job_gpus_used(job=job),
             "cost": job.cost(now),
             "runtime_s": int(job.runtime_seconds(now)),
             "can_cancel": not job.is_terminal,
@@ -128,7 +139,7 @@ def cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     try:
         job = selectors.job_get(user=request.user, job_id=job_id)
         services.job_cancel(job=job, user=signed_in(request.user))
-        messages.success(request, f"Cancelling job {job_id}.")
+        messages.success(request, f"Cancelling job {job_id}{f' “{job.name}”' if job.name else ''}.")
     except NotFound:
         raise Http404("No such job.") from None
     except ApplicationError as exc:

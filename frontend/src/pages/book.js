@@ -195,6 +195,15 @@ async function loadInfo() {
     if (seq === infoSeq) el.avail.textContent = err.message;
   }
 }
+// The model select offers only what the chosen team's quota allows (the server lists it per team).
+function syncModels() {
+  const team = cfg.teams.find((t) => t.slug === el.team.value);
+  const names = team ? team.models : [];
+  const keep = el.model.value;
+  el.model.replaceChildren(...names.map((n) => new Option(n, n)));
+  if (names.includes(keep)) el.model.value = keep;
+}
+el.team.addEventListener("change", syncModels);
 for (const input of [el.team, el.model, el.count, el.start, el.end]) {
   for (const type of ["input", "change"]) input.addEventListener(type, () => { drawPick(); refreshInfo(); });
 }

@@ -28,12 +28,13 @@ const today = new Date().toISOString().slice(0, 10);
 
 window.Portal.liveSocket(`/ws/teams/${slug}/`, (msg) => {
   if (msg.type === "team.usage") {
-    set("live-cost", msg.cost);
-    set("live-hours", msg.gpu_hours);
-    set("live-unbilled", msg.accrued_unbilled_cost);
+    const { amount } = window.Portal;
+    set("live-cost", amount(msg.cost));
+    set("live-hours", amount(msg.gpu_hours));
+    set("live-unbilled", amount(msg.accrued_unbilled_cost));
     set("live-running", msg.running_gpus);
-    set("live-rate", msg.running_hourly_cost);
-    set("live-projected", msg.projected_month_cost);
+    set("live-rate", amount(msg.running_hourly_cost));
+    set("live-projected", amount(msg.projected_month_cost));
     const i = d.days.indexOf(today);
     if (burn && i >= 0 && msg.month === d.month) {
       burn.data.datasets[0].data[i] = num(msg.cost);

@@ -1,0 +1,64 @@
+"""`{% load portal_format %}`: how pages show amounts. The API keeps full precision (4-place GPU-hours, 8-place
+ledger costs, floats from JSON); a person reads money in cents and quantities with two decimals, grouped by
+thousands, so `0.00559999999999999` and `2000.0000` never reach a page.
+
+    {{ usage.cost|money }}            1,204.60
+    {{ usage.cost|money:"EUR" }}      1,204.60 EUR
+    {{ quota.gpu_hours|quantity }}    2,000.00
+    {{ ratio|percent }}               42%
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+from django import template
+
+register = template.Library()
+
+CENTS = Decimal("0.01")
+DASH = "—"
+
+
+def as_decimal(value: object) -> Decimal | None:
+    """A Decimal from what selectors hand pages (Decimal, str, int, float); None for empty or not a number."""
+    if value is None or value == "" or isinstance(value, bool):
+        return None
+    try:
+        number = value if isinstance(value, Decimal) else Decimal(str(value))
+    except (InvalidOperation, ValueError, TypeError):
+        return None
+    return number if number.is_finite() else None
+
+
+def two_places(value: object) -> str:
+    """`value` rounded half-up to two places, thousands grouped with commas; a dash when there is no number."""
+    number = as_decimal(value)
+    if number is None:
+        return DASH
+    rounded = number.quantize(CENTS, rounding=ROUND_HALF_UP)
+    if rounded == 0:
+        rounded = abs(rounded)  # no "-0.00" for a tiny negative
+    return f"{rounded:,.2f}"
+
+
+@register.filter
+def money(value: object, currency: str = "") -> str:
+    """An amount of money in cents, with the currency code after it when one is given."""
+    text = two_places(value)
+    return f"{text} {currency}" if currency and text != DASH else text
+
+
+@register.filter
+def quantity(value: object) -> str:
+    """GPU-hours and other measured quantities: two decimals, grouped by thousands."""
+    return two_places(value)
+
+
+@register.filter
+def percent(value: object) -> str:
+    """A 0..1 ratio as a whole percentage."""
+    number = as_decimal(value)
+    if number is None:
+        return DASH
+    return f"{(number * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP)}%"
