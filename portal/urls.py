@@ -25,6 +25,7 @@ api_v1 = [
 urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("", core_views.home, name="home"),
+    path("favicon.ico", core_views.favicon, name="favicon"),
     path("accounts/", include("apps.accounts.urls")),
     path("fleet/", include("apps.fleet.urls")),
     path("book/", include("apps.booking.urls")),
