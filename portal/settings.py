@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "apps.booking",
     "apps.jobs",
     "apps.billing",
+    "apps.identity",
     "apps.efficiency",
     "apps.events",
 ]
@@ -244,6 +245,33 @@ LOGOUT_REDIRECT_URL = "accounts:login"
 LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 10)  # failed attempts per username and per IP per window
 LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 300)
 TOKEN_MAX_EXPIRY_DAYS = env_int("TOKEN_MAX_EXPIRY_DAYS", 365)
+# Local accounts first (break-glass admins sign in with nothing else up), then the directory, then single sign-on.
+# The LDAP and OIDC backends do nothing until their settings are given (docs/identity.md).
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "apps.identity.ldap.PortalLDAPBackend",
+    "apps.identity.oidc.PortalOIDCBackend",
+]
+OIDC_ISSUER_URL = env_str("OIDC_ISSUER_URL", "")  # its /.well-known/openid-configuration is read on first use
+OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
+OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_SCOPES = env_str("OIDC_SCOPES", "openid email profile")
+OIDC_SIGN_ALGO = env_str("OIDC_SIGN_ALGO", "RS256")
+OIDC_TIMEOUT_S = env_int("OIDC_TIMEOUT_S", 10)
+OIDC_CLOCK_SKEW_S = env_int("OIDC_CLOCK_SKEW_S", 30)
+LDAP_SERVER_URI = env_str("LDAP_SERVER_URI", "")
+LDAP_BIND_DN = env_str("LDAP_BIND_DN", "")
+LDAP_BIND_PASSWORD = env_str("LDAP_BIND_PASSWORD", "")
+LDAP_START_TLS = env_bool("LDAP_START_TLS", False)
+LDAP_USER_SEARCH_BASE = env_str("LDAP_USER_SEARCH_BASE", "")
+LDAP_USER_FILTER = env_str("LDAP_USER_FILTER", "(uid=%(user)s)")
+LDAP_GROUP_SEARCH_BASE = env_str("LDAP_GROUP_SEARCH_BASE", "")
+LDAP_GROUP_TYPE = env_str("LDAP_GROUP_TYPE", "groupOfNames")  # or groupOfUniqueNames, posixGroup
+if LDAP_GROUP_TYPE not in {"groupOfNames", "groupOfUniqueNames", "posixGroup"}:
+    raise ImproperlyConfigured("LDAP_GROUP_TYPE must be groupOfNames, groupOfUniqueNames or posixGroup")
+LDAP_TIMEOUT_S = env_int("LDAP_TIMEOUT_S", 5)
 
 # --- I18N / time ---------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

@@ -18,6 +18,7 @@ api_v1 = [
     path("", include("apps.accounts.api.urls")),
     path("", include("apps.core.api.urls")),
     path("", include("apps.billing.api.urls")),
+    path("", include("apps.identity.api.urls")),
     path("", include("apps.efficiency.api.urls")),
     path("", include("apps.events.api.urls")),
 ]
@@ -27,6 +28,7 @@ urlpatterns = [
     path("", core_views.home, name="home"),
     path("favicon.ico", core_views.favicon, name="favicon"),
     path("accounts/", include("apps.accounts.urls")),
+    path("accounts/oidc/", include("apps.identity.urls")),
     path("fleet/", include("apps.fleet.urls")),
     path("book/", include("apps.booking.urls")),
     path("jobs/", include("apps.jobs.urls")),

@@ -86,6 +86,9 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/webhooks/<int:endpoint_id>/rotate-secret/": {"POST": (401, 404, 404, 200, 200, 403)},
     "api/v1/webhooks/<int:endpoint_id>/deliveries/": {"GET": (401, 404, 404, 200, 200, 404)},
     "api/v1/me/notifications/": {"GET": (401, 200, 200, 200, 200, 200), "PATCH": (401, 200, 200, 200, 200, 200)},
+    # Directory group -> team mappings: administrators only (the admin scope for tokens).
+    "api/v1/group-mappings/": {"GET": (401, 403, 403, 403, 200, 403), "POST": (401, 403, 403, 403, 400, 403)},
+    "api/v1/group-mappings/<int:mapping_id>/": {"DELETE": (401, 403, 403, 403, 204, 403)},
     # Members read their team's idle policy; only admins change it (an empty PATCH changes nothing: 200).
     "api/v1/teams/<slug:slug>/idle-policy/": {
         "GET": (401, 404, 200, 200, 200, 200),
@@ -191,6 +194,13 @@ def _obj_token(cast: Cast) -> dict[str, Any]:
 
 def _obj_team(cast: Cast) -> dict[str, Any]:
     return {"slug": cast.vision.slug}
+
+
+def _obj_group_mapping(cast: Cast) -> dict[str, Any]:
+    from apps.identity import services
+
+    mapping = services.group_mapping_create(actor=None, group=MARKER, team=cast.vision.slug)
+    return {"mapping_id": mapping.pk}
 
 
 def _obj_reservation(cast: Cast) -> dict[str, Any]:
@@ -304,6 +314,7 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/gpus/<str:uuid>/probe/": _obj_gpu,
     "api/v1/nodes/<str:name>/drain/": _obj_node,
     "api/v1/nodes/<str:name>/undrain/": _obj_node,
+    "api/v1/group-mappings/<int:mapping_id>/": _obj_group_mapping,
     "api/v1/webhooks/<int:endpoint_id>/": _obj_webhook,
     "api/v1/webhooks/<int:endpoint_id>/rotate-secret/": _obj_webhook,
     "api/v1/webhooks/<int:endpoint_id>/deliveries/": _obj_webhook,

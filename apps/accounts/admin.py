@@ -20,8 +20,8 @@ class TeamAdmin(admin.ModelAdmin[Team]):
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin[Membership]):
-    list_display = ("user", "team", "role")
-    list_filter = ("role", "team")
+    list_display = ("user", "team", "role", "source")
+    list_filter = ("role", "source", "team")
     search_fields = ("user__username", "team__slug")
 
 

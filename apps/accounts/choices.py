@@ -10,6 +10,13 @@ class Role(models.TextChoices):
     MANAGER = "manager", "Manager"
 
 
+class MembershipSource(models.TextChoices):
+    """Who made a membership: a person (admin page, API, command) or a directory sync at sign-in."""
+
+    MANUAL = "manual", "Added by hand"
+    DIRECTORY = "directory", "From a directory group"
+
+
 class Scope(models.TextChoices):
     READ = "read", "Read"
     JOBS_WRITE = "jobs:write", "Submit and cancel jobs"

@@ -7,6 +7,7 @@ from django.contrib.auth.models import User
 from django.db import models
 from django.utils import timezone
 
+from apps.accounts.choices import MembershipSource as MembershipSource
 from apps.accounts.choices import Role as Role
 from apps.accounts.choices import Scope as Scope
 from apps.accounts.scoping import ScopedQuerySet
@@ -41,6 +42,9 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # A directory sync at sign-in adds and removes only its own memberships (apps/identity), unless a group
+    # mapping says it may take over manual ones.
+    source = models.CharField(max_length=16, choices=MembershipSource.choices, default=MembershipSource.MANUAL)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

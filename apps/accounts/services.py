@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts import tokens
-from apps.accounts.models import ApiToken, Membership, Role, Scope, Team
+from apps.accounts.models import ApiToken, Membership, MembershipSource, Role, Scope, Team
 from apps.accounts.types import AnyUser, User
 from apps.audit.services import audit_record
 from apps.core.errors import Forbidden, NotFound, ValidationFailed
@@ -73,11 +73,14 @@ def team_create(*, actor: AnyUser | None, slug: str, name: str, share: int = 1) 
 
 
 def membership_set(*, actor: AnyUser | None, team: Team, user: User, role: str = Role.MEMBER) -> Membership:
-    """Add a user to a team or change their role (idempotent)."""
+    """Add a user to a team or change their role (idempotent). A membership set by hand is manual: a directory sync
+    leaves it alone unless a group mapping takes manual memberships over."""
     if role not in Role.values:
         raise ValidationFailed(f"Unknown role {role!r}.")
     with transaction.atomic():
-        membership, created = Membership.objects.update_or_create(user=user, team=team, defaults={"role": role})
+        membership, created = Membership.objects.update_or_create(
+            user=user, team=team, defaults={"role": role, "source": MembershipSource.MANUAL}
+        )
         audit_record(actor=actor, action="membership.set", target=membership, data={"role": role, "created": created})
     return membership
 

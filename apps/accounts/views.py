@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
@@ -19,6 +22,13 @@ class LoginView(auth_views.LoginView):
     template_name = "accounts/login.html"
     authentication_form = RateLimitedLoginForm
     redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        # The single sign-on button shows when a provider is configured (apps/identity); the form stays for local
+        # and LDAP accounts.
+        context["oidc_provider"] = settings.OIDC_PROVIDER_NAME if settings.OIDC_ISSUER_URL else None
+        return context
 
 
 @login_required

@@ -1,0 +1,156 @@
+"""Writes for identity: group mappings, users signing in through a provider, and the group sync at sign-in."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.accounts.models import Membership, MembershipSource, Role, Team
+from apps.accounts.types import AnyUser, User
+from apps.audit.services import audit_record
+from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.identity import sync
+from apps.identity.models import ExternalIdentity, GroupMapping
+
+
+def group_mapping_create(
+    *, actor: AnyUser | None, group: str, team: str, role: str = Role.MEMBER, replaces_manual: bool = False
+) -> GroupMapping:
+    """Map a directory group to a team (by slug) and role. Takes effect at each member's next sign-in."""
+    group = (group or "").strip()
+    if not group or len(group) > 255:
+        raise ValidationFailed("Give the group's name, 1-255 characters.", fields={"group": ["1-255 characters."]})
+    if role not in Role.values:
+        raise ValidationFailed(f"Unknown role {role!r}.", fields={"role": [f"One of: {', '.join(Role.values)}."]})
+    team_row = Team.objects.filter(slug=team).first()
+    if team_row is None:
+        raise ValidationFailed(f"No team {team!r}.", fields={"team": ["No such team."]})
+    try:
+        with transaction.atomic():
+            mapping = GroupMapping.objects.create(
+                group=group, team=team_row, role=role, replaces_manual=replaces_manual
+            )
+            audit_record(
+                actor=actor,
+                action="group_mapping.create",
+                target=mapping,
+                team=team_row,
+                data={"group": group, "role": role, "replaces_manual": replaces_manual},
+            )
+    except IntegrityError as exc:
+        raise Conflict(f"Group {group!r} is already mapped to team {team!r}.") from exc
+    return mapping
+
+
+def group_mapping_delete(*, actor: AnyUser | None, mapping_id: int) -> None:
+    """Remove a mapping. Memberships it made go at each member's next sign-in (the sync no longer wants them)."""
+    with transaction.atomic():
+        mapping = GroupMapping.objects.select_for_update().select_related("team").filter(pk=mapping_id).first()
+        if mapping is None:
+            raise NotFound("No such group mapping.")
+        audit_record(
+            actor=actor,
+            action="group_mapping.delete",
+            target=mapping,
+            team=mapping.team,
+            data={"group": mapping.group, "role": mapping.role},
+        )
+        mapping.delete()
+
+
+def directory_sync(*, user: User, groups: Iterable[str], via: str) -> sync.SyncPlan:
+    """Make the user's team memberships follow their directory groups (rules in apps/identity/sync.py).
+
+    Locks the user's membership rows (SELECT ... FOR UPDATE) so two sign-ins of the same person at once apply
+    one plan after the other."""
+    group_list = sorted(set(groups))
+    with transaction.atomic():
+        held_rows = list(Membership.objects.select_for_update().filter(user=user))
+        mappings = [
+            sync.Mapping(group=m.group, team_id=m.team_id, role=m.role, replaces_manual=m.replaces_manual)
+            for m in GroupMapping.objects.all()
+        ]
+        plan = sync.plan_sync(
+            groups=group_list,
+            mappings=mappings,
+            held=[sync.Held(team_id=m.team_id, role=m.role, source=m.source) for m in held_rows],
+        )
+        if plan.empty:
+            return plan
+        teams = Team.objects.in_bulk(set(plan.add) | set(plan.change) | plan.remove)
+        Membership.objects.bulk_create(
+            [
+                Membership(user=user, team_id=team_id, role=role, source=MembershipSource.DIRECTORY)
+                for team_id, role in plan.add.items()
+            ]
+        )
+        for team_id, role in plan.change.items():
+            Membership.objects.filter(user=user, team_id=team_id).update(role=role, source=MembershipSource.DIRECTORY)
+        if plan.remove:
+            Membership.objects.filter(user=user, team_id__in=plan.remove).delete()
+        for action, team_ids in (
+            ("membership.directory_add", plan.add),
+            ("membership.directory_change", plan.change),
+            ("membership.directory_remove", plan.remove),
+        ):
+            for team_id in sorted(team_ids):
+                new_role = plan.add.get(team_id) or plan.change.get(team_id)
+                audit_record(
+                    actor=None,
+                    action=action,
+                    target=user,
+                    team=teams[team_id],
+                    data={"via": via, "role": new_role, "groups": group_list},
+                )
+    return plan
+
+
+_USERNAME_BAD = re.compile(r"[^\w.@+-]")
+
+
+def _free_username(wanted: str) -> str:
+    base = _USERNAME_BAD.sub("-", wanted)[:140] or "user"
+    taken = set(User.objects.filter(username__istartswith=base).values_list("username", flat=True))
+    taken_lower = {name.lower() for name in taken}
+    if base.lower() not in taken_lower:
+        return base
+    n = 2
+    while f"{base}-{n}".lower() in taken_lower:
+        n += 1
+    return f"{base}-{n}"
+
+
+def oidc_user_sign_in(*, issuer: str, claims: Mapping[str, object]) -> User:
+    """The user for a verified OIDC subject: found by (issuer, sub), created on the first sign-in.
+
+    Never matched by e-mail or username: a provider account cannot take over a local one (the break-glass admins)
+    by carrying the same address. Names and e-mail follow the provider on each sign-in."""
+    subject = str(claims["sub"])
+    email = str(claims.get("email") or "")[:254]
+    first_name = str(claims.get("given_name") or "")[:150]
+    last_name = str(claims.get("family_name") or "")[:150]
+    with transaction.atomic():
+        link = (
+            ExternalIdentity.objects.select_for_update()
+            .select_related("user")
+            .filter(issuer=issuer, subject=subject)
+            .first()
+        )
+        if link is None:
+            wanted = str(claims.get("preferred_username") or email.split("@")[0] or subject)
+            user = User(username=_free_username(wanted))
+            user.set_unusable_password()
+            user.email, user.first_name, user.last_name = email, first_name, last_name
+            user.save()
+            link = ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+            audit_record(actor=None, action="user.create", target=user, data={"via": "oidc", "issuer": issuer})
+        user = link.user
+        if (user.email, user.first_name, user.last_name) != (email, first_name, last_name):
+            user.email, user.first_name, user.last_name = email, first_name, last_name
+            user.save(update_fields=["email", "first_name", "last_name"])
+        link.last_login_at = timezone.now()
+        link.save(update_fields=["last_login_at"])
+    return user

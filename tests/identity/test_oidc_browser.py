@@ -1,0 +1,158 @@
+"""Single sign-on in headless Chromium: the portal (uvicorn, its own process) against an OpenID provider (its own
+process, tests/identity/oidc_provider.py) on loopback. A new user lands in the team their group maps to and loses it
+when the group goes; a wrong client secret, an expired or tampered ID token and an unknown issuer each end on an
+error page, with no account created."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from apps.accounts.models import Membership, MembershipSource
+from apps.identity.models import ExternalIdentity, GroupMapping
+from apps.identity.oidc import _discover
+from tests.factories import TeamFactory, UserFactory
+from tests.identity.support import oidc_portal, oidc_provider
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+
+
+@contextmanager
+def browser_page() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context()
+            context.set_default_timeout(30_000)
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+def sign_in_through_provider(page: Any, portal_url: str, sub: str) -> None:
+    """The person's path: the portal's sign-in page, the provider's button, the provider's form."""
+    page.goto(portal_url + "/accounts/login/")
+    page.click("#oidc-sign-in")
+    page.wait_for_url("**/oauth2/authorize**")
+    page.fill("input[name=sub]", sub)
+    page.click("form:has(input[name=sub]) button[type=submit]")
+    page.wait_for_url(lambda url: url.startswith(portal_url))
+    page.wait_for_load_state()
+
+
+def _teams(username: str) -> dict[str, tuple[str, str]]:
+    return {m.team.slug: (m.role, m.source) for m in Membership.objects.filter(user__username=username)}
+
+
+@needs_chromium
+def test_a_new_user_signs_in_joins_the_mapped_team_and_leaves_it_when_the_group_goes(transactional_db: Any) -> None:
+    vision = TeamFactory(slug="vision", name="Vision")
+    GroupMapping.objects.create(group="/lab/gpu-vision", team=vision, role="member")
+    with oidc_provider() as provider, oidc_portal(provider) as portal:
+        provider.set_user(
+            "dana-sub", preferred_username="dana", email="dana@lab.test", groups=["/lab/gpu-vision", "/lab/all"]
+        )
+        with browser_page() as page:
+            assert "Sign in with Lab SSO" in page.goto(portal.url + "/accounts/login/").text()
+            sign_in_through_provider(page, portal.url, "dana-sub")
+            assert page.url == portal.url + "/"
+            me = page.request.get(portal.url + "/api/v1/me").json()
+            assert me["username"] == "dana" and me["email"] == "dana@lab.test"
+            assert [(t["team"]["slug"], t["role"]) for t in me["teams"]] == [("vision", "member")]
+        assert _teams("dana") == {"vision": ("member", MembershipSource.DIRECTORY)}
+        link = ExternalIdentity.objects.get(user__username="dana")
+        assert (link.issuer, link.subject) == (provider.url, "dana-sub")
+
+        # The directory drops her from the group; at her next sign-in the portal drops her from the team.
+        provider.set_user("dana-sub", preferred_username="dana", email="dana@lab.test", groups=["/lab/all"])
+        with browser_page() as page:
+            sign_in_through_provider(page, portal.url, "dana-sub")
+            assert page.request.get(portal.url + "/api/v1/me").json()["teams"] == []
+        assert _teams("dana") == {}
+        assert User.objects.filter(username="dana").count() == 1  # the same account both times
+
+
+@needs_chromium
+def test_a_provider_user_never_takes_over_a_local_account_with_the_same_email(transactional_db: Any) -> None:
+    local = UserFactory(username="root", email="root@lab.test", is_staff=True)
+    with oidc_provider() as provider, oidc_portal(provider) as portal:
+        provider.set_user("mallory", preferred_username="root", email="root@lab.test", groups=[])
+        with browser_page() as page:
+            sign_in_through_provider(page, portal.url, "mallory")
+            me = page.request.get(portal.url + "/api/v1/me").json()
+    assert me["id"] != local.pk and me["username"] == "root-2" and me["is_admin"] is False
+
+
+FAILURES = [
+    pytest.param({}, {"client_secret": "not-the-secret"}, "client credentials", id="wrong-client-secret"),
+    pytest.param({"token_max_age": -300}, {}, "ID token has expired", id="expired-id-token"),
+    pytest.param({"mode": "tamper"}, {}, "signature does not verify", id="tampered-id-token"),
+    pytest.param({"mode": "foreign-issuer"}, {}, "unknown issuer", id="unknown-issuer"),
+]
+
+
+@needs_chromium
+@pytest.mark.parametrize(("provider_args", "portal_args", "message"), FAILURES)
+def test_a_bad_sign_in_ends_on_an_error_page_and_creates_no_account(
+    transactional_db: Any, provider_args: dict[str, Any], portal_args: dict[str, Any], message: str
+) -> None:
+    vision = TeamFactory(slug="vision", name="Vision")
+    GroupMapping.objects.create(group="gpu-vision", team=vision, role="manager")
+    users_before = User.objects.count()
+    with oidc_provider(**provider_args) as provider, oidc_portal(provider, **portal_args) as portal:
+        provider.set_user("eve-sub", preferred_username="eve", email="eve@lab.test", groups=["gpu-vision"])
+        with browser_page() as page:
+            sign_in_through_provider(page, portal.url, "eve-sub")
+            assert "/accounts/oidc/callback/" in page.url
+            assert page.locator("h1").text_content() == "Sign-in failed"
+            assert message in (page.locator("#sign-in-error").text_content() or "")
+            assert page.request.get(portal.url + "/api/v1/me").status == 401  # not signed in
+    assert User.objects.count() == users_before
+    assert not ExternalIdentity.objects.exists() and not Membership.objects.exists()
+
+
+def test_a_discovery_document_naming_another_issuer_is_refused(db: Any, settings: Any) -> None:
+    with oidc_provider(mode="discovery-issuer") as provider:
+        settings.OIDC_ISSUER_URL = provider.url
+        settings.OIDC_CLIENT_ID = "portal"
+        _discover.cache_clear()
+        try:
+            response = Client().get("/accounts/oidc/start/")
+        finally:
+            _discover.cache_clear()
+    assert response.status_code == 503
+    assert "names a different issuer" in response.content.decode()
+
+
+def test_an_unreachable_provider_is_an_error_page_and_local_sign_in_still_works(
+    db: Any, settings: Any, admin: Any
+) -> None:
+    settings.OIDC_ISSUER_URL = "http://127.0.0.1:1"
+    settings.OIDC_CLIENT_ID = "portal"
+    _discover.cache_clear()
+    response = Client().get("/accounts/oidc/start/")
+    assert response.status_code == 503 and "could not be read" in response.content.decode()
+    admin.set_password("break-glass-password-1")
+    admin.save()
+    client = Client()
+    assert (
+        client.post("/accounts/login/", {"username": admin.username, "password": "break-glass-password-1"}).status_code
+        == 302
+    )
+
+
+def test_the_login_page_offers_single_sign_on_only_when_configured(db: Any, settings: Any) -> None:
+    settings.OIDC_ISSUER_URL = ""
+    assert "Sign in with" not in Client().get("/accounts/login/").content.decode()
+    settings.OIDC_ISSUER_URL = "https://id.lab.test"
+    settings.OIDC_PROVIDER_NAME = "Lab SSO"
+    assert "Sign in with Lab SSO" in Client().get("/accounts/login/").content.decode()
