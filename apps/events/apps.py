@@ -15,11 +15,11 @@ class EventsConfig(AppConfig):
 
         # The sweep is what makes delivery survive a lost broker message (a Redis restart, a killed worker): it
         # re-enqueues whatever the database says is still owed. Messages expire with their period.
-        settings.CELERY_BEAT_SCHEDULE.setdefault(
-            "events-sweep",
-            {
-                "task": "events.sweep",
-                "schedule": float(conf.SWEEP_EVERY_S),
-                "options": {"queue": "portal", "expires": float(conf.SWEEP_EVERY_S)},
-            },
-        )
+        schedule = {
+            "events-sweep": ("events.sweep", conf.SWEEP_EVERY_S),
+            "events-remind-reservations": ("events.remind_reservations", conf.REMINDER_EVERY_S),
+        }
+        for name, (task, every) in schedule.items():
+            settings.CELERY_BEAT_SCHEDULE.setdefault(
+                name, {"task": task, "schedule": float(every), "options": {"queue": "portal", "expires": float(every)}}
+            )

@@ -15,3 +15,6 @@ TIMEOUT_S = env_int("WEBHOOK_TIMEOUT_S", 10)
 DISABLE_AFTER_S = env_int("WEBHOOK_DISABLE_AFTER_S", 86400)
 # A claimed delivery not finished within this long (the worker died mid-attempt) is owed again.
 CLAIM_LEASE_S = env_int("EVENTS_CLAIM_LEASE_S", 60)
+# "Starting soon" is published this long before a reservation's start (checked every REMINDER_EVERY_S).
+RESERVATION_REMINDER_S = env_int("RESERVATION_REMINDER_S", 900)
+REMINDER_EVERY_S = env_int("RESERVATION_REMINDER_EVERY_S", 60)

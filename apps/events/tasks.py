@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from apps.events import delivery, mail, outbox
+from apps.events import delivery, mail, outbox, reminders
 
 
 def _send(owed: outbox.Owed) -> None:
@@ -41,3 +41,9 @@ def deliver_mail(delivery_id: int) -> None:
 def sweep() -> None:
     """Fan out undispatched events and re-send owed deliveries (periodic: what makes a lost message harmless)."""
     _send(outbox.sweep())
+
+
+@shared_task(name="events.remind_reservations", queue="portal", time_limit=60, soft_time_limit=50, ignore_result=True)  # type: ignore[untyped-decorator]
+def remind_reservations() -> int:
+    """Publish "starting soon" for reservations about to start (periodic; each reservation once)."""
+    return len(reminders.remind_reservations_starting())
