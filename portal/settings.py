@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "apps.identity",
     "apps.efficiency",
     "apps.events",
+    "apps.pools",
 ]
 
 MIDDLEWARE = [
@@ -280,6 +281,12 @@ USE_I18N = True
 USE_TZ = True
 PORTAL_CURRENCY = env_str("PORTAL_CURRENCY", "EUR")
 PORTAL_NAME = env_str("PORTAL_NAME", "GPU Portal")
+# The right-hand side of calendar event UIDs (reservation-42@<this>): fixed, never the request's Host, so that a new
+# host name or a proxy does not duplicate every event in subscribers' calendars. Default: the first ALLOWED_HOSTS
+# entry that names one host. Set it once; changing it duplicates the events once.
+PORTAL_CALENDAR_UID_DOMAIN = env_str("PORTAL_CALENDAR_UID_DOMAIN", "") or next(
+    (h for h in ALLOWED_HOSTS if h and h != "*" and not h.startswith(".")), "gpu-portal.invalid"
+)
 
 # --- Static files --------------------------------------------------------------------------------------
 STATIC_URL = "/static/"

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import icalendar
+from django.conf import settings
 
 
 @dataclass(frozen=True)
@@ -42,3 +44,14 @@ def render(events: Iterable[Event], *, name: str) -> str:
         calendar.add_component(event)
     body: bytes = calendar.to_ical()
     return body.decode()
+
+
+def event_uid(kind: str, pk: int) -> str:
+    """A UID that stays the same for the event's life whatever host name the feed is fetched under (RFC 5545:
+    globally unique and persistent), from the PORTAL_CALENDAR_UID_DOMAIN setting."""
+    return f"{kind}-{pk}@{settings.PORTAL_CALENDAR_UID_DOMAIN}"
+
+
+def etag(body: str) -> str:
+    """A strong validator of the feed's text: equal bodies, equal tags."""
+    return '"' + hashlib.sha256(body.encode()).hexdigest()[:32] + '"'

@@ -10,6 +10,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.cache import get_conditional_response
+from django.utils.http import http_date
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.selectors import memberships_of
@@ -63,14 +65,18 @@ def calendar_regenerate(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def calendar_feed(request: HttpRequest, key: str) -> HttpResponse:
-    """The user's teams' reservations as text/calendar; the key in the URL is the only credential."""
+    """The user's teams' reservations as text/calendar; the key in the URL is the only credential.
+
+    Event UIDs come from PORTAL_CALENDAR_UID_DOMAIN, never the request's Host: a new host name or a proxy must not
+    duplicate every event in subscribers' calendars. Calendar apps poll: ETag and Last-Modified let them ask
+    conditionally and get 304."""
     user = selectors.calendar_feed_user(key=key)
     if user is None:
         raise Http404("No such calendar.")
     since = timezone.now() - timedelta(days=31)
     events = [
         ical.Event(
-            uid=f"reservation-{r.pk}@{request.get_host()}",
+            uid=ical.event_uid("reservation", r.pk),
             start=r.start,
             end=r.end,
             summary=f"{r.team.slug}: {r.gpu_count} x {r.gpu_model.name if r.gpu_model else 'GPU'}",
@@ -87,7 +93,15 @@ def calendar_feed(request: HttpRequest, key: str) -> HttpResponse:
         for r in selectors.reservations_for_calendar(user=user, since=since)
     ]
     body = ical.render(events, name=f"{settings.PORTAL_NAME}: {user.get_username()}")
-    response = HttpResponse(body, content_type="text/calendar; charset=utf-8")
+    etag = ical.etag(body)
+    last_change = selectors.calendar_last_change(user=user, since=since)
+    last_modified = int(last_change.timestamp()) if last_change else None
+    response = get_conditional_response(request, etag=etag, last_modified=last_modified)
+    if response is None:
+        response = HttpResponse(body, content_type="text/calendar; charset=utf-8")
+    response["ETag"] = etag
+    if last_modified is not None:
+        response["Last-Modified"] = http_date(last_modified)
     response["Cache-Control"] = "private, max-age=300"
     response["X-Robots-Tag"] = "noindex"
     return response
