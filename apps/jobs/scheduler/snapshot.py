@@ -147,6 +147,10 @@ def _snapshot_sql() -> dict[str, str]:
             f"{_col(Gpu, 'node', 'g')} JOIN {model} m ON {_col(GpuModel, 'id', 'm')} = {_col(Gpu, 'model', 'g')} "
             f"WHERE {_col(Gpu, 'retired_at', 'g')} IS NULL AND {_col(Gpu, 'status', 'g')} = %s "
             f"AND {_col(Node, 'status', 'n')} = %s AND {_col(Node, 'draining', 'n')} = %s "
+            # Whole GPUs only: MIG instances and shares are parts (fleet.Gpu.parent); a GPU in MIG mode or split in
+            # shares is held through its parts, never whole by the scheduler (gangs stay on exclusive GPUs).
+            f"AND {_col(Gpu, 'parent', 'g')} IS NULL AND NOT {_col(Gpu, 'mig_mode', 'g')} "
+            f"AND {_col(Gpu, 'shares', 'g')} = 1 "
             # A node without a token cannot verify a launch command: nothing is placed there.
             f"AND {_col(Node, 'token_digest', 'n')} <> '' ORDER BY {_col(Gpu, 'id', 'g')}"
         ),
