@@ -4,14 +4,23 @@ bench/idle_replay.py over a real trace.
 A minute of one GPU is one of:
 - `busy`: utilization at or above the policy's threshold;
 - `empty`: below it, with memory below `memory_below_pct` of the GPU's (nothing loaded: nothing to lose);
-- `loaded`: below it, with memory held (a model loaded, a notebook paused): idle, but a reclaim would throw away
-  state that may take long to rebuild, so the allocation gets LOADED_FACTOR times the minutes before the warning
-  and the reclaim. It is never exempt: a loaded GPU at 0% for hours still blocks others;
-- `unknown`: no telemetry for that minute. Unknown is never idle: it ends a streak, so missing data can delay a
-  reclaim but never cause one.
+- `loaded`: below it, with memory held (a model loaded, a notebook paused);
+- `unknown`: no telemetry for that minute.
+An allocation's minute (all its GPUs) has the highest utilization of its GPUs and is busy if any GPU is busy,
+unknown if any is unknown, loaded if any is loaded, else empty.
 
-An allocation (all its GPUs) is idle in a minute when every GPU is empty or loaded; its streak is the run of
-idle minutes up to the newest one. The streak is loaded when any of its minutes had a loaded GPU.
+Idle is judged over a sliding window, not minute by minute, because real work is bursty: an inference server
+answering a request every twenty minutes shows one busy minute among idle ones, and a job waiting on its input
+shows the same. The holder is warned when the mean utilization over the last `warn_after_min` minutes (with
+telemetry for at least COVERAGE of them) is below the threshold and the newest minute is idle. Then the grace:
+any busy minute after the warning clears it (the holder came back); `reclaim_after_min` minutes of nothing but
+idle minutes after the warning, and the allocation is reclaimed.
+
+A GPU holding memory at low utilization is idle, but a reclaim would throw away state that may take long to
+rebuild (a model loaded, a debugger paused), so its window is LOADED_FACTOR times as long before the warning; the
+grace after the warning is the same. It is never exempt: a loaded GPU at 0% for hours still blocks others.
+Unknown minutes count for nothing: too few known minutes in the window, no warning; missing data can delay a
+reclaim but never cause one.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 LOADED_FACTOR = 2
+COVERAGE = 0.8  # share of a window's minutes that must have telemetry before it is judged
 
 
 class MinuteKind(StrEnum):
@@ -41,8 +51,8 @@ class Action(StrEnum):
 class Thresholds:
     """The parts of a team's idle policy the decision needs (minutes and percentages)."""
 
-    warn_after_min: int = 30
-    reclaim_after_min: int = 30
+    warn_after_min: int = 60
+    reclaim_after_min: int = 15
     utilization_below_pct: int = 5
     memory_below_pct: int = 10
     unused_release_after_min: int = 30
@@ -58,12 +68,20 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class Minute:
+    """One minute of an allocation: its highest GPU utilization (None: unknown) and its kind."""
+
+    util: float | None
+    kind: MinuteKind
+
+
+@dataclass(frozen=True)
 class Verdict:
     action: Action
-    idle_minutes: int
+    window_mean: float | None
     loaded: bool
-    warn_after: int
-    reclaim_after: int
+    window_min: int
+    grace_min: int
     why: str
 
 
@@ -79,73 +97,69 @@ def minute_kind(sample: Sample | None, th: Thresholds) -> MinuteKind:
     return MinuteKind.EMPTY
 
 
-def combine(kinds: Sequence[MinuteKind]) -> MinuteKind:
-    """One minute of an allocation from its GPUs' minutes: busy if any is busy, unknown if any is unknown (and
-    none busy), loaded if any is loaded, else empty."""
+def combine(samples: Sequence[Sample | None], th: Thresholds) -> Minute:
+    """One minute of an allocation from its GPUs' samples."""
+    kinds = [minute_kind(s, th) for s in samples]
     if not kinds:
-        return MinuteKind.UNKNOWN
+        return Minute(None, MinuteKind.UNKNOWN)
+    utils = [s.util for s in samples if s is not None and s.util is not None]
+    top = max(utils) if utils else None
     if MinuteKind.BUSY in kinds:
-        return MinuteKind.BUSY
+        return Minute(top, MinuteKind.BUSY)
     if MinuteKind.UNKNOWN in kinds:
-        return MinuteKind.UNKNOWN
+        return Minute(None, MinuteKind.UNKNOWN)
     if MinuteKind.LOADED in kinds:
-        return MinuteKind.LOADED
-    return MinuteKind.EMPTY
+        return Minute(top, MinuteKind.LOADED)
+    return Minute(top, MinuteKind.EMPTY)
 
 
-def trailing_streak(minutes: Sequence[MinuteKind]) -> tuple[int, bool]:
-    """(length, loaded) of the run of idle minutes that ends with the newest minute (oldest first in)."""
-    length = 0
-    loaded = False
-    for kind in reversed(minutes):
-        if kind not in (MinuteKind.EMPTY, MinuteKind.LOADED):
-            break
-        length += 1
-        loaded = loaded or kind == MinuteKind.LOADED
-    return length, loaded
+def window_of(th: Thresholds, *, loaded: bool, extra_min: int = 0) -> int:
+    """Minutes of low mean utilization before the warning."""
+    return th.warn_after_min * (LOADED_FACTOR if loaded else 1) + extra_min
 
 
-def limits(th: Thresholds, *, loaded: bool, extra_min: int = 0) -> tuple[int, int]:
-    """(minutes idle before the warning, minutes idle before the reclaim). The grace between the two is always at
-    least `reclaim_after_min`, so a holder has that long to react to a warning."""
-    factor = LOADED_FACTOR if loaded else 1
-    warn = th.warn_after_min * factor + extra_min
-    return warn, warn + th.reclaim_after_min * factor
+def _known_mean(window: Sequence[Minute]) -> tuple[float | None, int]:
+    utils = [m.util for m in window if m.util is not None and m.kind != MinuteKind.UNKNOWN]
+    return (sum(utils) / len(utils) if utils else None), len(utils)
 
 
-def decide(
-    minutes: Sequence[MinuteKind], th: Thresholds, *, warned_for: int | None, extra_min: int | None = 0
-) -> Verdict:
+def decide(minutes: Sequence[Minute], th: Thresholds, *, warned_for: int | None, extra_min: int | None = 0) -> Verdict:
     """What to do with an allocation given its minutes since it started (oldest first, the newest last).
 
-    `warned_for`: minutes since the holder was warned about this streak (None: not warned). `extra_min`: an
-    interactive exemption's extra minutes; None means exempt (never warned, never reclaimed)."""
-    warned = warned_for is not None
-    streak, loaded = trailing_streak(minutes)
-    warn_after, reclaim_after = limits(th, loaded=loaded, extra_min=extra_min or 0)
+    `warned_for`: minutes since the holder was warned (None: not warned); the last `warned_for` minutes are the
+    grace. `extra_min`: an interactive exemption's extra minutes; None means exempt (never warned or reclaimed)."""
+    newest = minutes[-1] if minutes else Minute(None, MinuteKind.UNKNOWN)
+    loaded = newest.kind == MinuteKind.LOADED
+    window = window_of(th, loaded=loaded, extra_min=extra_min or 0)
+    mean, known = _known_mean(minutes[-window:]) if len(minutes) >= window else (None, 0)
 
     def verdict(action: Action, why: str) -> Verdict:
-        return Verdict(action, streak, loaded, warn_after, reclaim_after, why)
+        return Verdict(action, mean, loaded, window, th.reclaim_after_min, why)
 
     if extra_min is None:
         return verdict(Action.NONE, "exempt")
-    if warned_for is not None and streak >= reclaim_after and warned_for >= reclaim_after - warn_after:
-        return verdict(Action.RECLAIM, f"idle {streak} min (limit {reclaim_after})")
-    if streak >= warn_after and not warned:
-        # A reclaim always follows a warning, even when the first scan already sees a long streak.
-        return verdict(Action.WARN, f"idle {streak} min (warning at {warn_after})")
-    if warned and streak == 0 and minutes and minutes[-1] == MinuteKind.BUSY:
-        return verdict(Action.CLEAR, "busy again")
-    return verdict(Action.NONE, f"idle {streak} min")
+    if warned_for is not None:
+        grace = minutes[len(minutes) - warned_for :] if warned_for > 0 else []
+        if any(m.kind == MinuteKind.BUSY for m in grace):
+            return verdict(Action.CLEAR, "busy again after the warning")
+        _, grace_known = _known_mean(grace)
+        if warned_for >= th.reclaim_after_min and grace_known >= COVERAGE * th.reclaim_after_min:
+            return verdict(Action.RECLAIM, f"no busy minute in the {warned_for} min since the warning")
+        return verdict(Action.NONE, "warned, in the grace")
+    if mean is None or known < COVERAGE * window or newest.kind in (MinuteKind.BUSY, MinuteKind.UNKNOWN):
+        return verdict(Action.NONE, "not enough idle history")
+    if mean < th.utilization_below_pct:
+        return verdict(Action.WARN, f"mean utilization {mean:.1f}% over {window} min")
+    return verdict(Action.NONE, f"mean utilization {mean:.1f}%")
 
 
-def unused(minutes: Sequence[MinuteKind], th: Thresholds) -> bool:
+def unused(minutes: Sequence[Minute], th: Thresholds) -> bool:
     """A reservation whose GPUs were never used (busy or loaded) in its first `unused_release_after_min` minutes,
     with telemetry for most of them (no data is no evidence)."""
     window = list(minutes[: th.unused_release_after_min])
     if th.unused_release_after_min <= 0 or len(window) < th.unused_release_after_min:
         return False
-    if any(k in (MinuteKind.BUSY, MinuteKind.LOADED) for k in window):
+    if any(m.kind in (MinuteKind.BUSY, MinuteKind.LOADED) for m in window):
         return False
-    known = sum(1 for k in window if k == MinuteKind.EMPTY)
-    return known * 2 > len(window)
+    known = sum(1 for m in window if m.kind == MinuteKind.EMPTY)
+    return known >= COVERAGE * len(window)

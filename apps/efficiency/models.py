@@ -23,11 +23,16 @@ class IdlePolicy(models.Model):
 
     team = models.OneToOneField("accounts.Team", on_delete=models.CASCADE, related_name="idle_policy")
     enabled = models.BooleanField(default=True)
-    warn_after_min = models.PositiveIntegerField(default=30, help_text="idle this long: the holder is warned")
-    reclaim_after_min = models.PositiveIntegerField(default=30, help_text="then this much longer: reclaimed")
+    warn_after_min = models.PositiveIntegerField(
+        default=60, help_text="mean utilization below the threshold over this many minutes: the holder is warned"
+    )
+    reclaim_after_min = models.PositiveIntegerField(
+        default=15, help_text="then this many minutes without a busy minute: reclaimed"
+    )
     utilization_below_pct = models.PositiveSmallIntegerField(default=5, help_text="a minute below this is idle")
     memory_below_pct = models.PositiveSmallIntegerField(
-        default=10, help_text="memory below this share of the GPU's is empty; above it the GPU is loaded (longer limit)"
+        default=10,
+        help_text="memory below this share of the GPU's is empty; above it the GPU is loaded (longer window)",
     )
     applies_to = models.JSONField(default=default_applies_to, help_text='any of "reservations", "jobs"')
     unused_release_after_min = models.PositiveIntegerField(

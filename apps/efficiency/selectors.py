@@ -133,18 +133,18 @@ def allocation_minutes(
     since: datetime,
     now: datetime,
     fresh_within: timedelta,
-) -> list[detector.MinuteKind]:
+) -> list[detector.Minute]:
     """The allocation's minutes from `since` to its newest minute with telemetry, oldest first; empty when the
     newest is older than `fresh_within` (telemetry stopped: nothing is decided on old data)."""
     newest = max((m for gid in item.gpu_ids for m in samples.get(gid, {})), default=None)
     if newest is None or newest < now - fresh_within:
         return []
-    kinds: list[detector.MinuteKind] = []
+    out: list[detector.Minute] = []
     minute = _floor_minute(since)
     while minute <= newest:
-        kinds.append(detector.combine([detector.minute_kind(samples.get(g, {}).get(minute), th) for g in item.gpu_ids]))
+        out.append(detector.combine([samples.get(g, {}).get(minute) for g in item.gpu_ids], th))
         minute += timedelta(minutes=1)
-    return kinds
+    return out
 
 
 def exemptions(items: Sequence[Watched]) -> dict[tuple[str, int], int | None]:

@@ -74,11 +74,11 @@ def _cost_of(gpu_ids: tuple[int, ...], gpu_hours: Decimal, now: datetime) -> Dec
 
 
 def _warn(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
-    reclaim_at = now + timedelta(minutes=v.reclaim_after - v.warn_after)
+    reclaim_at = now + timedelta(minutes=v.grace_min)
     fields: dict[str, Any] = {
         "state": MarkState.WARNED,
         "warned_at": now,
-        "idle_since": now - timedelta(minutes=v.idle_minutes),
+        "idle_since": now - timedelta(minutes=v.window_min),
         "reclaim_at": reclaim_at,
         "loaded": v.loaded,
         "gpu_count": len(item.gpu_ids),
@@ -102,7 +102,8 @@ def _warn(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
         data: dict[str, object] = {
             "kind": item.kind,
             "id": item.source_id,
-            "idle_minutes": v.idle_minutes,
+            "window_minutes": v.window_min,
+            "mean_utilization": round(v.window_mean or 0.0, 2),
             "loaded": v.loaded,
             "reclaim_at": reclaim_at.isoformat(),
             "gpus": len(item.gpu_ids),
@@ -115,7 +116,7 @@ def _warn(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
 
 
 def _reclaim(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
-    why = {"idle_minutes": v.idle_minutes, "loaded": v.loaded, "limit_minutes": v.reclaim_after}
+    why = {"window_minutes": v.window_min, "grace_minutes": v.grace_min, "loaded": v.loaded, "why": v.why}
     with transaction.atomic():
         if item.kind == "reservation":
             released = reservation_release_by_portal(reservation_id=item.source_id, reason="idle", data=why, now=now)
@@ -173,6 +174,10 @@ def _release_unused(item: selectors.Watched, now: datetime, th: detector.Thresho
     return True
 
 
+def _history_needed(th: detector.Thresholds) -> int:
+    return detector.window_of(th, loaded=True) + th.reclaim_after_min
+
+
 def idle_scan(*, now: datetime | None = None) -> ScanResult:
     """Judge every active reservation and running job against its team's policy, from the minute rollups."""
     now = now or timezone.now()
@@ -185,11 +190,8 @@ def idle_scan(*, now: datetime | None = None) -> ScanResult:
     marks = selectors.marks(items)
     # Enough history for the longest limit (loaded, with an interactive extra) and for the unused window.
     longest = max(
-        [
-            max(detector.limits(selectors.thresholds_of(p), loaded=True)[1], p.unused_release_after_min)
-            for p in pols.values()
-        ]
-        + [detector.limits(detector.Thresholds(), loaded=True)[1]]
+        [max(_history_needed(selectors.thresholds_of(p)), p.unused_release_after_min) for p in pols.values()]
+        + [_history_needed(detector.Thresholds())]
     ) + max([e or 0 for e in extras.values()] + [0])
     horizon = now - timedelta(minutes=longest + conf.FRESH_WITHIN_MIN)
     samples = selectors.minute_samples(

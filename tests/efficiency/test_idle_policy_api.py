@@ -18,8 +18,8 @@ def test_member_reads_the_defaults(api_as, bob):
     assert resp.json() == {
         "team": "vision",
         "enabled": True,
-        "warn_after_min": 30,
-        "reclaim_after_min": 30,
+        "warn_after_min": 60,
+        "reclaim_after_min": 15,
         "utilization_below_pct": 5,
         "memory_below_pct": 10,
         "applies_to": ["reservations", "jobs"],
@@ -36,7 +36,7 @@ def test_admin_changes_it_and_it_is_audited(api_as, admin, vision):
     resp = api_as(admin).patch(URL, {"warn_after_min": 15, "applies_to": ["jobs"]}, format="json")
     assert resp.status_code == 200 and resp.json()["warn_after_min"] == 15 and resp.json()["applies_to"] == ["jobs"]
     policy = IdlePolicy.objects.get(team=vision)
-    assert policy.warn_after_min == 15 and policy.reclaim_after_min == 30
+    assert policy.warn_after_min == 15 and policy.reclaim_after_min == 15
     assert AuditEvent.objects.get(action="idle_policy.update").data == {"warn_after_min": 15, "applies_to": ["jobs"]}
 
 
