@@ -185,6 +185,24 @@ class Directory:
         conn.unbind_s()
         return dn
 
+    def add_posix_group(self, cn: str, gid: int, uids: list[str]) -> str:
+        dn = f"cn={cn},{GROUPS}"
+        attrs = {"objectClass": [b"posixGroup"], "cn": [cn.encode()], "gidNumber": [str(gid).encode()]}
+        if uids:
+            attrs["memberUid"] = [u.encode() for u in uids]
+        conn = self._conn()
+        conn.add_s(dn, ldap.modlist.addModlist(attrs))
+        conn.unbind_s()
+        return dn
+
+    def set_posix_members(self, group_cn: str, uids: list[str]) -> None:
+        conn = self._conn()
+        if uids:
+            conn.modify_s(f"cn={group_cn},{GROUPS}", [(ldap.MOD_REPLACE, "memberUid", [u.encode() for u in uids])])
+        else:
+            conn.modify_s(f"cn={group_cn},{GROUPS}", [(ldap.MOD_DELETE, "memberUid", None)])
+        conn.unbind_s()
+
     def set_members(self, group_cn: str, members: list[str]) -> None:
         conn = self._conn()
         values = [m.encode() for m in members] or [ROOT_DN.encode()]

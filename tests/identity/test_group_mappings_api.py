@@ -64,3 +64,18 @@ def test_a_team_manager_cannot_map_groups(alice: Any, vision: Any, api_as: Calla
 
 def test_an_admin_token_without_the_admin_scope_cannot_list(admin: Any, api_as: Callable[..., Any]) -> None:
     assert api_as(admin, ["read"]).get("/api/v1/group-mappings/").status_code == 403
+
+
+def test_admins_manage_mappings_in_the_admin(admin: Any, vision: Any) -> None:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin)
+    assert client.get("/admin/identity/groupmapping/").status_code == 200
+    response = client.post(
+        "/admin/identity/groupmapping/add/",
+        {"group": "gpu-vision", "team": vision.pk, "role": "manager", "replaces_manual": ""},
+    )
+    assert response.status_code == 302, response.content.decode()[:1000]
+    assert GroupMapping.objects.get().role == "manager"
+    assert client.get("/admin/identity/externalidentity/").status_code == 200

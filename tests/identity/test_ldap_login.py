@@ -95,6 +95,19 @@ def test_teams_follow_the_directory_groups_between_sign_ins(ldap_settings: Direc
     assert _teams(uid) == {}
 
 
+def test_posix_groups_map_to_teams_too(ldap_settings: Directory, settings: Any, vision: Any) -> None:
+    settings.LDAP_GROUP_TYPE = "posixGroup"
+    uid = _person(ldap_settings)
+    group = f"vision-posix-{uid}"
+    ldap_settings.add_posix_group(group, 5000 + next(_n), [uid])
+    group_mapping_create(actor=None, group=group, team="vision", role="manager")
+    _sign_in(uid)
+    assert _teams(uid) == {"vision": ("manager", MembershipSource.DIRECTORY)}
+    ldap_settings.set_posix_members(group, [])
+    _sign_in(uid)
+    assert _teams(uid) == {}
+
+
 def test_a_manual_membership_survives_a_sync_unless_the_mapping_replaces_it(
     ldap_settings: Directory, vision: Any, nlp: Any
 ) -> None:
