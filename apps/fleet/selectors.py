@@ -40,6 +40,18 @@ def gpus_visible_to(*, user: AnyUser) -> QuerySet[Gpu]:
     )
 
 
+def gpu_parts(*, gpu_ids: list[int] | None = None) -> dict[int, list[Gpu]]:
+    """The live MIG instances and shares of GPUs (all, or of `gpu_ids`), by physical GPU id, in index order."""
+    qs = Gpu.devices.filter(parent__isnull=False, retired_at__isnull=True)
+    if gpu_ids is not None:
+        qs = qs.filter(parent_id__in=gpu_ids)
+    out: dict[int, list[Gpu]] = {}
+    for part in qs.order_by("parent_id", "kind", "index"):
+        assert part.parent_id is not None
+        out.setdefault(part.parent_id, []).append(part)
+    return out
+
+
 def gpu_holders() -> dict[str, dict[str, Any]]:
     """Who holds each GPU right now: {gpu uuid: {"kind": "reservation" | "job", "id", "team", "team_id", "user",
     "until"}} (apps.telemetry.keys.Holder), from the active allocations whose window contains now. A job that runs

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from apps.booking.models import Allocation, Reservation
 from apps.core.errors import Conflict
@@ -122,3 +124,25 @@ def test_shares_cannot_change_while_held(alice, vision, api_as, sharing_fleet):
 def test_parts_stay_out_of_the_physical_gpu_lists(sharing_fleet):
     assert Gpu.objects.count() == 4
     assert Gpu.devices.filter(retired_at__isnull=True).count() == 4 + 7 + 4
+
+
+def test_gpu_api_lists_instances_and_free_shares(api_as, alice, charlie, sharing_fleet):
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    held = {"team": "vision", "start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
+    assert api_as(alice).post(URL, {**held, "gpu_share": 0.25}, format="json").status_code == 201
+    mig = api_as(alice).post(URL, {**held, "mig_profile": "1g.10gb"}, format="json").json()["gpus"][0]["uuid"]
+    for viewer, sees_user in ((alice, True), (charlie, False)):
+        gpus = {g["uuid"]: g for g in api_as(viewer).get("/api/v1/gpus/").json()["results"]}
+        assert set(gpus) == {"GPU-mig-0", "GPU-mig-1", "GPU-shared-0", "GPU-shared-1"}
+        shared = gpus["GPU-shared-0"]
+        assert (shared["shares"], shared["shares_free"], shared["mig_devices"]) == (4, 3, [])
+        assert (gpus["GPU-shared-1"]["shares"], gpus["GPU-shared-1"]["shares_free"]) == (1, 1)
+        instances = gpus["GPU-mig-0"]["mig_devices"]
+        assert len(instances) == 7
+        assert {i["profile"] for i in instances} == {"1g.10gb"}
+        assert all(i["memory_mib"] == 9728 for i in instances)
+        (mine,) = [i for i in instances if i["holder"]]
+        assert mine["uuid"] == mig
+        assert mine["holder"]["team"] == "vision"
+        assert ("user" in mine["holder"]) is sees_user

@@ -5,7 +5,8 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from apps.fleet.models import Gpu, GpuModel, Node
+from apps.fleet.models import DeviceKind, Gpu, GpuModel, Node
+from apps.fleet.selectors import gpu_parts
 from apps.telemetry.keys import PUBLIC_HOLDER_FIELDS, Holder, LatestSample
 from apps.telemetry.selectors import is_stale
 
@@ -72,6 +73,32 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
     sampled_at = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField(help_text="no sample in the last 10 s")
     holder = serializers.SerializerMethodField()
+    shares = serializers.IntegerField(help_text="1: exclusive; N: split in N equal shares")
+    shares_free = serializers.SerializerMethodField(help_text="shares nobody holds now (a whole GPU: 1 or 0)")
+    mig_devices = serializers.SerializerMethodField(help_text="MIG instances: uuid, profile, memory_mib, holder")
+
+    def _parts(self, gpu: Gpu) -> list[Gpu]:
+        parts: Mapping[int, list[Gpu]] | None = self.context.get("parts")
+        if parts is None:  # one GPU (the detail view): read its parts here
+            parts = gpu_parts(gpu_ids=[gpu.pk])
+        return parts.get(gpu.pk, [])
+
+    def get_shares_free(self, gpu: Gpu) -> int:
+        holders: Mapping[str, Holder] = self.context.get("holders", {})
+        if gpu.shares <= 1:
+            return 0 if gpu.uuid in holders or gpu.mig_mode else 1
+        shares = [p for p in self._parts(gpu) if p.kind == DeviceKind.SHARE]
+        return sum(1 for p in shares if p.uuid not in holders)
+
+    def get_mig_devices(self, gpu: Gpu) -> list[dict[str, Any]]:
+        if not gpu.mig_mode:
+            return []
+        return [
+            {"uuid": p.uuid, "profile": p.mig_profile, "memory_mib": p.memory_mib, "gi_id": p.gi_id,
+             "holder": self.get_holder(p)}
+            for p in self._parts(gpu)
+            if p.kind == DeviceKind.MIG
+        ]  # fmt: skip
 
     def _sample(self, gpu: Gpu) -> LatestSample | None:
         latest: Mapping[str, LatestSample] = self.context.get("latest", {})

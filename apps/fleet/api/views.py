@@ -70,6 +70,7 @@ class GpuListView(ScopedListAPIView):
             **self.get_serializer_context(),
             "latest": telemetry.latest_samples(g.uuid for g in rows),
             "holders": selectors.gpu_holders(),
+            "parts": selectors.gpu_parts(gpu_ids=[g.pk for g in rows if g.mig_mode or g.shares > 1]),
             "team_ids": set(team_ids_of(request.user)),
             "see_all": request.user.is_staff,
         }
