@@ -60,6 +60,7 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
 
     spec = json.loads(spec_path.read_text())
     nodes: list[dict[str, Any]] = spec["nodes"]
+    counters = bool(spec.get("counters"))  # --counters: rows carry the device counters agents send ("x")
     app = make_celery(os.environ["REDIS_URL"], "bench-generator")
     stream = make_stream_client(os.environ["REDIS_URL"])
     rng = random.Random(1)
@@ -97,6 +98,10 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
                             round(util / 250, 3),
                         ]
                     )
+                    if counters:
+                        # mt, mc, en, ptx, prx, prc, nvl (workers.gpu.base.COUNTER_KEYS)
+                        x = [34 + util // 3, 1593, 123_456_789 + seq * 300_000, util * 35_000, util * 117_000, 0]
+                        rows[-1].append({"x": [*x, seq * util * 1_500_000]})
                 message = {
                     "type": "telemetry",
                     "v": 1,
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=8.0)
     p.add_argument("--heartbeat", type=float, default=5.0)
     p.add_argument("--path", choices=["stream", "celery"], default="stream")
+    p.add_argument("--counters", action="store_true", help="rows carry the device counters (mem temp, energy...)")
     p.add_argument("--generate", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.generate:
@@ -259,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     consumer = ingest or worker
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "nodes.json"
-        spec.write_text(json.dumps({"nodes": nodes}))
+        spec.write_text(json.dumps({"nodes": nodes, "counters": a.counters}))
         total = a.warmup + a.seconds + 2
         gen = subprocess.Popen(
             [

@@ -216,26 +216,25 @@ class TelemetryRow:
     sm: int | None
     tensor: float | None
     lost: bool = False
-    # Device counters for /metrics: the `"x"` keys of workers.gpu.base.COUNTER_KEYS plus the health counters
+    # Device counters for /metrics: the `"x"` positions named by COUNTER_KEYS (ptx/prx in KB/s) plus the health counters
     # `last_xid`, `remap_cor`, `remap_unc`, `remap_fail` (0/1); only those the row carries, each an int >= 0.
     counters: dict[str, int] = field(default_factory=dict)
 
 
 # workers.gpu.base.COUNTER_KEYS and the health keys that are counters (repeated, not imported, as above).
-COUNTER_KEYS: frozenset[str] = frozenset({"mt", "mc", "en", "ptx", "prx", "prc", "nvl"})
+COUNTER_KEYS: tuple[str, ...] = ("mt", "mc", "en", "ptx", "prx", "prc", "nvl")
 HEALTH_COUNTER_KEYS: tuple[str, ...] = ("last_xid", "remap_cor", "remap_unc", "remap_fail")
 
 
 def _counters(extra: dict[str, Any], health: dict[str, Any]) -> dict[str, int]:
     """The row's device counters. A value that is not a non-negative integer is left out alone (a counter
-    glitch must not cost the row its utilization); unknown keys are ignored (newer agents may send more)."""
-    raw = extra.get("x", {})
-    items = list(raw.items()) if isinstance(raw, dict) else []
+    glitch must not cost the row its utilization); positions past COUNTER_KEYS are ignored (newer agents may send
+    more)."""
+    raw = extra.get("x", [])
+    items = list(zip(COUNTER_KEYS, raw, strict=False)) if isinstance(raw, list) else []
     items += [(k, health[k]) for k in HEALTH_COUNTER_KEYS if k in health]
     out: dict[str, int] = {}
     for key, value in items:
-        if key not in COUNTER_KEYS and key not in HEALTH_COUNTER_KEYS:
-            continue
         if isinstance(value, bool):
             value = int(value)
         if isinstance(value, int) and 0 <= value < 2**63:

@@ -92,7 +92,7 @@ class LatestSample(TypedDict):
     sm_clock: int | None
     tensor: float | None  # tensor-pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE); null where unsupported
     ts: float
-    # Device counters for /metrics (apps.fleet.messages.TelemetryRow.counters: mt, mc, en, ptx, prx, prc, nvl,
+    # Device counters for /metrics (apps.fleet.messages.TelemetryRow.counters: mt, mc, en, ptx/prx KB/s, prc, nvl,
     # last_xid, remap_cor, remap_unc, remap_fail), only those the GPU reported; absent when it reported none.
     counters: NotRequired[dict[str, int]]
 

@@ -41,8 +41,12 @@ def _fb_free(sample: Sample) -> Any:
     return sample["mem_total"] - sample["mem_used"]
 
 
-def _counter(key: str) -> Callable[[Sample], Any]:
-    return lambda s: (s.get("counters") or {}).get(key)
+def _counter(key: str, scale: int = 1) -> Callable[[Sample], Any]:
+    def value(s: Sample) -> Any:
+        v = (s.get("counters") or {}).get(key)
+        return None if v is None else v * scale
+
+    return value
 
 
 def _health(key: str) -> Callable[[Sample], Any]:
@@ -100,14 +104,14 @@ DCGM_SERIES: tuple[tuple[str, str, str, Callable[[Sample], Any]], ...] = (
         "gauge",
         "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in "
         "bytes per second.",
-        _counter("ptx"),
+        _counter("ptx", 1024),  # KB/s from NVML
     ),
     (
         "DCGM_FI_PROF_PCIE_RX_BYTES",
         "gauge",
         "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes "
         "per second.",
-        _counter("prx"),
+        _counter("prx", 1024),
     ),
 )
 DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "instance")

@@ -150,9 +150,9 @@ def test_the_parser_is_strict() -> None:
 
 def test_device_counters_reach_metrics_under_dcgm_names_and_types() -> None:
     _, token = registered_node("n1", ("A100-80GB", "H100-80GB"))
-    counters = {"mt": 47, "mc": 1593, "en": 123_456_789, "ptx": 2_097_152, "prx": 4_194_304, "prc": 2, "nvl": 9_000}
+    counters = [47, 1593, 123_456_789, 2_048, 4_096, 2, 9_000]  # mt, mc, en, ptx, prx (KB/s), prc, nvl
     health = {"xid": 1, "last_xid": 79, "remap_cor": 3, "remap_unc": 1, "remap_fail": True}
-    bad = {"mt": -5, "mc": "fast", "en": 10**30, "future_counter": 1, "prc": 0}  # bad ones left out alone
+    bad = [-5, "fast", 10**30, None, None, 0, None, 1]  # bad ones left out alone; an eighth position is ignored
     telemetry_ingest(
         telemetry(
             "n1",

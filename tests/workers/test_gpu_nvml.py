@@ -252,7 +252,7 @@ def test_message_is_small_and_round_trips(fake: FakeNvml) -> None:
     samples = backend.sample(1001.0)
     message = build_message("gpu-node-01", samples, ts=1001.0, seq=2)
     text = json.dumps(message, separators=(",", ":"))
-    assert len(text) < 560  # two rows of ~80 bytes plus ~80 of device counters each
+    assert len(text) < 480  # two rows of ~80 bytes plus ~50 of device counters each
     node, ts, seq, decoded = parse_message(json.loads(text))
     assert (node, ts, seq) == ("gpu-node-01", 1001.0, 2)
     assert decoded == samples
@@ -297,17 +297,17 @@ def test_device_counters_travel_with_every_sample_and_missing_ones_are_left_out(
         "mt": 41,
         "nvl": 3_000,
         "mc": 1_593,
-        "ptx": 2_048 * 1024,
-        "prx": 4_096 * 1024,
+        "ptx": 2_048,
+        "prx": 4_096,
         "prc": 0,
     }
-    assert first[1].counters == {"en": 1_234_567, "mc": 1_593, "ptx": 2_048 * 1024, "prx": 4_096 * 1024, "prc": 0}
+    assert first[1].counters == {"en": 1_234_567, "mc": 1_593, "ptx": 2_048, "prx": 4_096, "prc": 0}
     assert first[0].health["remap_cor"] == 3 and first[0].health["remap_unc"] == 1
     assert first[0].health["remap_fail"] is True and first[1].health["remap_fail"] is False
     fake.gpus[0].energy_mj = 2_000_000
     fake.gpus[0].pcie_kbps = (1, 1)
     second = backend.sample(1001.0)  # not a slow tick: energy is new, the PCIe figures are the slow tick's
-    assert second[0].counters["en"] == 2_000_000 and second[0].counters["ptx"] == 2_048 * 1024
+    assert second[0].counters["en"] == 2_000_000 and second[0].counters["ptx"] == 2_048
     assert first[0].error is None and first[1].error is None
     # Through the wire format and back, unchanged; the remap health only where it signals a problem.
     message = json.loads(json.dumps(build_message("n1", second, ts=1001.0, seq=1)))
@@ -315,4 +315,5 @@ def test_device_counters_travel_with_every_sample_and_missing_ones_are_left_out(
     assert [s.counters for s in decoded] == [s.counters for s in second]
     assert message["g"][0][8]["h"] == {"remap_cor": 3, "remap_unc": 1, "remap_fail": True}
     assert "h" not in message["g"][1][8]
+    assert message["g"][1][8]["x"] == [None, 1_593, 1_234_567, 2_048, 4_096, 0]  # positional: no HBM sensor, no NVLink
     backend.close()

@@ -23,10 +23,10 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   critical Xid events seen since the agent started, `last_xid`, `lost`: true when the GPU stopped answering,
   `remap_cor` / `remap_unc` rows remapped for correctable / uncorrectable errors, `remap_fail`: true when a
   row remap failed); a reader fills the rest from `HEALTH_OK`;
-  `"x"`: the device counters dcgm-exporter exports by default that NVML gives, each key only when the GPU has it
-  (`COUNTER_KEYS`): `mt` memory temperature °C, `mc` memory clock MHz, `en` energy since the driver loaded (mJ),
-  `ptx` / `prx` PCIe throughput (bytes/s), `prc` PCIe replays (count), `nvl` NVLink traffic over all links (KiB,
-  cumulative);
+  `"x"`: the device counters dcgm-exporter exports by default that NVML gives, positional like the row (ints,
+  `null` where the GPU has none, trailing nulls cut): `COUNTER_KEYS` = `mt` memory temperature °C, `mc` memory
+  clock MHz, `en` energy since the driver loaded (mJ), `ptx` / `prx` PCIe throughput (KB/s, as NVML reports it),
+  `prc` PCIe replays (count), `nvl` NVLink traffic over all links (KiB, cumulative); ~45 bytes a row;
   `"e"`: an error text for this GPU this tick.
 """
 
@@ -49,7 +49,7 @@ HEALTH_OK: dict[str, Any] = {
     "remap_unc": 0,
     "remap_fail": False,
 }
-# Keys of the `"x"` object (see the module docstring); all numbers >= 0.
+# The positions of the `"x"` list (see the module docstring); all numbers >= 0.
 COUNTER_KEYS: tuple[str, ...] = ("mt", "mc", "en", "ptx", "prx", "prc", "nvl")
 
 
@@ -137,7 +137,9 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
     health = {k: v for k, v in sample.health.items() if v is not None and HEALTH_OK.get(k) != v}
     if health:
         extra["h"] = health
-    counters = {k: v for k, v in sample.counters.items() if v is not None}
+    counters = [sample.counters.get(k) for k in COUNTER_KEYS]
+    while counters and counters[-1] is None:
+        counters.pop()
     if counters:
         extra["x"] = counters
     if sample.error:
@@ -169,7 +171,7 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         processes=None if procs is None else [(int(p), int(m)) for p, m in procs],
         health=health,
         error=extra.get("e"),
-        counters=dict(extra.get("x", {})),
+        counters={k: v for k, v in zip(COUNTER_KEYS, extra.get("x", []), strict=False) if v is not None},
     )
 
 

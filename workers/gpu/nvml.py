@@ -63,7 +63,6 @@ PCIE_TX = "pcie_tx"
 PCIE_RX = "pcie_rx"
 PCIE_REPLAY = "pcie_replay"
 REMAP = "remapped_rows"
-_KIB = 1024
 
 
 class NvmlUnavailable(RuntimeError):
@@ -319,8 +318,8 @@ class NvmlBackend:
             return
         for metric, key, call in (
             (MEM_CLOCK, "mc", lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))),
-            (PCIE_TX, "ptx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)) * _KIB),
-            (PCIE_RX, "prx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)) * _KIB),
+            (PCIE_TX, "ptx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))),
+            (PCIE_RX, "prx", lambda: int(nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))),
             (PCIE_REPLAY, "prc", lambda: int(nv.nvmlDeviceGetPcieReplayCounter(h))),
         ):
             value = self._read(gpu, metric, call, values, errors)

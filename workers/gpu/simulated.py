@@ -39,7 +39,7 @@ SIMULATED_DRIVER_VERSION = "550.127.05"
 _MEM_CLOCK_MHZ = {"A100-40GB": 1215, "A100": 1593, "H100": 2619, "H200": 3201, "L40S": 9001, "V100": 877, "RTX": 8001}
 _MEM_TEMP_OFFSET_C = 4.0
 _NO_NVLINK = ("L40S", "RTX")  # PCIe-only boards: NVML answers NOT_SUPPORTED, so no NVLink series
-_PCIE_PEAK_BPS = 12e9  # a busy data loader keeps a Gen4 x16 link well below its 32 GB/s
+_PCIE_PEAK_KBPS = 12e9 / 1024  # a busy data loader keeps a Gen4 x16 link well below its 32 GB/s
 _NVLINK_PEAK_KIBPS = 150e6 / 1.024  # all-reduce traffic of data-parallel training, all links, KiB/s
 
 
@@ -375,7 +375,7 @@ class SimulatedBackend:
         """The dcgm-style device counters of this tick (base.COUNTER_KEYS), from the power, temperature and load
         already simulated: energy integrates the board power, traffic follows the load."""
         gpu.energy_mj += gpu.power_w * dt * 1000.0
-        pcie = _PCIE_PEAK_BPS * load * (1.0 - 0.5 * tensor_ratio)  # tensor-heavy work stays on the device
+        pcie = _PCIE_PEAK_KBPS * load * (1.0 - 0.5 * tensor_ratio)  # tensor-heavy work stays on the device
         counters = {
             "mt": round(gpu.temp_c + _MEM_TEMP_OFFSET_C),
             "mc": gpu.mem_clock_mhz,
