@@ -1,0 +1,146 @@
+"""Everyday pages in headless Chromium against the live server (uvicorn on the test database): an admin drains
+and undrains a node from the Fleet page, the Book form offers each team only the models its quota allows, the
+home page draws the team's spend, a PDF statement downloads under its own name, and the favicon loads."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+
+from apps.audit.models import AuditEvent
+from apps.booking.models import Quota
+from apps.fleet.models import Node
+from apps.jobs.models import JobState
+from tests.billing import helpers
+from tests.factories import MembershipFactory, NodeFactory
+from tests.pages import builders
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium"),
+]
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+
+
+@contextmanager
+def signed_in(live: Any, user: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A Chromium page signed in as `user` that accepts confirm() dialogs and fails the test on a script error or
+    a failed request (a missing favicon or bundle included)."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM calls between browser steps (Playwright's loop)
+    from playwright.sync_api import sync_playwright
+
+    client = Client()
+    client.force_login(user)
+    cookie = {"name": settings.SESSION_COOKIE_NAME, "value": client.cookies[settings.SESSION_COOKIE_NAME].value}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(accept_downloads=True, viewport={"width": 1400, "height": 1000})
+            context.add_cookies([{**cookie, "url": live.url}])
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.on("requestfailed", lambda r: errors.append(f"{r.url}: {r.failure}"))
+            page.on("dialog", lambda d: d.accept())
+            yield page
+            assert not errors, errors
+        finally:
+            browser.close()
+            # Closed while Playwright's loop still runs: the connection the test's ORM calls opened under it is
+            # not the one the test database's teardown sees, and left open it blocks DROP DATABASE.
+            connections.close_all()
+
+
+def test_admin_drains_and_undrains_a_node_on_the_fleet_page(
+    live_portal: Any, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    NodeFactory(name="rack1-gpu")
+    with signed_in(live_portal, admin, monkeypatch) as page:
+        page.goto(live_portal.url + "/fleet/")
+        row = page.locator('#fleet-nodes tr[data-node="rack1-gpu"]')
+        row.locator('button[data-action="drain"]').click()
+        page.wait_for_selector(".messages .msg-success")
+        assert "Node “rack1-gpu” is draining" in page.inner_text(".messages")
+        assert "draining" in row.inner_text()
+        assert Node.objects.get(name="rack1-gpu").draining
+
+        row.locator('button[data-action="undrain"]').click()
+        page.wait_for_selector(".messages .msg-success >> text=takes work again")
+        assert row.locator('button[data-action="drain"]').count() == 1
+        assert not Node.objects.get(name="rack1-gpu").draining
+        audited = AuditEvent.objects.filter(actor=admin, action__in=["node.drain", "node.undrain"]).order_by("id")
+        assert list(audited.values_list("action", flat=True)) == ["node.drain", "node.undrain"]
+
+
+def test_book_form_offers_each_team_the_models_its_quota_allows(
+    live_portal: Any, alice: Any, nlp: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h100 = helpers.gpu_model("H100-80GB", "4.0000")
+    helpers.gpus(1, model=h100, node="b-h100")
+    helpers.gpus(1, model=helpers.gpu_model("L40S", "1.0000"), node="b-l40s")
+    quota = Quota.objects.create(team=vision)
+    quota.allowed_models.set([h100])
+    MembershipFactory(user=alice, team=nlp)
+    options = "s => Array.from(document.querySelectorAll(s + ' option')).map(o => o.value)"
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(live_portal.url + "/book/")
+        page.wait_for_selector(".tl-row")
+        page.select_option("#book-team", "vision")
+        assert page.evaluate(options, "#book-model") == ["H100-80GB"]
+        page.select_option("#book-team", "nlp")
+        assert page.evaluate(options, "#book-model") == ["H100-80GB", "L40S"]
+        page.select_option("#book-model", "L40S")
+        page.select_option("#book-team", "vision")  # L40S is not allowed there: the select falls back
+        assert page.evaluate("document.getElementById('book-model').value") == "H100-80GB"
+
+
+def test_home_page_draws_my_teams_spend_and_lists_my_work(
+    live_portal: Any, bob: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [gpu] = helpers.gpus(1, model=helpers.gpu_model("A100-80GB", "3.0000"))
+    now = timezone.now()
+    month_start = timezone.localtime(now).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    helpers.run_job(vision, bob, gpu, max(now - timedelta(hours=2), month_start), now)
+    job = builders.job(vision, bob, state=JobState.RUNNING, name="on the home page")
+    reservation = builders.reservation(vision, bob, start=now + timedelta(hours=3))
+    with signed_in(live_portal, bob, monkeypatch) as page:
+        page.goto(live_portal.url + "/")
+        page.wait_for_function("document.getElementById('home-spend-chart').dataset.rendered === '1'")
+        assert f"Job {job.pk} · on the home page" in page.inner_text("#home-jobs")
+        assert f"#{reservation.pk} " in page.inner_text("#home-reservations")
+        assert "EUR" in page.inner_text("#home-spend")
+        # The favicon is the local one and it loads (a failed request would fail the test).
+        icon = page.evaluate("document.querySelector('link[rel=icon]').href")
+        assert icon == live_portal.url + "/static/core/favicon.svg"
+        assert page.request.get(icon).status == 200
+        # Live figures are formatted as the server formats them.
+        assert page.evaluate("window.Portal.amount('0.00559999999999999')") == "0.01"
+        assert page.evaluate("window.Portal.amount('2000.0000')") == "2,000.00"
+
+
+def test_pdf_statement_downloads_under_its_own_name(
+    live_portal: Any, alice: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Quota.objects.create(team=vision, budget_soft=Decimal("100"))
+    month = timezone.localtime(timezone.now()).strftime("%Y-%m")
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(live_portal.url + "/costs/teams/vision/")
+        with page.expect_download() as info:
+            page.click("text=statement (PDF)")
+        download = info.value
+        assert download.suggested_filename == f"gpu-statement-vision-{month}.pdf"
+        with open(download.path(), "rb") as pdf:
+            assert pdf.read(5) == b"%PDF-"
