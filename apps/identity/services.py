@@ -64,11 +64,12 @@ def group_mapping_delete(*, actor: AnyUser | None, mapping_id: int) -> None:
 def directory_sync(*, user: User, groups: Iterable[str], via: str) -> sync.SyncPlan:
     """Make the user's team memberships follow their directory groups (rules in apps/identity/sync.py).
 
-    Locks the user's membership rows (SELECT ... FOR UPDATE) so two sign-ins of the same person at once apply
-    one plan after the other."""
+    Locks the user's row (SELECT ... FOR UPDATE) so two sign-ins of the same person at once apply one plan after
+    the other: locking only their memberships would let both add the same new one."""
     group_list = sorted(set(groups))
     with transaction.atomic():
-        held_rows = list(Membership.objects.select_for_update().filter(user=user))
+        User.objects.select_for_update().filter(pk=user.pk).values_list("pk").first()
+        held_rows = list(Membership.objects.filter(user=user))
         mappings = [
             sync.Mapping(group=m.group, team_id=m.team_id, role=m.role, replaces_manual=m.replaces_manual)
             for m in GroupMapping.objects.all()
@@ -108,6 +109,11 @@ def directory_sync(*, user: User, groups: Iterable[str], via: str) -> sync.SyncP
     return plan
 
 
+def _identity_link(*, issuer: str, subject: str) -> ExternalIdentity | None:
+    qs = ExternalIdentity.objects.select_for_update().select_related("user")
+    return qs.filter(issuer=issuer, subject=subject).first()
+
+
 _USERNAME_BAD = re.compile(r"[^\w.@+-]")
 
 
@@ -132,21 +138,23 @@ def oidc_user_sign_in(*, issuer: str, claims: Mapping[str, object]) -> User:
     email = str(claims.get("email") or "")[:254]
     first_name = str(claims.get("given_name") or "")[:150]
     last_name = str(claims.get("family_name") or "")[:150]
+    try:
+        with transaction.atomic():
+            if _identity_link(issuer=issuer, subject=subject) is None:
+                wanted = str(claims.get("preferred_username") or email.split("@")[0] or subject)
+                user = User(username=_free_username(wanted))
+                user.set_unusable_password()
+                user.email, user.first_name, user.last_name = email, first_name, last_name
+                user.save()
+                ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+                audit_record(actor=None, action="user.create", target=user, data={"via": "oidc", "issuer": issuer})
+    except IntegrityError:
+        # Another first sign-in of the same subject (two tabs) made the link first: its account is used below.
+        pass
     with transaction.atomic():
-        link = (
-            ExternalIdentity.objects.select_for_update()
-            .select_related("user")
-            .filter(issuer=issuer, subject=subject)
-            .first()
-        )
+        link = _identity_link(issuer=issuer, subject=subject)
         if link is None:
-            wanted = str(claims.get("preferred_username") or email.split("@")[0] or subject)
-            user = User(username=_free_username(wanted))
-            user.set_unusable_password()
-            user.email, user.first_name, user.last_name = email, first_name, last_name
-            user.save()
-            link = ExternalIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-            audit_record(actor=None, action="user.create", target=user, data={"via": "oidc", "issuer": issuer})
+            raise Conflict("The account for this sign-in could not be created. Try again.")
         user = link.user
         if (user.email, user.first_name, user.last_name) != (email, first_name, last_name):
             user.email, user.first_name, user.last_name = email, first_name, last_name

@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
+from apps.core.errors import ApplicationError
 from apps.identity.oidc import OIDCConfigurationError, discovery, oidc_setting
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class OIDCCallbackView(OIDCAuthenticationCallbackView):  # type: ignore[misc]
         except OIDCConfigurationError as exc:
             logger.warning("oidc sign-in unavailable: %s", exc)
             return sign_in_failed(request, str(exc), status=503)
+        except ApplicationError as exc:
+            return sign_in_failed(request, exc.detail, status=exc.status)
         except requests.HTTPError as exc:
             status = exc.response.status_code if exc.response is not None else None
             logger.warning("oidc token request failed: %s", exc)
