@@ -12,6 +12,7 @@ from django.utils import timezone
 from apps.booking.models import ReservationStatus
 from apps.jobs.models import JobState
 from tests.billing import helpers
+from tests.factories import UserFactory
 from tests.pages import builders
 
 
@@ -67,8 +68,10 @@ def test_home_shows_my_teams_spend_this_month_with_chart_data(vision: Any, bob: 
     assert series["team"] == "vision" and float(series["values"][-1]) > 0
 
 
-def test_home_for_someone_without_a_team(charlie: Any, admin: Any) -> None:
-    html = _home(admin)
+def test_home_for_someone_without_a_team(admin: Any) -> None:
+    html = _home(UserFactory(username="newcomer"))
     assert "No job of yours is queued or running." in html
     assert "You have no reservation coming up." in html
     assert "You are not in a team yet." in html and 'id="home-spend-chart"' not in html
+    html = _home(admin)
+    assert "You are in no team. Every team's spend is on the" in html
