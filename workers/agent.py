@@ -110,6 +110,7 @@ class Agent:
                     "name": g.name,
                     "memory_mib": g.memory_mib,
                     "mig_mode": g.mig_mode,
+                    "mig_devices": [d.to_dict() for d in g.mig_devices],
                 }
                 for g in self.gpus
             ],
@@ -285,7 +286,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
     models = tuple(m.strip() for m in a.models.split(",") if m.strip())
     from workers.gpu.specs import SPECS
 
-    unknown = [m for m in models if m not in SPECS]
+    unknown = [m for m in models if m.partition(":")[0] not in SPECS]
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(sorted(SPECS))}")
     cfg = AgentConfig(

@@ -6,7 +6,6 @@ Locks: the physical GPU's row (`SELECT ... FOR UPDATE`), then its parts'."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
@@ -18,20 +17,13 @@ from apps.accounts.types import AnyUser
 from apps.audit.services import audit_record
 from apps.core.errors import Conflict, ValidationFailed
 from apps.fleet.models import DeviceKind, Gpu
-from workers.gpu.mig import profile_fraction
+from workers.gpu.mig import MigDevice, profile_fraction
 
 MAX_SHARES = 16
 _CAPACITY_PLACES = Decimal("0.000001")
 
 
-@dataclass(frozen=True)
-class MigInstance:
-    """One MIG instance as the agent reports it (or as an admin lays it out on a simulated GPU)."""
-
-    uuid: str
-    profile: str
-    memory_mib: int
-    gi_id: int
+MigInstance = MigDevice  # one MIG instance as the agent reports it
 
 
 def share_uuid(parent_uuid: str, index: int) -> str:

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.gpu.mig import COMPUTE_SLICES, MigDevice
+
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 GPU_UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,95}$")
 MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
@@ -109,6 +111,7 @@ class GpuReport:
     name: str
     memory_mib: int
     mig_mode: bool
+    mig_devices: tuple[MigDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ def check_registration(payload: Any) -> Registration:
                 name=check_str(g.get("name"), f"gpus[{i}].name", max_len=120, blank=True),
                 memory_mib=check_int(g.get("memory_mib"), f"gpus[{i}].memory_mib", 1, MEM_MIB_RANGE[1]),  # type: ignore[arg-type]
                 mig_mode=_check_bool(g.get("mig_mode", False), f"gpus[{i}].mig_mode"),
+                mig_devices=_check_mig_devices(g.get("mig_devices", []), f"gpus[{i}].mig_devices"),
             )
         )
     _require(len({g.uuid for g in gpus}) == len(gpus), "malformed", "duplicate GPU uuid")
@@ -151,6 +155,31 @@ def check_registration(payload: Any) -> Registration:
         hostname=check_str(payload.get("hostname"), "hostname", max_len=255, blank=True),
         backend=backend,
     )
+
+
+_MIG_PROFILE_RE = re.compile(r"^\d+g\.\d+gb$")
+
+
+def _check_mig_devices(value: Any, name: str) -> tuple[MigDevice, ...]:
+    """A GPU's MIG instances: at most 7 (one per compute slice), each with a `MIG-` uuid, a profile name, its
+    memory and its GPU instance id."""
+    _require(isinstance(value, list), "malformed", f"{name} must be a list")
+    _require(len(value) <= COMPUTE_SLICES, "out_of_range", f"{name}: more than {COMPUTE_SLICES} instances")
+    out: list[MigDevice] = []
+    for i, d in enumerate(value):
+        _require(isinstance(d, dict), "malformed", f"{name}[{i}] is not an object")
+        uuid = check_str(d.get("uuid"), f"{name}[{i}].uuid", max_len=96, pattern=GPU_UUID_RE)
+        _require(uuid.startswith("MIG-"), "malformed", f"{name}[{i}].uuid must start with MIG-")
+        out.append(
+            MigDevice(
+                uuid=uuid,
+                profile=check_str(d.get("profile"), f"{name}[{i}].profile", max_len=32, pattern=_MIG_PROFILE_RE),
+                memory_mib=check_int(d.get("memory_mib"), f"{name}[{i}].memory_mib", 1, MEM_MIB_RANGE[1]),  # type: ignore[arg-type]
+                gi_id=check_int(d.get("gi_id"), f"{name}[{i}].gi_id", 0, 255),  # type: ignore[arg-type]
+            )
+        )
+    _require(len({d.uuid for d in out}) == len(out), "malformed", f"{name}: duplicate uuid")
+    return tuple(out)
 
 
 def _check_bool(value: Any, name: str) -> bool:

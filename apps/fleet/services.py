@@ -22,6 +22,7 @@ from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.events.services import publish
 from apps.fleet import auth
 from apps.fleet.commands import agent_send
+from apps.fleet.devices import mig_layout_apply
 from apps.fleet.messages import NODE_NAME_RE, GpuReport, MessageRejected
 from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
 
@@ -127,6 +128,7 @@ def node_register(
             logger.warning("node %s reported GPU %s, which belongs to another node; ignored", node.name, uuid)
             reported.pop(uuid)
         existing = {g.uuid: g for g in Gpu.objects.select_for_update().filter(uuid__in=reported)}
+        had_mig = {g.pk for g in existing.values() if g.mig_mode}
         mine = list(Gpu.objects.select_for_update().filter(node=node, retired_at__isnull=True))
         # Step 1: every live row of this node whose slot changes or that vanished leaves the (node, index)
         # uniqueness (retired), so step 2 can put GPUs in any order of slots, swaps included.
@@ -141,6 +143,7 @@ def node_register(
         models = _models_for(list(reported.values()))
         created: list[str] = []
         live_status = _live_status(node)
+        layouts: list[tuple[Gpu, GpuReport]] = []
         for report in reported.values():
             found = existing.get(report.uuid)
             fields = {
@@ -163,6 +166,11 @@ def node_register(
                 if gpu.status in (GpuStatus.OFFLINE, GpuStatus.LOST):
                     gpu.status = _gpu_status_when_up(gpu)
                 gpu.save()
+            if report.mig_mode or (found is not None and found.pk in had_mig):
+                layouts.append((gpu, report))
+        for gpu, report in layouts:
+            # The MIG instances as the agent found them (admins change layouts with mig-parted; the portal follows).
+            mig_layout_apply(gpu=gpu, mig_mode=report.mig_mode, instances=list(report.mig_devices), now=now)
         if retired:
             Gpu.objects.filter(uuid__in=retired).update(status=GpuStatus.LOST)
         node.agent_version = agent_version

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from workers.gpu.mig import MigDevice
+
 MESSAGE_TYPE = "telemetry"
 MESSAGE_VERSION = 1
 ROW_FIELDS: tuple[str, ...] = ("uuid", "util", "mem", "mem_total", "temp", "power", "sm", "tensor")
@@ -64,6 +66,7 @@ class GpuInfo:
     memory_mib: int
     mig_mode: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    mig_devices: tuple[MigDevice, ...] = ()  # its MIG instances when in MIG mode (workers.gpu.nvml_mig)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for the agent's registration message."""
@@ -75,6 +78,7 @@ class GpuInfo:
             "memory_mib": self.memory_mib,
             "mig_mode": self.mig_mode,
             "extra": dict(self.extra),
+            "mig_devices": [d.to_dict() for d in self.mig_devices],
         }
 
 

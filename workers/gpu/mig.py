@@ -10,9 +10,11 @@ holds the instance's own structures). Plain data, no NVML import.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 COMPUTE_SLICES = 7
 """Every MIG-capable datacenter GPU here (A100, H100, H200) has 7 compute slices."""
@@ -31,6 +33,20 @@ class MigProfile:
     def fraction(self) -> Fraction:
         """The instance's share of its GPU's compute (what it is billed at by default): 1g = 1/7."""
         return Fraction(self.slices, COMPUTE_SLICES)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU as the agent reports it: its own uuid (`MIG-...`), profile, memory and GPU instance
+    id (what dcgm-exporter labels GPU_I_ID)."""
+
+    uuid: str
+    profile: str
+    memory_mib: int
+    gi_id: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "profile": self.profile, "memory_mib": self.memory_mib, "gi_id": self.gi_id}
 
 
 def _table(*rows: tuple[str, int, int]) -> dict[str, MigProfile]:
@@ -110,3 +126,32 @@ def layout_fits(model: str, profiles: list[str]) -> bool:
     if sum(table[p].memory_mib for p in profiles) > whole:
         return False
     return all(profiles.count(p) <= table[p].max_count for p in set(profiles))
+
+
+def split_model_spec(spec: str) -> tuple[str, list[str]]:
+    """A simulated GPU's spec, "A100-80GB" or "A100-80GB:mig=1g.10gb*7" or "A100-80GB:mig=3g.40gb+4g.40gb", as
+    (model key, MIG layout: profile names, empty when not in MIG mode). ValueError for a layout that cannot exist."""
+    model, _, rest = spec.partition(":")
+    if not rest:
+        return model, []
+    if not rest.startswith("mig="):
+        raise ValueError(f"bad GPU spec {spec!r}: MODEL or MODEL:mig=PROFILE*N+PROFILE")
+    profiles: list[str] = []
+    for part in rest[4:].split("+"):
+        name, _, times = part.partition("*")
+        profiles += [name] * (int(times) if times else 1)
+    if not layout_fits(model, profiles):
+        raise ValueError(f"MIG layout {profiles} does not fit a {model}")
+    return model, profiles
+
+
+def simulated_mig_devices(parent_uuid: str, model: str, profiles: list[str]) -> tuple[MigDevice, ...]:
+    """The instances of a simulated layout: stable `MIG-` uuids derived from the GPU's, GPU instance ids in the
+    order NVIDIA's tools number them from the largest profile down (any stable order would do)."""
+    table = profiles_for(model)
+    out = []
+    for n, name in enumerate(sorted(profiles, key=lambda p: (-table[p].slices, p))):
+        h = hashlib.sha256(f"{parent_uuid}|{n}|{name}".encode()).hexdigest()
+        uuid = f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+        out.append(MigDevice(uuid=uuid, profile=name, memory_mib=table[name].memory_mib, gi_id=n + 1))
+    return tuple(out)

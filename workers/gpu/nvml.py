@@ -40,6 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.gpu.base import HEALTH_OK, GpuInfo, GpuSample
+from workers.gpu.mig import MigDevice
+from workers.gpu.nvml_mig import discover_mig_devices
 from workers.gpu.specs import model_key_for
 
 logger = logging.getLogger(__name__)
@@ -175,6 +177,12 @@ class NvmlBackend:
             except nv.NVMLError as exc:
                 if exc.value != nv.NVML_ERROR_NOT_SUPPORTED:  # pre-Ampere boards have no MIG: not news
                     logger.warning("GPU %d: reading MIG mode failed: %s", index, exc)
+            mig_devices: tuple[MigDevice, ...] = ()
+            if mig:
+                try:
+                    mig_devices = discover_mig_devices(nv, handle)
+                except nv.NVMLError as exc:
+                    logger.warning("GPU %d: reading its MIG instances failed: %s", index, exc)
             gpm = self._want_tensor and not mig and self._gpm_supported(handle)
             info = GpuInfo(
                 uuid=uuid,
@@ -183,6 +191,7 @@ class NvmlBackend:
                 model=model_key_for(name, memory_mib),
                 memory_mib=memory_mib,
                 mig_mode=mig,
+                mig_devices=mig_devices,
                 extra={"driver_version": driver, "tensor_active_source": "gpm" if gpm else None},
             )
             gpu = _Gpu(info, handle)

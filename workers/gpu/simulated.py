@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.gpu.base import HEALTH_OK, GpuInfo, GpuSample
+from workers.gpu.mig import simulated_mig_devices, split_model_spec
 from workers.gpu.specs import GpuSpec, get_spec
 
 PROFILE_FILE = Path(__file__).resolve().parent / "profiles" / "alibaba_genai_2026.json"
@@ -190,15 +191,19 @@ class SimulatedBackend:
             parse_profile(DEFAULT_IDLE_PROFILE if replay_idle is True else replay_idle) if replay_idle else None
         )
         self._gpus: list[_SimGpu] = []
-        for index, model in enumerate(models):
+        for index, model_spec in enumerate(models):
+            # "A100-80GB:mig=1g.10gb*7": a GPU in MIG mode with that layout (workers.gpu.mig.split_model_spec).
+            model, layout = split_model_spec(model_spec)
             spec = get_spec(model)
+            uuid = simulated_uuid(node_name, index, seed)
             info = GpuInfo(
-                uuid=simulated_uuid(node_name, index, seed),
+                uuid=uuid,
                 index=index,
                 name=spec.nvml_names[0],
                 model=spec.key,
                 memory_mib=spec.memory_mib,
-                mig_mode=False,
+                mig_mode=bool(layout),
+                mig_devices=simulated_mig_devices(uuid, spec.key, layout),
                 extra={"simulated": True, "driver_version": SIMULATED_DRIVER_VERSION},
             )
             gpu = _SimGpu(info, spec, random.Random(f"{node_name}|{index}|{seed}"), ambient_c)
