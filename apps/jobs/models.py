@@ -240,7 +240,7 @@ class JobEvent(models.Model):
         ordering = ["at", "id"]
 
     def __str__(self) -> str:
-        return f"{self.job_id}: {self.from_state or '-'} → {self.to_state}"
+        return f"job {self.job_id}: {self.from_state or '-'} → {self.to_state}"
 
 
 class LogStream(models.TextChoices):
@@ -268,7 +268,7 @@ class JobLogLine(models.Model):
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="joblogline_unique_job_seq")]
 
     def __str__(self) -> str:
-        return f"{self.job_id}#{self.seq}"
+        return f"job {self.job_id}, line {self.seq}"
 
 
 class SchedulerState(models.Model):

@@ -144,3 +144,23 @@ def test_pdf_statement_downloads_under_its_own_name(
         assert download.suggested_filename == f"gpu-statement-vision-{month}.pdf"
         with open(download.path(), "rb") as pdf:
             assert pdf.read(5) == b"%PDF-"
+
+
+def test_job_form_lets_one_pick_only_the_chosen_teams_reservations(
+    live_portal: Any, alice: Any, nlp: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    MembershipFactory(user=alice, team=nlp)
+    mine = builders.reservation(vision, alice)
+    theirs = builders.reservation(nlp, alice)
+    disabled = (
+        "Array.from(document.querySelectorAll('#id_reservation optgroup')).filter(g => g.disabled).map(g => g.label)"
+    )
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/jobs/new/?team=vision&reservation={mine.pk}")
+        assert page.evaluate(disabled) == ["nlp"]
+        assert page.input_value("#id_reservation") == str(mine.pk)
+        page.select_option("#id_team", "nlp")
+        assert page.evaluate(disabled) == ["vision"]
+        assert page.input_value("#id_reservation") == ""  # vision's reservation is not nlp's to run in
+        page.select_option("#id_reservation", str(theirs.pk))
+        assert page.input_value("#id_reservation") == str(theirs.pk)
