@@ -115,7 +115,9 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
 
 # The embedded default's own GPU node: NVML's GPUs when there are any, else 8 simulated ones of mixed models
 # (model keys of workers/gpu/specs.py), three of them running replayed trace workloads so the fleet page moves.
-LOCAL_AGENT_MODELS = "H100-80GB,H100-80GB,A100-80GB,A100-80GB,L40S-48GB,L40S-48GB,H200-141GB,V100-32GB"
+# The fourth GPU runs in MIG mode with seven 1g.10gb instances (workers.gpu.mig.split_model_spec); the demo splits
+# the third in four shares (apps/fleet/demo.py), so both kinds of GPU sharing can be tried on a laptop.
+LOCAL_AGENT_MODELS = "H100-80GB,H100-80GB,A100-80GB,A100-80GB:mig=1g.10gb*7,L40S-48GB,L40S-48GB,H200-141GB,V100-32GB"
 
 
 def local_agent(env: dict[str, str]) -> list[Service]:

@@ -16,16 +16,28 @@ from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
 LOCAL_NODE = "local"
 
 
-def local_models() -> list[str]:
-    """The model key of each GPU the launcher's simulated local agent registers, by index."""
+SHARED_INDEX = 2
+SHARED_IN = 4
+
+
+def local_specs() -> list[str]:
+    """What the launcher's simulated local agent is given for each GPU, by index: a model key, with a MIG layout
+    for the GPU in MIG mode ("A100-80GB:mig=1g.10gb*7")."""
     from portal.launcher import LOCAL_AGENT_MODELS
 
     return LOCAL_AGENT_MODELS.split(",")
 
 
+def local_models() -> list[str]:
+    """The model key of each GPU the launcher's simulated local agent registers, by index."""
+    return [spec.partition(":")[0] for spec in local_specs()]
+
+
 def placeholder_gpus() -> list[Gpu]:
     """The live GPUs; without any, the local agent's future ones (created offline, price 0 until booking's demo
     or an admin prices their models)."""
+    from apps.fleet.devices import gpu_set_shares, mig_layout_apply
+    from workers.gpu.mig import simulated_mig_devices, split_model_spec
     from workers.gpu.simulated import simulated_uuid
     from workers.gpu.specs import get_spec
 
@@ -33,12 +45,13 @@ def placeholder_gpus() -> list[Gpu]:
         return []
     with transaction.atomic():
         node, _ = Node.objects.get_or_create(name=LOCAL_NODE, defaults={"status": NodeStatus.OFFLINE})
-        for index, key in enumerate(local_models()):
+        for index, full in enumerate(local_specs()):
+            key, layout = split_model_spec(full)
             spec = get_spec(key)
             model, _ = GpuModel.objects.get_or_create(
                 name=spec.key, defaults={"display_name": spec.marketing_name, "memory_mib": spec.memory_mib}
             )
-            Gpu.objects.get_or_create(
+            gpu, _ = Gpu.objects.get_or_create(
                 uuid=simulated_uuid(LOCAL_NODE, index, 0),
                 defaults={
                     "node": node,
@@ -47,8 +60,15 @@ def placeholder_gpus() -> list[Gpu]:
                     "name": spec.nvml_names[0],
                     "memory_mib": spec.memory_mib,
                     "status": GpuStatus.OFFLINE,
+                    "mig_mode": bool(layout),
                 },
             )
+            if layout:  # the instances the agent will report (same uuids: derived from the GPU's)
+                mig_layout_apply(
+                    gpu=gpu, mig_mode=True, instances=list(simulated_mig_devices(gpu.uuid, spec.key, layout))
+                )
+            elif index == SHARED_INDEX:
+                gpu_set_shares(actor=None, gpu_uuid=gpu.uuid, shares=SHARED_IN)
     return list(Gpu.objects.filter(node=node, retired_at__isnull=True).select_related("model").order_by("index"))
 
 
