@@ -12,6 +12,7 @@ import json
 import time
 
 import requests
+from cryptography.fernet import InvalidToken
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -56,7 +57,10 @@ def _post(endpoint: WebhookEndpoint, msg_id: str, body: str) -> tuple[int | None
         check_url(endpoint.url)
     except UnsafeUrl as exc:
         return None, str(exc)
-    signer = Webhook(secrets.decrypt(endpoint.secret_encrypted))
+    try:
+        signer = Webhook(secrets.decrypt(endpoint.secret_encrypted))
+    except InvalidToken:
+        return None, "The signing secret cannot be read (SECRET_KEY changed?): rotate it."
     sent_at = timezone.now()
     headers = {
         "content-type": "application/cloudevents+json; charset=utf-8",

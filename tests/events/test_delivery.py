@@ -113,3 +113,14 @@ def test_an_endpoint_failing_for_a_day_is_disabled_and_its_owner_told(
     webhook_rotate_secret(user=alice, endpoint_id=endpoint.pk)
     endpoint.refresh_from_db()
     assert endpoint.is_active and endpoint.failing_since is None
+
+
+def test_an_unreadable_secret_is_a_failed_attempt_that_says_so(
+    receiver: Receiver, loopback_allowed: None, alice: Any, vision: Any
+) -> None:
+    endpoint, _ = webhook_create(user=alice, team_slug="vision", url=receiver.url, events=["job.*"])
+    owed = _owed(endpoint, vision)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(secret_encrypted="encrypted-with-another-SECRET_KEY")
+    assert delivery.deliver_webhook(owed.pk) == conf.BACKOFF_BASE_S
+    owed.refresh_from_db()
+    assert owed.status == DeliveryStatus.FAILED and "rotate it" in owed.error and receiver.received == []

@@ -91,3 +91,13 @@ def test_anonymous_is_sent_to_sign_in(client: Client) -> None:
     for url in ("/events/webhooks/", "/events/notifications/"):
         resp = client.get(url)
         assert resp.status_code == 302 and "/accounts/login/" in resp["Location"]
+
+
+def test_admin_lists_endpoints_without_their_secret(client: Client, admin: Any, vision: Any) -> None:
+    endpoint = _endpoint(vision)
+    publish("job.failed", team_id=vision.pk, subject="jobs/5", data={})
+    client.force_login(admin)
+    for path in ("webhookendpoint/", f"webhookendpoint/{endpoint.pk}/change/", "outboxevent/", "webhookdelivery/"):
+        resp = client.get(f"/admin/events/{path}")
+        assert resp.status_code == 200, path
+        assert endpoint.secret_encrypted not in resp.content.decode()
