@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.types import User
+from apps.efficiency.demo import oom_memory_curve
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.jobs import services
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine, JobReason, JobState
@@ -43,6 +44,14 @@ FINISHED: list[dict[str, Any]] = [
         "command": ["python", "train_detector.py", "--batch-size", "512"],
         "logs": ["loading dataset (1.2M images)", "building model", "step 1 ..."],
         "message": "killed by the kernel OOM killer (memory limit 16384 MiB)",
+    },
+    {
+        "name": "llm finetune (batch 64)", "team": "vision", "user": "alice", "gpus": 1, "ago_h": 6, "minutes": 14,
+        "state": JobState.FAILED, "reason": JobReason.EXIT_CODE, "exit_code": 1, "curve": "cuda_oom",
+        "command": ["python", "finetune.py", "--batch-size", "64", "--seq-len", "4096"],
+        "logs": ["loading checkpoint (7B)", "step 1/500 loss=2.41", "step 2/500 loss=2.37",
+                 "ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                 "capacity of 79.15 GiB of which 1.06 GiB is free."],
     },
     {
         "name": "long eval", "team": "nlp", "user": "carol", "gpus": 1, "ago_h": 3, "minutes": 12,
@@ -108,6 +117,8 @@ def _finished(teams: dict[str, Team], users: dict[str, User]) -> None:
         Job.objects.filter(pk=job.pk).update(submitted_at=submitted)
         if held:
             job.gpus.set(held)
+            if spec.get("curve"):
+                oom_memory_curve(gpu=held[0], start=started, minutes=spec["minutes"])
         timeline = [
             ("", JobState.QUEUED, submitted, ""),
             (JobState.QUEUED, JobState.STARTING, started - timedelta(seconds=2), ""),

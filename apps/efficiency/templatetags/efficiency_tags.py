@@ -20,3 +20,16 @@ def idle_banner(context: template.Context) -> dict[str, Any]:
         return {"show": False}
     slugs = list(Team.objects.filter(memberships__user=user).values_list("slug", flat=True))
     return {"show": True, "marks": warnings_for(user_id=user.pk), "slugs": ",".join(slugs), "user_id": user.pk}
+
+
+@register.inclusion_tag("efficiency/_job_panel.html")
+def job_efficiency_panel(job: Any) -> dict[str, Any]:
+    """The job page's GPU memory and utilization over the job's life, its OOM kind and the advice."""
+    from apps.efficiency.jobinfo import job_efficiency
+
+    eff = job_efficiency(job)
+    return {
+        "job": job,
+        "eff": eff,
+        "chart": {"series": eff.series, "peak": eff.gpu_memory_peak_mib, "total": eff.gpu_memory_total_mib},
+    }

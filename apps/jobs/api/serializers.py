@@ -10,6 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.efficiency.jobinfo import JobEfficiency, job_efficiency
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
 from portal.internals.drf_output import FastOutputMixin
 
@@ -199,12 +200,45 @@ class JobEventOutput(FastOutputMixin, serializers.ModelSerializer[JobEvent]):
         fields = ["at", "from_state", "to_state", "reason", "message"]
 
 
+class AdviceOutput(serializers.Serializer[Any]):
+    code = serializers.CharField()
+    detail = serializers.CharField()
+
+
 class JobDetailOutput(JobOutput):
     gpus = JobGpuOutput(many=True, read_only=True)
     events = serializers.SerializerMethodField()
+    gpu_memory_peak_mib = serializers.SerializerMethodField()
+    gpu_utilization_mean = serializers.SerializerMethodField()
+    advice = serializers.SerializerMethodField()
 
     class Meta(JobOutput.Meta):
-        fields = [*JobOutput.Meta.fields, "gpus", "hourly_price", "events"]
+        fields = [
+            *JobOutput.Meta.fields,
+            "gpus",
+            "hourly_price",
+            "events",
+            "gpu_memory_peak_mib",
+            "gpu_utilization_mean",
+            "advice",
+        ]
+
+    def _efficiency(self, job: Job) -> JobEfficiency:
+        # Computed once per job for the three fields (docs/efficiency.md: peak, mean, advice).
+        cache: dict[int, JobEfficiency] = self.__dict__.setdefault("_efficiency_cache", {})
+        if job.pk not in cache:
+            cache[job.pk] = job_efficiency(job)
+        return cache[job.pk]
+
+    def get_gpu_memory_peak_mib(self, job: Job) -> int | None:
+        return self._efficiency(job).gpu_memory_peak_mib
+
+    def get_gpu_utilization_mean(self, job: Job) -> float | None:
+        return self._efficiency(job).gpu_utilization_mean
+
+    @extend_schema_field(AdviceOutput(many=True))
+    def get_advice(self, job: Job) -> list[dict[str, str]]:
+        return self._efficiency(job).advice
 
     def get_events(self, job: Job) -> list[dict[str, Any]]:
         # .all() and a sort here rather than order_by: a prefetched timeline (a job just submitted) is used as is.

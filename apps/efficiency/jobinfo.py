@@ -1,0 +1,102 @@
+"""A job's GPU use over its life (from the minute rollups), its failure kind and the advice: for the job API and
+the job page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from apps.efficiency import advice
+from apps.jobs.models import Job, JobLogLine
+from apps.telemetry.models import GpuRollup
+
+LOG_LINES_READ = 2000
+
+
+@dataclass
+class JobEfficiency:
+    gpu_memory_peak_mib: int | None = None
+    gpu_utilization_mean: float | None = None
+    failure: str | None = None
+    advice: list[dict[str, str]] = field(default_factory=list)
+    series: list[dict[str, Any]] = field(default_factory=list)
+    gpu_memory_total_mib: int = 0
+
+
+def _floor(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def job_efficiency(job: Job) -> JobEfficiency:
+    """Peak memory, mean utilization, the per-minute series (utilization mean and memory peak over the job's GPUs),
+    the failure kind and the advice. Two queries for the rollups and GPUs, one for the log's tail."""
+    out = JobEfficiency()
+    if job.started_at is None and not job.is_terminal:
+        return out  # queued or placing: nothing ran yet (and the submit answer costs no query for it)
+    gpus = list(job.gpus.all().select_related("model"))
+    lines: list[str] = []
+    if job.is_terminal:
+        lines = list(
+            JobLogLine.objects.filter(job=job).order_by("-seq").values_list("line", flat=True)[:LOG_LINES_READ]
+        )
+    out.failure = advice.failure_kind(exit_code=job.exit_code, reason=job.reason, message=job.message, log_lines=lines)
+    uses: list[advice.GpuUse] = []
+    if gpus and job.started_at is not None:
+        end = job.ended_at or timezone.now()
+        rows = list(
+            GpuRollup.objects.filter(
+                gpu_id__in=[g.pk for g in gpus], minute__gte=_floor(job.started_at), minute__lte=end
+            )
+            .order_by("minute")
+            .values_list("gpu_id", "minute", "util_mean", "mem_used_max")
+        )
+        per_minute: dict[datetime, list[tuple[float | None, int | None]]] = {}
+        per_gpu: dict[int, list[tuple[float | None, int | None]]] = {g.pk: [] for g in gpus}
+        for gid, minute, util, mem in rows:
+            per_minute.setdefault(minute, []).append((util, mem))
+            per_gpu[gid].append((util, mem))
+        for minute, vals in per_minute.items():
+            us = [u for u, _ in vals if u is not None]
+            ms = [m for _, m in vals if m is not None]
+            out.series.append(
+                {
+                    "t": minute.isoformat(),
+                    "util": round(sum(us) / len(us), 1) if us else None,
+                    "mem": max(ms) if ms else None,
+                }
+            )
+        for g in gpus:
+            vals = per_gpu[g.pk]
+            us = [u for u, _ in vals if u is not None]
+            ms = [m for _, m in vals if m is not None]
+            uses.append(
+                advice.GpuUse(
+                    util_mean=sum(us) / len(us) if us else None,
+                    mem_peak_mib=max(ms) if ms else None,
+                    mem_total_mib=g.memory_mib,
+                )
+            )
+        peaks = [u.mem_peak_mib for u in uses if u.mem_peak_mib is not None]
+        utils = [u.util_mean for u in uses if u.util_mean is not None]
+        out.gpu_memory_peak_mib = max(peaks) if peaks else None
+        out.gpu_utilization_mean = round(sum(utils) / len(utils), 1) if utils else None
+        out.gpu_memory_total_mib = max(g.memory_mib for g in gpus)
+    if not rows_seen(uses) and out.failure is None:
+        return out
+    model = gpus[0].model.name if gpus else ""
+    items = advice.advise(
+        gpus=[u for u in uses if u.mem_peak_mib is not None or u.util_mean is not None],
+        gpu_count=job.gpu_count,
+        model=model,
+        failure=out.failure,
+        memory_mib=job.memory_mib,
+    )
+    out.advice = [a.as_dict() for a in items]
+    return out
+
+
+def rows_seen(uses: list[advice.GpuUse]) -> bool:
+    return any(u.mem_peak_mib is not None or u.util_mean is not None for u in uses)
