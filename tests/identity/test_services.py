@@ -65,3 +65,17 @@ def test_setting_a_directory_membership_by_hand_makes_it_manual(vision: Any) -> 
     membership_set(actor=None, team=vision, user=user, role="manager")
     directory_sync(user=user, groups=[], via="oidc")
     assert Membership.objects.get(user=user).source == MembershipSource.MANUAL
+
+
+def test_the_settings_page_says_where_each_membership_comes_from(vision: Any, nlp: Any) -> None:
+    from django.test import Client
+
+    user = UserFactory(username="erin")
+    membership_set(actor=None, team=nlp, user=user, role="member")
+    group_mapping_create(actor=None, group="g-vision", team="vision")
+    directory_sync(user=user, groups=["g-vision"], via="ldap")
+    client = Client()
+    client.force_login(user)
+    html = client.get("/accounts/settings/").content.decode()
+    rows = {row.split("</td>")[0].split(" — ")[0].split(">")[-1]: row for row in html.split("<tr><td>")[1:]}
+    assert "your directory groups" in rows["vision"] and "added by hand" in rows["nlp"]
