@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import requests
@@ -16,6 +17,7 @@ from apps.core.errors import ApplicationError
 from apps.identity.oidc import OIDCConfigurationError, discovery, oidc_setting
 
 logger = logging.getLogger(__name__)
+_OAUTH_ERROR_CODE = re.compile(r"[a-z_]{1,64}")
 
 
 def sign_in_failed(request: HttpRequest, reason: str, *, status: int = 400) -> HttpResponse:
@@ -58,9 +60,14 @@ class OIDCCallbackView(OIDCAuthenticationCallbackView):  # type: ignore[misc]
 
     def get(self, request: HttpRequest) -> HttpResponse:
         if request.GET.get("error"):
-            reason = request.GET.get("error_description") or request.GET["error"]
             super().get(request)  # drops the state and signs nobody in
-            return sign_in_failed(request, f"The sign-in provider refused: {reason}")
+            # Only the error code is shown, and only a well-formed one: anyone can send a browser here with text of
+            # their choosing in `error_description`.
+            code = request.GET["error"]
+            if code == "access_denied":
+                return sign_in_failed(request, "The sign-in was declined at the sign-in provider (access_denied).")
+            shown = code if _OAUTH_ERROR_CODE.fullmatch(code) else "an error"
+            return sign_in_failed(request, f"The sign-in provider answered with {shown}.")
         try:
             response: HttpResponse = super().get(request)
         except SuspiciousOperation as exc:

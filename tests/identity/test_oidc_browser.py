@@ -120,6 +120,26 @@ def test_a_bad_sign_in_ends_on_an_error_page_and_creates_no_account(
     assert not ExternalIdentity.objects.exists() and not Membership.objects.exists()
 
 
+@needs_chromium
+def test_refusing_at_the_provider_ends_on_an_error_page(transactional_db: Any) -> None:
+    with oidc_provider() as provider, oidc_portal(provider) as portal, browser_page() as page:
+        page.goto(portal.url + "/accounts/login/")
+        page.click("#oidc-sign-in")
+        page.click("button[value=deny]")
+        page.wait_for_url(lambda url: url.startswith(portal.url))
+        assert "declined at the sign-in provider" in (page.locator("#sign-in-error").text_content() or "")
+        assert page.request.get(portal.url + "/api/v1/me").status == 401
+    assert not ExternalIdentity.objects.exists()
+
+
+def test_a_provider_error_shows_its_code_and_never_text_from_the_link(db: Any) -> None:
+    page = Client().get("/accounts/oidc/callback/", {"error": "server_error", "error_description": "Call +1 555"})
+    assert page.status_code == 400 and "answered with server_error" in page.content.decode()
+    assert "555" not in page.content.decode()
+    odd = Client().get("/accounts/oidc/callback/", {"error": "<b>Call us</b>"})
+    assert "answered with an error" in odd.content.decode() and "Call us" not in odd.content.decode()
+
+
 def test_a_discovery_document_naming_another_issuer_is_refused(db: Any, settings: Any) -> None:
     with oidc_provider(mode="discovery-issuer") as provider:
         settings.OIDC_ISSUER_URL = provider.url
