@@ -4,14 +4,15 @@ Why: the scheduling policies are only as good as the waits they produce on a rea
 replay must run the very code the portal runs (``apps.jobs.scheduling.schedule``), not a model of it.
 
     python -m bench.trace_replay --pods CSV --gpus N [--nodes CSV --model-mix] [--time-scale K] \
-        --policy fifo|backfill|fair --json
+        --policy fifo|backfill|fair [--sharing] --json
 
 Workload (from the trace's columns): arrival = creation_time / K (``--time-scale`` compresses arrivals,
 runtimes stay real); runtime = deletion_time - scheduled_time; tasks never scheduled and tasks with
 num_gpu 0 are skipped; the estimate a user would give (``max_duration_s``) is max(2 x runtime, 600 s);
-a fractional task (gpu_milli < 1000) takes a whole GPU. Team (for fair share): the task's ``qos`` column
-(LS, BE, Burstable, Guaranteed): the trace has no user or team column, task names are serial numbers, and
-qos is the one attribute that groups tasks by who runs them and why; all teams get equal shares.
+a fractional task (gpu_milli < 1000) takes a whole GPU, or with ``--sharing`` that share of one GPU, placed by
+the core's fractional best fit (``apps.jobs.scheduling.placement.ShareState``). Team (for fair share): the
+task's ``qos`` column (LS, BE, Burstable, Guaranteed): the trace has no user or team column, task names are
+serial numbers, and qos is the one attribute that groups tasks by who runs them and why; all teams get equal shares.
 
 Cluster: N GPUs in 8-GPU nodes of one model (gpu_spec ignored), or with ``--model-mix`` the node list's
 models in proportion to their GPU counts (largest remainder), 8-GPU nodes per model, gpu_spec honoured
@@ -64,6 +65,7 @@ class TraceTask:
     runtime: float
     gpu_count: int
     models: frozenset[str] | None
+    gpu_milli: int = 1000  # per GPU; < 1000 only for one-GPU tasks
 
 
 def load_tasks(pods: Path, *, time_scale: float = 1.0) -> tuple[list[TraceTask], dict[str, int]]:
@@ -88,6 +90,7 @@ def load_tasks(pods: Path, *, time_scale: float = 1.0) -> tuple[list[TraceTask],
                     runtime=max(runtime, 0.0),
                     gpu_count=int(row["num_gpu"]),
                     models=frozenset(spec.split("|")) if spec else None,
+                    gpu_milli=min(int(row.get("gpu_milli") or 1000), 1000) if int(row["num_gpu"]) == 1 else 1000,
                 )
             )
     tasks.sort(key=lambda t: (t.arrival, t.name))
@@ -136,11 +139,21 @@ def replay(
     policy: Policy,
     *,
     records: list[tuple[TraceTask, float]] | None = None,
+    sharing: bool = False,
 ) -> dict[str, float | int]:
-    """Run the discrete-event simulation and return its metrics; ``records`` collects (task, start)."""
-    busy_gpu = {g.id: Gpu(g.id, g.node, g.model, g.capacity, 0.0) for g in gpus}
+    """Run the discrete-event simulation and return its metrics; ``records`` collects (task, start).
+    ``sharing``: a fractional task asks for its ``gpu_milli`` of one GPU instead of a whole one."""
     free_gpu = {g.id: g for g in gpus}
     gpu_state: dict[str, Gpu] = dict(free_gpu)
+    used_milli: dict[str, int] = {g.id: 0 for g in gpus}
+    held_milli: dict[str, int] = {}
+
+    def set_used(gid: str, delta: int) -> None:
+        used_milli[gid] += delta
+        g = free_gpu[gid]
+        left = 1000 - used_milli[gid]
+        gpu_state[gid] = g if left == 1000 else Gpu(g.id, g.node, g.model, g.capacity, left / 1000)
+
     by_id = {f"{i}": t for i, t in enumerate(tasks)}
     arrivals = [(t.arrival, job_id) for job_id, t in by_id.items()]
     arrivals.reverse()  # pop() from the end = earliest first
@@ -161,9 +174,10 @@ def replay(
         while completions and completions[0][0] <= now:
             _, job_id = heapq.heappop(completions)
             run = running.pop(job_id)
+            milli = held_milli.pop(job_id)
             for gid in run.gpu_ids:
-                gpu_state[gid] = free_gpu[gid]
-            ledger.add(run.team, len(run.gpu_ids), run.start, now)
+                set_used(gid, -milli)
+            ledger.add(run.team, len(run.gpu_ids) * milli / 1000, run.start, now)
         while arrivals and arrivals[-1][0] <= now:
             _, job_id = arrivals.pop()
             t = by_id[job_id]
@@ -175,10 +189,13 @@ def replay(
                 max_duration_s=max(2.0 * t.runtime, MIN_ESTIMATE_S),
                 submitted_at=t.arrival,
                 models=t.models,
+                gpu_milli=t.gpu_milli if sharing else 1000,
             )
         if not pending:
             continue
-        usage = ledger.snapshot(now, ((r.team, len(r.gpu_ids), r.start) for r in running.values()))
+        usage = ledger.snapshot(
+            now, ((r.team, len(r.gpu_ids) * held_milli[r.id] / 1000, r.start) for r in running.values())
+        )
         snapshot = Snapshot(
             gpus=tuple(gpu_state.values()),
             pending=tuple(pending.values()),
@@ -194,7 +211,8 @@ def replay(
             job = pending.pop(start.job_id)
             t = by_id[start.job_id]
             for gid in start.gpu_ids:
-                gpu_state[gid] = busy_gpu[gid]
+                set_used(gid, start.milli)
+            held_milli[job.id] = start.milli
             running[job.id] = RunningJob(job.id, job.team, start.gpu_ids, now, job.max_duration_s)
             end = now + t.runtime
             heapq.heappush(completions, (end, job.id))
@@ -202,7 +220,7 @@ def replay(
             if records is not None:
                 records.append((t, now))
             jcts.append(end - t.arrival)
-            gpu_seconds += t.gpu_count * t.runtime
+            gpu_seconds += t.gpu_count * start.milli / 1000 * t.runtime
             last_end = max(last_end, end)
     if pending:
         raise RuntimeError(f"{len(pending)} jobs never started")
@@ -231,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-mix", action="store_true", help="the node list's models, gpu_spec honoured")
     parser.add_argument("--time-scale", type=float, default=1.0, help="divide arrival times by K")
     parser.add_argument("--policy", choices=("fifo", "backfill", "fair"), default="fair")
+    parser.add_argument("--sharing", action="store_true", help="fractional tasks take their gpu_milli of one GPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.time_scale <= 0:
@@ -243,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mix = model_mix(args.nodes, args.gpus) if args.model_mix else None
     gpus = build_cluster(args.gpus, mix)
     if mix is None:
-        tasks = [TraceTask(t.name, t.team, t.arrival, t.runtime, t.gpu_count, None) for t in tasks]
+        tasks = [TraceTask(t.name, t.team, t.arrival, t.runtime, t.gpu_count, None, t.gpu_milli) for t in tasks]
     largest: dict[frozenset[str] | None, int] = {}
     per_node: dict[tuple[str, str], int] = {}
     for g in gpus:
@@ -259,9 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped["no_fitting_node"] += 1
         else:
             runnable.append(t)
-    metrics = replay(runnable, gpus, policy_by_name(args.policy))
+    metrics = replay(runnable, gpus, policy_by_name(args.policy), sharing=args.sharing)
     result: dict[str, object] = {
         "policy": args.policy,
+        "sharing": args.sharing,
         "gpus": args.gpus,
         "model_mix": mix if mix is not None else {SINGLE_MODEL: args.gpus},
         "time_scale": args.time_scale,

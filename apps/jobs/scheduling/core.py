@@ -33,7 +33,7 @@ from apps.jobs.scheduling.model import (
     Stop,
     StopReason,
 )
-from apps.jobs.scheduling.placement import EPS, ClusterState
+from apps.jobs.scheduling.placement import EPS, MILLI, ClusterState, ShareState
 from apps.jobs.scheduling.policies import FAIR, ArrivalQueue, FairQueue, Policy, arrival_key
 
 ShapeKey = tuple[int, frozenset[str] | None]
@@ -54,6 +54,8 @@ def schedule(snapshot: Snapshot, *, policy: Policy = FAIR, now: float, explain: 
     for job in snapshot.pending:
         if job.gpu_count < 1 or not job.max_duration_s > 0.0:
             reasons[job.id] = Reason(ReasonCode.INVALID, "a job needs at least one GPU and a positive max duration")
+        elif not 0 < job.gpu_milli <= MILLI or (job.gpu_milli < MILLI and job.gpu_count != 1):
+            reasons[job.id] = Reason(ReasonCode.INVALID, "a fraction of a GPU is above 0 and of one GPU")
         elif job.reservation_id is not None:
             bound.append(job)
         else:
@@ -161,6 +163,7 @@ def _schedule_general(
         queue = ArrivalQueue(jobs)
     node_names = state.node_names
     gpu_ids = state.gpu_ids
+    shares = ShareState(snapshot, state)
     failed: dict[ShapeKey, float] = {}
     head: PendingJob | None = None
     planned: PlannedStart | None = None
@@ -173,14 +176,26 @@ def _schedule_general(
         if count > state.largest_gang(models):
             reasons[job.id] = _infeasible(state, job)
             continue
-        shape = (count, models)
+        milli = job.gpu_milli
+        # A fraction's shape is its size (negative, apart from gang sizes): a smaller one may fit where it failed.
+        shape = (count if milli >= MILLI else -milli, models)
         shortest_failed = failed.get(shape, INF)
-        spot = state.find(count, models, duration) if duration < shortest_failed else None
+        spot: tuple[int, list[int]] | None = None
+        if duration >= shortest_failed:
+            pass
+        elif milli < MILLI:
+            placed = shares.place_fraction(milli, models, duration)
+            spot = (placed[0], [placed[1]]) if placed is not None else None
+        else:
+            spot = state.find(count, models, duration)
+            if spot is not None:
+                state.take(spot[0], spot[1], now + duration)
         if spot is not None:
             n, gpus = spot
             end = now + duration
-            state.take(n, gpus, end)
-            starts.append(Start(job.id, node_names[n], tuple(gpu_ids[i] for i in gpus), end, planned is not None))
+            starts.append(
+                Start(job.id, node_names[n], tuple(gpu_ids[i] for i in gpus), end, planned is not None, milli)
+            )
             queue.started(job)
             continue
         if duration < shortest_failed:

@@ -73,6 +73,8 @@ class PendingJob:
     models: frozenset[str] | None = None
     priority: int = 0
     reservation_id: str | None = None
+    # A fraction of one GPU in thousandths (with gpu_count 1): 250 = a quarter; 1000 = whole GPUs.
+    gpu_milli: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,7 @@ class Start:
     gpu_ids: tuple[str, ...]
     expected_end: float
     backfilled: bool = False
+    milli: int = 1000  # thousandths of its GPU a fractional job takes (placement.ShareState); 1000 = whole GPUs
 
 
 class StopReason(StrEnum):

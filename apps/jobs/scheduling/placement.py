@@ -378,3 +378,62 @@ class ClusterState:
         if best_key is None:
             return None
         return best_key[0], best_key[2], sorted(best_gpus)
+
+
+MILLI = 1000
+"""Fractions of a GPU are counted in thousandths (the trace's ``gpu_milli``), so sums stay exact."""
+
+
+class ShareState:
+    """The partly used GPUs of one pass and their free thousandths, for jobs that ask for a fraction of one GPU.
+
+    ``place_fraction`` is the portal's placement of such a job, by best fit as "Beware of Fragmentation"
+    (USENIX ATC 2023) argues, in this order: a GPU that is already shared, if one has room, so whole GPUs stay
+    whole for gangs; among those the one it fills most tightly (least left over), so the remainders stay big
+    enough to use, then the node with the fewest whole GPUs free; only when none has room, a whole GPU opened by
+    the gang best fit (``ClusterState.find`` with one GPU: the node left with the fewest free GPUs), so nodes
+    with many whole GPUs stay whole. Gangs never share: they take whole GPUs through ``ClusterState``.
+    """
+
+    def __init__(self, snapshot: Snapshot, state: ClusterState) -> None:
+        self.state = state
+        self.free: dict[int, int] = {}
+        for g in snapshot.gpus:
+            i = state.index_of[g.id]
+            if g.capacity >= 1.0 - EPS and EPS < g.free < 1.0 - EPS and not self._in_active_reservation(i):
+                self.free[i] = round(g.free * MILLI)
+
+    def _in_active_reservation(self, i: int) -> bool:
+        now = self.state.now
+        return any(start <= now < end for start, end in self.state.gpu_resv.get(i, ()))
+
+    def place_fraction(self, milli: int, models: frozenset[str] | None, duration: float) -> tuple[int, int] | None:
+        """Take ``milli`` thousandths of one GPU for ``duration`` seconds: (node, GPU) by the rules above, or None
+        when no GPU has room now. The state is updated (the GPU's free thousandths, or the whole GPU opened)."""
+        if not 0 < milli <= MILLI:
+            raise ValueError(f"a fraction is 1..{MILLI} thousandths of a GPU, not {milli}")
+        state = self.state
+        end = state.now + duration
+        best: tuple[int, int, int] | None = None
+        best_i = -1
+        for i, free in self.free.items():
+            if free < milli or (models is not None and state.gpu_model[i] not in models):
+                continue
+            if state.until[i] < end - EPS:  # a reservation starts on it before this job would end
+                continue
+            n = state.gpu_node[i]
+            key = (free - milli, len(state.node_free[n]) + len(state.node_cfree[n]), i)
+            if best is None or key < best:
+                best, best_i = key, i
+        if best is not None:
+            self.free[best_i] -= milli
+            state.free_at[best_i] = max(state.free_at[best_i], end)
+            return state.gpu_node[best_i], best_i
+        spot = state.find(1, models, duration)
+        if spot is None:
+            return None
+        n, (i,) = spot
+        state.take(n, [i], end)
+        if milli < MILLI:
+            self.free[i] = MILLI - milli
+        return n, i
