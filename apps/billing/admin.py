@@ -11,7 +11,15 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from apps.billing import services
-from apps.billing.models import BudgetAlert, MonthClose, MonthStatus, Notification, Price, UsageRecord
+from apps.billing.models import (
+    BudgetAlert,
+    MigProfilePrice,
+    MonthClose,
+    MonthStatus,
+    Notification,
+    Price,
+    UsageRecord,
+)
 from apps.core.errors import ApplicationError
 
 _M = TypeVar("_M", bound=Model)
@@ -69,6 +77,14 @@ class PriceAdmin(admin.ModelAdmin[Price]):
             note=obj.note,
         )
         obj.pk = saved.pk
+
+
+@admin.register(MigProfilePrice)
+class MigProfilePriceAdmin(admin.ModelAdmin[MigProfilePrice]):
+    """Prices of MIG instances by profile; without one, an instance bills at its GPU's price x g/7."""
+
+    list_display = ["gpu_model", "profile", "hourly_price"]
+    list_select_related = ["gpu_model"]
 
 
 @admin.register(UsageRecord)

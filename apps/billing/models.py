@@ -68,6 +68,28 @@ class Price(models.Model):
         return f"{self.gpu_model} at {price} {settings.PORTAL_CURRENCY}/h from {since:%Y-%m-%d %H:%M}"
 
 
+class MigProfilePriceQuerySet(ScopedQuerySet["MigProfilePrice"]):
+    team_path = None
+
+
+class MigProfilePrice(models.Model):
+    """An admin's hourly price for one MIG instance of a profile on a GPU model. Without one, an instance bills at
+    the GPU's price x its compute fraction (1g = 1/7)."""
+
+    gpu_model = models.ForeignKey("fleet.GpuModel", on_delete=models.CASCADE, related_name="+")
+    profile = models.CharField(max_length=32, help_text="e.g. 1g.10gb")
+    hourly_price = models.DecimalField(max_digits=12, decimal_places=4)
+
+    objects = MigProfilePriceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["gpu_model__name", "profile"]
+        constraints = [models.UniqueConstraint(fields=["gpu_model", "profile"], name="billing_mig_price_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model} MIG {self.profile} at {self.hourly_price}/h"
+
+
 class UsageRecordQuerySet(ScopedQuerySet["UsageRecord"]):
     team_path = "team"
 
@@ -100,8 +122,11 @@ class UsageRecord(models.Model):
     end = models.DateTimeField()
     day = models.DateField(help_text="local date (settings.TIME_ZONE) the row lies in")
     month = models.DateField(help_text="first day of the local month")
-    gpu_seconds = models.PositiveIntegerField()
-    hourly_price = models.DecimalField(max_digits=12, decimal_places=4)
+    gpu_seconds = models.PositiveIntegerField(help_text="seconds held x share (a quarter of a GPU for an hour: 900)")
+    share = models.DecimalField(
+        max_digits=7, decimal_places=6, default=1, help_text="of the physical GPU: 1 whole, 1/7 a 1g MIG instance"
+    )
+    hourly_price = models.DecimalField(max_digits=12, decimal_places=4, help_text="of the whole GPU")
     cost = models.DecimalField(max_digits=20, decimal_places=8)
     mean_utilization = models.DecimalField(
         max_digits=7, decimal_places=6, null=True, blank=True, help_text="0..1; empty: no telemetry for the period"

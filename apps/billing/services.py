@@ -92,6 +92,7 @@ def ledger_rows_due(
             day=piece.day,
             month=piece.month,
             gpu_seconds=piece.seconds,
+            share=alloc.share,
             hourly_price=piece.hourly_price,
             cost=piece.cost,
             mean_utilization=utilization,

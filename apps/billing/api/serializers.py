@@ -37,6 +37,7 @@ class UsageRecordOutput(serializers.ModelSerializer[UsageRecord]):
             "start",
             "end",
             "gpu_seconds",
+            "share",
             "hourly_price",
             "cost",
             "mean_utilization",

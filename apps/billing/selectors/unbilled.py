@@ -4,14 +4,15 @@ The ledger closer writes these pieces; live month-to-date figures add them to th
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
+from decimal import Decimal
 
 from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.billing import costing
 from apps.billing.costing import Piece
-from apps.billing.models import SourceKind, UsageRecord
+from apps.billing.models import MigProfilePrice, SourceKind, UsageRecord
 from apps.billing.selectors.months import current_month, local_tz
 from apps.billing.selectors.pricing import PriceBook
 from apps.booking.models import Allocation, AllocationKind
@@ -30,6 +31,10 @@ class OpenAllocation:
     source_id: int
     start: datetime
     end: datetime  # billable end: its end, or now while it runs
+    # The device's fraction of its physical GPU (a MIG instance g/7, a share 1/N, a whole GPU 1) and its MIG
+    # profile: a slice bills at the GPU's price x share unless an admin priced the profile (billing.MigProfilePrice).
+    share: Decimal = Decimal(1)
+    profile: str = ""
 
 
 def billable_allocations() -> QuerySet[Allocation]:
@@ -60,7 +65,18 @@ def unbilled_allocations(
         qs = qs.filter(pk__in=list(allocation_ids))
     out: list[OpenAllocation] = []
     for row in qs.values(
-        "id", "gpu_id", "gpu__model_id", "team_id", "user_id", "kind", "reservation_id", "job_id", "start", "end"
+        "id",
+        "gpu_id",
+        "gpu__model_id",
+        "team_id",
+        "user_id",
+        "kind",
+        "reservation_id",
+        "job_id",
+        "start",
+        "end",
+        "gpu__capacity",
+        "gpu__mig_profile",
     ):
         source_id: int | None
         if row["kind"] == AllocationKind.RESERVATION:
@@ -80,6 +96,8 @@ def unbilled_allocations(
                 source_id=int(source_id),
                 start=row["start"],
                 end=min(row["end"], now),
+                share=Decimal(row["gpu__capacity"]),
+                profile=row["gpu__mig_profile"],
             )
         )
     return out
@@ -102,14 +120,36 @@ def unbilled_pieces(
     """The pieces of these allocations (up to their billable end) that have no ledger row, optionally only one
     month's."""
     billed = billed_starts([a.id for a in allocations], month=month)
+    profile_prices = mig_profile_prices() if any(a.profile for a in allocations) else {}
     out: list[tuple[OpenAllocation, Piece]] = []
     for alloc in allocations:
         for piece in book.split(alloc.gpu_model_id, alloc.start, alloc.end):
             if month is not None and piece.month != month:
                 continue
             if (alloc.id, piece.start) not in billed:
-                out.append((alloc, piece))
+                out.append((alloc, slice_piece(piece, alloc, profile_prices)))
     return out
+
+
+def mig_profile_prices() -> dict[tuple[int, str], Decimal]:
+    """Admins' prices of MIG profiles, by (GPU model id, profile): the hourly price of one such instance."""
+    return {
+        (m, p): price for m, p, price in MigProfilePrice.objects.values_list("gpu_model_id", "profile", "hourly_price")
+    }
+
+
+def slice_piece(piece: Piece, alloc: OpenAllocation, profile_prices: dict[tuple[int, str], Decimal]) -> Piece:
+    """A piece of a MIG instance or share as billed: GPU-seconds = seconds x share, cost = the GPU's price x share
+    x seconds, or the admin's price of the profile x seconds. A whole GPU's piece is unchanged."""
+    override = profile_prices.get((alloc.gpu_model_id, alloc.profile)) if alloc.profile else None
+    if override is None and alloc.share == 1:
+        return piece
+    seconds = Decimal(piece.seconds) * alloc.share
+    if override is not None:
+        cost = costing.cost_of(piece.seconds, override)
+    else:
+        cost = costing.cost_of(seconds, piece.hourly_price)
+    return replace(piece, seconds=int(seconds.to_integral_value()), cost=cost)
 
 
 def teams_with_unbilled_time(*, now: datetime) -> list[int]:

@@ -1,0 +1,73 @@
+"""Billing by the slice: a 1g.10gb MIG instance bills 1/7 of its GPU's price, a quarter share 1/4, a whole GPU of
+a shared GPU 4 x 1/4; an admin's price of a profile wins; the ledger rows, the usage API and the monthly report
+carry the share."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from apps.billing import services as billing
+from apps.billing.models import MigProfilePrice, UsageRecord
+from apps.booking.services import allocations_create
+from apps.fleet.models import Gpu
+
+pytestmark = pytest.mark.django_db
+
+PRICE = Decimal("2.8000")  # the fixture's A100 price: 1g = 0.40/h, a quarter = 0.70/h
+
+
+def _hold(vision, alice, gpu: Gpu, job_id: int) -> None:
+    end = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    allocations_create(
+        gpus=[gpu], team=vision, user=alice, start=end - timedelta(hours=1), end=end, kind="job", job_id=job_id
+    )
+
+
+def _rows(job_id: int) -> list[UsageRecord]:
+    billing.ledger_close(now=timezone.now())
+    return list(UsageRecord.objects.filter(source="job", source_id=job_id).order_by("gpu_id"))
+
+
+def test_slices_bill_at_their_fraction(vision, alice, api_as, sharing_fleet):
+    instance = Gpu.devices.filter(parent=sharing_fleet["mig"]).order_by("index").first()
+    quarter = Gpu.devices.filter(parent=sharing_fleet["shared"]).order_by("index").first()
+    assert instance is not None and quarter is not None
+    _hold(vision, alice, instance, 1)
+    _hold(vision, alice, quarter, 2)
+    (mig,) = _rows(1)
+    assert mig.share == Decimal("0.142857")
+    assert mig.gpu_seconds == round(3600 / 7)
+    assert mig.cost.quantize(Decimal("0.01")) == Decimal("0.40")
+    (share,) = _rows(2)
+    assert (share.share, share.gpu_seconds, share.cost) == (Decimal("0.25"), 900, Decimal("0.70"))
+    usage = {r["source_id"]: r for r in api_as(alice).get("/api/v1/usage/").json()["results"]}
+    assert Decimal(usage[2]["share"]) == Decimal("0.25")
+    month = timezone.localtime(mig.start).strftime("%Y-%m")
+    report = api_as(alice).get(f"/api/v1/reports/monthly/?month={month}&team=vision").json()
+    assert "1.10" in str(report)  # 0.40 + 0.70, the slices at their fraction of the price
+
+
+def test_whole_gpu_of_a_shared_gpu_bills_once(vision, alice, sharing_fleet):
+    for n, part in enumerate(Gpu.devices.filter(parent=sharing_fleet["shared"]).order_by("index")):
+        end = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+        allocations_create(
+            gpus=[part], team=vision, user=alice, start=end - timedelta(hours=1), end=end, kind="job", job_id=10
+        )
+        assert n < 4
+    rows = _rows(10)
+    assert len(rows) == 4
+    assert sum(r.cost for r in rows) == PRICE
+    assert sum(r.gpu_seconds for r in rows) == 3600
+
+
+def test_an_admins_profile_price_wins(vision, alice, sharing_fleet):
+    MigProfilePrice.objects.create(gpu_model=sharing_fleet["model"], profile="1g.10gb", hourly_price=Decimal("0.5"))
+    instance = Gpu.devices.filter(parent=sharing_fleet["mig"]).order_by("index").first()
+    assert instance is not None
+    _hold(vision, alice, instance, 3)
+    (row,) = _rows(3)
+    assert row.cost == Decimal("0.5")
