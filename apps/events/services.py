@@ -6,9 +6,6 @@ Celery, after commit, and again from the periodic sweep for anything a lost mess
 
 from __future__ import annotations
 
-import logging
-
-from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
@@ -20,10 +17,9 @@ from apps.core.errors import Forbidden, NotFound, ValidationFailed
 from apps.events import secrets
 from apps.events.matching import pattern_is_valid
 from apps.events.models import MailPreference, OutboxEvent, WebhookEndpoint
+from apps.events.nudge import nudge
 from apps.events.selectors import webhook_get
 from apps.events.ssrf import UnsafeUrl, check_url
-
-logger = logging.getLogger(__name__)
 
 
 def publish(
@@ -45,16 +41,7 @@ def publish(
         data=data,
     )
     event_id = event.pk
-    transaction.on_commit(lambda: _enqueue_dispatch(event_id))
-
-
-def _enqueue_dispatch(event_id: int) -> None:
-    # By name, so this module does not import the tasks that call it. A broker that is down loses only the nudge:
-    # the sweep finds the undispatched row.
-    try:
-        current_app.send_task("events.dispatch", args=[event_id], queue="portal")
-    except Exception as exc:  # the outbox row is the record; the sweep sends it later
-        logger.warning("events: dispatch of event %s not enqueued (%s); the sweep will", event_id, exc)
+    transaction.on_commit(lambda: nudge(event_id))
 
 
 def _manageable_team(*, user: User, team_slug: str | None) -> Team | None:

@@ -21,6 +21,13 @@ def dispatch_event(event_id: int) -> None:
     _send(outbox.dispatch_event(event_id))
 
 
+@shared_task(name="events.dispatch_many", queue="portal", time_limit=120, soft_time_limit=100, ignore_result=True)  # type: ignore[untyped-decorator]
+def dispatch_many(event_ids: list[int]) -> None:
+    """Fan out a batch of events (the after-commit nudges of one process, see apps/events/nudge.py)."""
+    for event_id in event_ids:
+        _send(outbox.dispatch_event(event_id))
+
+
 @shared_task(name="events.deliver_webhook", queue="portal", time_limit=60, soft_time_limit=50, ignore_result=True)  # type: ignore[untyped-decorator]
 def deliver_webhook(delivery_id: int) -> None:
     """One attempt; a failure schedules the next after its backoff (the sweep also finds it if this is lost)."""

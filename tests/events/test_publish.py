@@ -72,3 +72,31 @@ def test_patterns() -> None:
     assert pattern_is_valid("reservation.*") and pattern_is_valid("budget.threshold")
     assert not pattern_is_valid("nope.*") and not pattern_is_valid("job.exploded")
     assert [backoff_s(n, base_s=5, max_s=60) for n in (1, 2, 3, 4, 5)] == [5, 10, 20, 40, 60]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_nudges_the_fan_out_through_the_broker(vision: Any) -> None:
+    """After commit (not before), one `events.dispatch_many` message naming the event reaches the broker."""
+    import base64
+    import json
+    import time
+
+    from apps.core.redis import get_redis
+
+    def nudged() -> set[int]:
+        ids: set[int] = set()
+        for raw in get_redis().lrange("portal", 0, -1):
+            message = json.loads(raw)
+            if message["headers"]["task"] == "events.dispatch_many":
+                args, _, _ = json.loads(base64.b64decode(message["body"]))
+                ids.update(args[0])
+        return ids
+
+    with transaction.atomic():
+        publish("node.up", team_id=None, subject="nodes/n1", data={})
+        event_id = OutboxEvent.objects.get().pk
+        assert event_id not in nudged()  # nothing is queued before the commit
+    deadline = time.monotonic() + 10
+    while event_id not in nudged() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert event_id in nudged()
