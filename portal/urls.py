@@ -33,6 +33,7 @@ urlpatterns = [
     path("book/", include("apps.booking.urls")),
     path("jobs/", include("apps.jobs.urls")),
     path("costs/", include("apps.billing.urls")),
+    path("efficiency/", include("apps.efficiency.urls")),
     path("events/", include("apps.events.urls")),
     path("admin/", admin.site.urls),
     path("metrics", telemetry_views.metrics, name="metrics"),

@@ -94,6 +94,8 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
         "GET": (401, 404, 200, 200, 200, 200),
         "PATCH": (401, 403, 403, 403, 200, 403),
     },
+    # As the monthly report: managers (their teams) and admins; asked about team vision.
+    "api/v1/reports/efficiency/": {"GET": (401, 404, 403, 200, 200, 403)},
     "api/schema/": {"GET": (200, 200, 200, 200, 200, 200)},
     "api/docs/": {"GET": (200, 200, 200, 200, 200, 200)},
 }
@@ -298,6 +300,7 @@ QUERIES: dict[str, Callable[[Cast], str]] = {
     "api/v1/booking/timeline/": _window_query,
     "api/v1/booking/quota/": lambda cast: f"?team={cast.vision.slug}",
     "api/v1/reports/monthly/": lambda cast: f"?team={cast.vision.slug}",
+    "api/v1/reports/efficiency/": lambda cast: f"?team={cast.vision.slug}",
 }
 
 # Route pattern -> maker of the URL kwargs for an object of team vision. A route with parameters and no maker

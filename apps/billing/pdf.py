@@ -23,6 +23,9 @@ from reportlab.platypus import (
     TableStyle,
 )
 
+from apps.billing.selectors.months import parse_month
+from apps.efficiency.report import pdf_lines
+
 MAX_USERS_LISTED = 25
 _MARGIN = 16 * mm
 _FRAME_W = A4[0] - 2 * _MARGIN
@@ -122,6 +125,10 @@ def _team_section(team: dict[str, Any], report: dict[str, Any]) -> list[Flowable
                 _SMALL,
             )
         )
+    lines = pdf_lines(team_slug=team["team"], month=parse_month(report["month"]))
+    if lines:
+        flow.append(Paragraph("Efficiency", _H2))
+        flow.extend(Paragraph(line, _BODY) for line in lines)
     flow.append(Spacer(1, 4 * mm))
     flow.append(
         Paragraph(

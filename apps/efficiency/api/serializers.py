@@ -28,3 +28,41 @@ class IdlePolicyInput(serializers.Serializer[Any]):
     memory_below_pct = serializers.IntegerField(required=False, min_value=0, max_value=100)
     applies_to = serializers.ListField(child=serializers.ChoiceField(choices=["reservations", "jobs"]), required=False)
     unused_release_after_min = serializers.IntegerField(required=False, min_value=0)
+
+
+class EfficiencyFiguresOutput(serializers.Serializer[Any]):
+    allocated_gpu_hours = serializers.CharField()
+    used_gpu_hours = serializers.CharField(help_text="GPU-hours weighted by mean utilization")
+    idle_gpu_hours = serializers.CharField()
+    idle_cost = serializers.CharField()
+    reclaimed_gpu_hours = serializers.CharField()
+    reclaimed_cost = serializers.CharField()
+
+
+class EfficiencyUserOutput(EfficiencyFiguresOutput):
+    user = serializers.CharField()
+
+
+class EfficiencyWorstOutput(serializers.Serializer[Any]):
+    kind = serializers.ChoiceField(choices=["job", "reservation"])
+    id = serializers.IntegerField()
+    user = serializers.CharField()
+    allocated_gpu_hours = serializers.CharField()
+    idle_gpu_hours = serializers.CharField()
+    idle_cost = serializers.CharField()
+    memory_peak_mib = serializers.IntegerField(allow_null=True)
+    memory_allocated_mib = serializers.IntegerField(allow_null=True)
+
+
+class EfficiencyTeamOutput(EfficiencyFiguresOutput):
+    team = serializers.CharField()
+    name = serializers.CharField()
+    by_user = EfficiencyUserOutput(many=True)
+    worst = EfficiencyWorstOutput(many=True)
+
+
+class EfficiencyReportOutput(serializers.Serializer[Any]):
+    month = serializers.CharField()
+    currency = serializers.CharField()
+    teams = EfficiencyTeamOutput(many=True)
+    totals = EfficiencyFiguresOutput()

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.models import Scope, Team
+from apps.billing.api.serializers import ReportQueryInput
+from apps.billing.selectors.months import parse_month
 from apps.core.api.base import PortalAPIView
 from apps.core.errors import NotFound, ValidationFailed
-from apps.efficiency import selectors, services
-from apps.efficiency.api.serializers import IdlePolicyInput, IdlePolicyOutput
+from apps.efficiency import report, selectors, services
+from apps.efficiency.api.serializers import EfficiencyReportOutput, IdlePolicyInput, IdlePolicyOutput
 
 
 class IdlePolicyView(PortalAPIView):
@@ -38,3 +44,59 @@ class IdlePolicyView(PortalAPIView):
         data: dict[str, Any] = dict(request.data)
         policy = services.idle_policy_update(user=request.user, team=team, data=data)
         return Response(IdlePolicyOutput(policy).data)
+
+
+class EfficiencyCsvRenderer(BaseRenderer):
+    """The efficiency report as CSV (`?format=csv`): teams, users, the worst items, totals."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows(report.report_csv_rows(data))
+        return buffer.getvalue().encode()
+
+
+class EfficiencyReportView(PortalAPIView):
+    """Efficiency per team and user for a month: allocated, utilization-weighted, idle and reclaimed GPU-hours, idle
+    cost, the jobs and reservations that wasted most. Managers get their teams, admins every team; members 403."""
+
+    renderer_classes = [JSONRenderer, EfficiencyCsvRenderer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("month", str, description="YYYY-MM; default the current month"),
+            OpenApiParameter("team", str, description="team slug"),
+            OpenApiParameter("format", str, enum=["json", "csv"]),
+        ],
+        responses={200: EfficiencyReportOutput, (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR)},
+    )
+    def get(self, request: Request) -> Response:
+        query = request.query_params
+        params = ReportQueryInput(data={k: query[k] for k in ("month", "team") if k in query})
+        params.is_valid(raise_exception=True)
+        month = parse_month(params.validated_data.get("month"))
+        team = params.validated_data.get("team") or None
+        body = report.efficiency_report(user=request.user, month=month, team_slug=team)
+        response = Response(body)
+        if request.accepted_renderer.format == "csv":
+            name = f"gpu-efficiency-{body['month']}{'-' + team if team else ''}.csv"
+            response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        # Errors and OPTIONS leave as JSON in the error shape even when CSV was asked for.
+        if request.method != "GET" or getattr(response, "status_code", 200) >= 300:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        wanted = request.query_params.get("format")
+        if wanted and wanted not in {"json", "csv"}:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = "application/json"
+            raise ValidationFailed("format must be json or csv.", fields={"format": ["json or csv."]})
+        return super().perform_content_negotiation(request, force)

@@ -1,0 +1,235 @@
+"""The efficiency report (GET /api/v1/reports/efficiency/, the Efficiency page, a section of the monthly PDF): per
+team and per user for one month, from the billing ledger (allocated GPU-hours and their mean utilization) and the
+idle detector's record (reclaimed GPU-hours).
+
+- `allocated_gpu_hours`: every ledger row of the month;
+- `used_gpu_hours`: the rows' GPU-hours weighted by their mean utilization (rows with telemetry);
+- `idle_gpu_hours`, `idle_cost`: the rest of the rows with telemetry (as billing's idle cost: cost x (1 - mean
+  utilization)); rows without telemetry count in neither;
+- `reclaimed_gpu_hours`, `reclaimed_cost`: reservations and jobs reclaimed while idle or released unused that month;
+- `worst`: the jobs and reservations with the highest idle cost, with their memory peak against the GPUs' memory.
+Access as for the monthly report: admins every team, managers their teams, members 403.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db.models import DecimalField, F, FloatField, Q, Sum
+from django.db.models.functions import Coalesce
+
+from apps.accounts.models import Team
+from apps.accounts.types import AnyUser
+from apps.billing.models import UsageRecord
+from apps.billing.selectors.months import local_tz, month_label
+from apps.billing.selectors.reports import report_teams_for
+from apps.efficiency.jobinfo import job_efficiency
+from apps.efficiency.models import IdleMark, MarkState
+from apps.jobs.models import Job
+
+WORST_SHOWN = 10
+_H = Decimal(3600)
+_CENT = Decimal("0.01")
+
+
+def _month_bounds(month: date) -> tuple[datetime, datetime]:
+    tz = local_tz()
+    nxt = (month.replace(day=28) + timedelta(days=4)).replace(day=1)
+    return datetime.combine(month, time(), tz), datetime.combine(nxt, time(), tz)
+
+
+def _figures(
+    seconds: Any, used: Any, known: Any, idle_cost: Any, reclaimed: Decimal, reclaimed_cost: Decimal
+) -> dict[str, str]:
+    seconds_d = Decimal(seconds or 0)
+    used_d = Decimal(str(used or 0))
+    known_d = Decimal(known or 0)
+    return {
+        "allocated_gpu_hours": str((seconds_d / _H).quantize(_CENT)),
+        "used_gpu_hours": str((used_d / _H).quantize(_CENT)),
+        "idle_gpu_hours": str(((known_d - used_d) / _H).quantize(_CENT)),
+        "idle_cost": str(Decimal(idle_cost or 0).quantize(_CENT)),
+        "reclaimed_gpu_hours": str(reclaimed.quantize(_CENT)),
+        "reclaimed_cost": str(reclaimed_cost.quantize(_CENT)),
+    }
+
+
+def _annotations() -> dict[str, Any]:
+    known = Q(mean_utilization__isnull=False)
+    money = DecimalField(max_digits=24, decimal_places=8)
+    return {
+        "seconds": Sum("gpu_seconds"),
+        "used": Sum(F("gpu_seconds") * F("mean_utilization"), filter=known, output_field=FloatField()),
+        "known": Sum("gpu_seconds", filter=known),
+        "idle": Sum(F("cost") - F("cost") * F("mean_utilization"), filter=known, output_field=money),
+    }
+
+
+def efficiency_figures(*, month: date, team_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """{team_id: {"team": figures, "users": {user_id: figures}, "worst": [...]}} (no access check: callers do)."""
+    rows: Any = UsageRecord.objects.filter(month=month, team_id__in=team_ids)  # annotated by name below
+    start, end = _month_bounds(month)
+    marks = IdleMark.objects.filter(
+        team_id__in=team_ids,
+        state__in=[MarkState.RECLAIMED, MarkState.UNUSED],
+        reclaimed_at__gte=start,
+        reclaimed_at__lt=end,
+    )
+    zero = (Decimal(0), Decimal(0))
+    rec_team: dict[int, tuple[Decimal, Decimal]] = defaultdict(lambda: zero)
+    rec_user: dict[tuple[int, int | None], tuple[Decimal, Decimal]] = defaultdict(lambda: zero)
+    for team_id, user_id, hours, cost in marks.values_list(
+        "team_id", "user_id", "reclaimed_gpu_hours", "reclaimed_cost"
+    ):
+        h, c = rec_team[team_id]
+        rec_team[team_id] = (h + hours, c + cost)
+        h, c = rec_user[(team_id, user_id)]
+        rec_user[(team_id, user_id)] = (h + hours, c + cost)
+    out: dict[int, dict[str, Any]] = {}
+    for r in rows.values("team_id").annotate(**_annotations()):
+        out[r["team_id"]] = {
+            "team": _figures(r["seconds"], r["used"], r["known"], r["idle"], *rec_team[r["team_id"]]),
+            "users": {},
+            "worst": [],
+        }
+    for team_id in team_ids:
+        out.setdefault(team_id, {"team": _figures(0, 0, 0, 0, *rec_team[team_id]), "users": {}, "worst": []})
+    for r in rows.values("team_id", "user_id").annotate(**_annotations()):
+        out[r["team_id"]]["users"][r["user_id"]] = _figures(
+            r["seconds"], r["used"], r["known"], r["idle"], *rec_user[(r["team_id"], r["user_id"])]
+        )
+    for (tid, uid), rec in rec_user.items():
+        out[tid]["users"].setdefault(uid, _figures(0, 0, 0, 0, *rec))
+    worst: Any = (
+        rows.values("team_id", "user_id", "source", "source_id")
+        .annotate(**_annotations())
+        .annotate(idle_sort=Coalesce("idle", Decimal(0), output_field=DecimalField()))
+        .order_by("-idle_sort", "source", "source_id")
+    )
+    per_team_count: dict[int, int] = defaultdict(int)
+    for r in worst[: WORST_SHOWN * max(len(team_ids), 1)]:
+        if per_team_count[r["team_id"]] >= WORST_SHOWN or not r["idle"]:
+            continue
+        per_team_count[r["team_id"]] += 1
+        fig = _figures(r["seconds"], r["used"], r["known"], r["idle"], Decimal(0), Decimal(0))
+        item: dict[str, Any] = {
+            "kind": r["source"],
+            "id": r["source_id"],
+            "user_id": r["user_id"],
+            "allocated_gpu_hours": fig["allocated_gpu_hours"],
+            "idle_gpu_hours": fig["idle_gpu_hours"],
+            "idle_cost": fig["idle_cost"],
+            "memory_peak_mib": None,
+            "memory_allocated_mib": None,
+        }
+        if r["source"] == "job":
+            job = Job.objects.filter(pk=r["source_id"]).first()
+            if job is not None:
+                eff = job_efficiency(job)
+                item["memory_peak_mib"] = eff.gpu_memory_peak_mib
+                item["memory_allocated_mib"] = eff.gpu_memory_total_mib or None
+        out[r["team_id"]]["worst"].append(item)
+    return out
+
+
+def efficiency_report(*, user: AnyUser, month: date, team_slug: str | None = None) -> dict[str, Any]:
+    """The report for the teams the user may read (403/404 as the monthly report)."""
+    teams, _ = report_teams_for(user=user, team_slug=team_slug)
+    figures = efficiency_figures(month=month, team_ids=[t.pk for t in teams])
+    user_ids = {u for f in figures.values() for u in f["users"]} | {
+        w["user_id"] for f in figures.values() for w in f["worst"]
+    }
+    names = dict(get_user_model().objects.filter(pk__in=[u for u in user_ids if u]).values_list("pk", "username"))
+    out_teams = []
+    for team in teams:
+        f = figures[team.pk]
+        out_teams.append(
+            {
+                "team": team.slug,
+                "name": team.name,
+                **f["team"],
+                "by_user": sorted(
+                    (
+                        {"user": names.get(uid, "(deleted)") if uid else "(none)", **fig}
+                        for uid, fig in f["users"].items()
+                    ),
+                    key=lambda u: (-Decimal(u["idle_cost"]), u["user"]),
+                ),
+                "worst": [
+                    {**{k: v for k, v in w.items() if k != "user_id"}, "user": names.get(w["user_id"], "")}
+                    for w in f["worst"]
+                ],
+            }
+        )
+    keys = [
+        "allocated_gpu_hours",
+        "used_gpu_hours",
+        "idle_gpu_hours",
+        "idle_cost",
+        "reclaimed_gpu_hours",
+        "reclaimed_cost",
+    ]
+    totals = {k: str(sum((Decimal(t[k]) for t in out_teams), Decimal(0))) for k in keys}
+    return {"month": month_label(month), "currency": settings.PORTAL_CURRENCY, "teams": out_teams, "totals": totals}
+
+
+CSV_COLUMNS = [
+    "allocated_gpu_hours",
+    "used_gpu_hours",
+    "idle_gpu_hours",
+    "idle_cost",
+    "reclaimed_gpu_hours",
+    "reclaimed_cost",
+]
+
+
+def report_csv_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per team, per team and user, the worst items, and the totals."""
+    rows: list[list[str]] = [
+        ["month", "scope", "team", "user", "item", *CSV_COLUMNS, "memory_peak_mib", "memory_allocated_mib"]
+    ]
+    m = report["month"]
+    for t in report["teams"]:
+        rows.append([m, "team", t["team"], "", "", *[t[c] for c in CSV_COLUMNS], "", ""])
+        for u in t["by_user"]:
+            rows.append([m, "user", t["team"], u["user"], "", *[u[c] for c in CSV_COLUMNS], "", ""])
+        for w in t["worst"]:
+            rows.append(
+                [
+                    m, "worst", t["team"], w["user"], f"{w['kind']}:{w['id']}", w["allocated_gpu_hours"], "",
+                    w["idle_gpu_hours"], w["idle_cost"], "", "", str(w["memory_peak_mib"] or ""),
+                    str(w["memory_allocated_mib"] or ""),
+                ]
+            )  # fmt: skip
+    rows.append([m, "total", "", "", "", *[report["totals"][c] for c in CSV_COLUMNS], "", ""])
+    return rows
+
+
+def pdf_lines(*, team_slug: str, month: date) -> list[str]:
+    """The monthly PDF's efficiency section for one team, as plain sentences (apps/billing/pdf.py lays them out)."""
+    team = Team.objects.filter(slug=team_slug).first()
+    if team is None:
+        return []
+    f = efficiency_figures(month=month, team_ids=[team.pk])[team.pk]
+    fig = f["team"]
+    cur = settings.PORTAL_CURRENCY
+    lines = [
+        f"{fig['allocated_gpu_hours']} GPU-hours allocated, {fig['used_gpu_hours']} used (weighted by utilization), "
+        f"{fig['idle_gpu_hours']} idle costing {fig['idle_cost']} {cur}.",
+        f"Reclaimed while idle or unused: {fig['reclaimed_gpu_hours']} GPU-hours ({fig['reclaimed_cost']} {cur}).",
+    ]
+    for w in f["worst"][:3]:
+        mem = (
+            f", memory peak {w['memory_peak_mib']} of {w['memory_allocated_mib']} MiB"
+            if w["memory_peak_mib"] is not None
+            else ""
+        )
+        lines.append(
+            f"Most idle: {w['kind']} #{w['id']}: {w['idle_gpu_hours']} idle GPU-hours, {w['idle_cost']} {cur}{mem}."
+        )
+    return lines

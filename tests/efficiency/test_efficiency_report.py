@@ -1,0 +1,99 @@
+"""GET /api/v1/reports/efficiency/ (JSON and CSV), the Efficiency page and the PDF section, over real ledger rows
+and reclaim records: allocated, utilization-weighted, idle and reclaimed GPU-hours per team and user, the worst."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from apps.billing import pdf
+from apps.billing.models import UsageRecord
+from apps.billing.selectors import monthly_report
+from apps.billing.selectors.months import current_month
+from apps.efficiency.models import IdleMark, MarkState
+from apps.efficiency.report import pdf_lines
+from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/reports/efficiency/"
+
+
+@pytest.fixture
+def ledger(alice: Any, bob: Any, vision: Any) -> None:
+    model = GpuModelFactory(name="A100-80GB", memory_mib=81920, hourly_price=Decimal("2.0"))
+    gpu = GpuFactory(node=NodeFactory(name="n1"), index=0, model=model, uuid="GPU-r-0")
+    start = timezone.localtime().replace(day=1, hour=1, minute=0, second=0, microsecond=0)
+    month = start.date()
+
+    def row(user: Any, source: str, sid: int, hours: int, util: str | None, offset_h: int) -> None:
+        s = start + timedelta(hours=offset_h)
+        UsageRecord.objects.create(
+            team=vision, user=user, gpu=gpu, gpu_model=model, source=source, source_id=sid, start=s,
+            end=s + timedelta(hours=hours), day=s.date(), month=month, gpu_seconds=hours * 3600,
+            hourly_price=Decimal("2.0"), cost=Decimal(hours * 2),
+            mean_utilization=Decimal(util) if util is not None else None,
+        )  # fmt: skip
+
+    row(alice, "reservation", 11, 10, "0.10", 0)  # 10 h, 1 used, 9 idle: 18.00 idle cost
+    row(bob, "job", 12, 4, "0.75", 10)  # 4 h, 3 used, 1 idle: 2.00
+    row(bob, "job", 13, 2, None, 14)  # no telemetry: counts in neither used nor idle
+    IdleMark.objects.create(
+        team=vision, user=alice, kind="reservation", source_id=11, state=MarkState.RECLAIMED,
+        reclaimed_at=timezone.now(), reclaimed_gpu_hours=Decimal("5.5"), reclaimed_cost=Decimal("11"),
+    )  # fmt: skip
+
+
+def test_manager_gets_the_figures(api_as, alice, ledger):
+    body = api_as(alice).get(URL, {"team": "vision"}).json()
+    [team] = body["teams"]
+    assert (team["allocated_gpu_hours"], team["used_gpu_hours"], team["idle_gpu_hours"], team["idle_cost"]) == (
+        "16.00",
+        "4.00",
+        "10.00",
+        "20.00",
+    )
+    assert team["reclaimed_gpu_hours"] == "5.50" and team["reclaimed_cost"] == "11.00"
+    users = {u["user"]: u for u in team["by_user"]}
+    assert users["alice"]["idle_gpu_hours"] == "9.00" and users["alice"]["reclaimed_gpu_hours"] == "5.50"
+    assert users["bob"]["used_gpu_hours"] == "3.00" and users["bob"]["allocated_gpu_hours"] == "6.00"
+    assert [(w["kind"], w["id"]) for w in team["worst"]] == [("reservation", 11), ("job", 12)]
+    assert body["totals"]["idle_cost"] == "20.00"
+
+
+def test_members_are_refused_outsiders_get_404(api_as, bob, charlie, ledger):
+    assert api_as(bob).get(URL, {"team": "vision"}).status_code == 403
+    assert api_as(charlie).get(URL, {"team": "vision"}).status_code == 404
+    resp = api_as(bob).get(URL, {"month": "2026-13"})
+    assert resp.status_code == 400 and resp.json()["code"] == "invalid"
+
+
+def test_csv(api_as, alice, ledger):
+    resp = api_as(alice).get(URL, {"team": "vision", "format": "csv"})
+    assert resp.status_code == 200 and resp["Content-Type"].startswith("text/csv")
+    rows = list(csv.reader(io.StringIO(resp.content.decode())))
+    assert rows[0][:5] == ["month", "scope", "team", "user", "item"]
+    team_row = next(r for r in rows if r[1] == "team")
+    assert team_row[5:9] == ["16.00", "4.00", "10.00", "20.00"]
+    assert any(r[1] == "worst" and r[4] == "reservation:11" for r in rows)
+
+
+def test_page_and_pdf_section(alice, bob, ledger):
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/efficiency/").content.decode()
+    assert 'id="chart-efficiency-teams"' in page and 'id="efficiency-data"' in page and "20.00" in page
+    client.force_login(bob)
+    assert 'id="efficiency-error"' in client.get("/efficiency/").content.decode()
+    report = monthly_report(user=alice, month=current_month(), team_slug="vision")
+    data = pdf.team_statement(report, "vision")
+    assert data.startswith(b"%PDF")
+    lines = pdf_lines(team_slug="vision", month=current_month())
+    assert lines[0].startswith("16.00 GPU-hours allocated, 4.00 used") and "5.50 GPU-hours" in lines[1]
+    assert lines[2].startswith("Most idle: reservation #11: 9.00 idle GPU-hours")
