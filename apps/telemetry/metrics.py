@@ -29,7 +29,8 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from apps.core.redis import get_redis
-from apps.fleet.models import Gpu, GpuStatus, Node, NodeStatus
+from apps.fleet.models import DeviceKind, Gpu, GpuStatus, Node, NodeStatus
+from apps.fleet.selectors import gpu_holders
 from apps.telemetry.selectors import all_latest_samples, is_stale, stats
 
 Sample = Mapping[str, Any]
@@ -183,6 +184,50 @@ def gpu_series(*, now: float, node: str | None = None) -> list[tuple[list[str], 
     return out
 
 
+MIG_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_ID", "GPU_I_PROFILE", "instance")
+MIG_SERIES = (
+    ("gpuportal_mig_instance_memory_mib", "MIG instance memory (in MiB), as its profile gives it."),
+    ("gpuportal_mig_instance_allocated", "1 while a reservation or job holds the MIG instance."),
+)
+
+
+def mig_text(*, node: str | None = None) -> str:
+    """MIG instances under dcgm-exporter's convention: the GPU's `gpu`, `UUID` and `device` labels with `GPU_I_ID`
+    and `GPU_I_PROFILE`, so dashboards can join them to the GPU's series. What the portal knows of an instance (its
+    memory, whether it is held); per-instance activity needs DCGM's profiling fields, which NVML does not give."""
+    parts = Gpu.devices.filter(kind=DeviceKind.MIG, retired_at__isnull=True, parent__retired_at__isnull=True)
+    if node is not None:
+        parts = parts.filter(parent__node__name=node)
+    rows = list(
+        parts.order_by("parent__node__name", "parent__index", "gi_id").values_list(
+            "uuid", "parent__index", "parent__uuid", "parent__name", "model__name", "parent__node__name", "gi_id",
+            "mig_profile", "memory_mib",
+        )
+    )  # fmt: skip
+    if not rows:
+        return ""
+    held = gpu_holders()
+    lines: list[str] = []
+    for name, help_text in MIG_SERIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} gauge")
+        for uuid, index, parent_uuid, gpu_name, model, host, gi_id, profile, memory in rows:
+            values = [
+                str(index),
+                parent_uuid,
+                f"nvidia{index}",
+                gpu_name or model,
+                host,
+                str(gi_id or 0),
+                profile,
+                host,
+            ]
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in zip(MIG_LABELS, values, strict=True))
+            value = memory if name.endswith("memory_mib") else int(uuid in held)
+            lines.append(f"{name}{{{labels}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
 class PortalCollector:
     """The portal's own families, read fresh on every collect (two counts, three Redis calls). `reporting` is the
     number of GPUs with a fresh sample (the GPU series are written by dcgm_text)."""
@@ -244,8 +289,8 @@ def render(*, now: float | None = None, node: str | None = None) -> str:
     service-discovery target per node: the portal's own families come from the target without `node`)."""
     series = gpu_series(now=time.time() if now is None else now, node=node)
     if node is not None:
-        return dcgm_text(series)
-    return dcgm_text(series) + generate_latest(PortalCollector(reporting=len(series))).decode()
+        return dcgm_text(series) + mig_text(node=node)
+    return dcgm_text(series) + mig_text() + generate_latest(PortalCollector(reporting=len(series))).decode()
 
 
 def render_portal(*, now: float | None = None) -> str:

@@ -13,6 +13,7 @@ from apps.booking.models import Allocation, Reservation
 from apps.core.errors import Conflict
 from apps.fleet.devices import gpu_set_shares
 from apps.fleet.models import Gpu
+from apps.telemetry.metrics import render as render_metrics
 from tests.booking.conftest import slot
 
 pytestmark = pytest.mark.django_db
@@ -146,3 +147,21 @@ def test_gpu_api_lists_instances_and_free_shares(api_as, alice, charlie, sharing
         assert mine["uuid"] == mig
         assert mine["holder"]["team"] == "vision"
         assert ("user" in mine["holder"]) is sees_user
+
+
+def test_metrics_export_mig_instances_with_dcgm_labels(api_as, alice, client, sharing_fleet):
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    held = {"team": "vision", "start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
+    mig = api_as(alice).post(URL, {**held, "mig_profile": "1g.10gb"}, format="json").json()["gpus"][0]["uuid"]
+    text = render_metrics()
+    lines = [line for line in text.splitlines() if line.startswith("gpuportal_mig_instance_")]
+    assert len(lines) == 14  # 7 instances x (memory, allocated)
+    memory = [line for line in lines if line.startswith("gpuportal_mig_instance_memory_mib")]
+    assert all('UUID="GPU-mig-0"' in line and 'GPU_I_PROFILE="1g.10gb"' in line for line in memory)
+    assert {line.split('GPU_I_ID="')[1].split('"')[0] for line in memory} == {str(i) for i in range(7, 14)}
+    assert all(line.endswith(" 9728") for line in memory)
+    allocated = [line for line in lines if line.startswith("gpuportal_mig_instance_allocated")]
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in allocated) == 1
+    gi = Gpu.devices.get(uuid=mig).gi_id
+    assert any(f'GPU_I_ID="{gi}"' in line and line.endswith(" 1") for line in allocated)
