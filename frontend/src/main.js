@@ -1,10 +1,10 @@
 // Shared behaviour for every page. Page-specific code lives in src/pages/<page>.js.
 import { api, ApiError, csrfToken } from "./lib/api.js";
 import { liveSocket } from "./lib/ws.js";
-import { money, pct, mib, amount } from "./lib/format.js";
+import { money, pct, mib, amount, duration } from "./lib/format.js";
 import { idleBanner } from "./lib/idle_banner.js";
 
-window.Portal = { api, ApiError, csrfToken, liveSocket, money, pct, mib, amount };
+window.Portal = { api, ApiError, csrfToken, liveSocket, money, pct, mib, amount, duration };
 
 document.addEventListener("DOMContentLoaded", () => {
   idleBanner(liveSocket);

@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.booking.models import Quota
-from apps.core.templatetags.portal_format import money, percent, quantity
+from apps.core.templatetags.portal_format import duration, money, percent, quantity
 from tests.billing import helpers
 
 
@@ -58,3 +58,11 @@ def test_team_cost_page_prints_no_raw_decimals(vision: Any, bob: Any) -> None:
         figure = cell.split("</td>")[0].replace(" EUR", "").replace(",", "")
         if figure.replace(".", "").isdigit():  # every figure in the quota table has exactly two decimals
             assert len(figure.split(".")[1]) == 2, figure
+
+
+@pytest.mark.parametrize(
+    "seconds,text",
+    [(0, "0 s"), (45, "45 s"), (185, "3 min 05 s"), (14400, "4 h 00 min"), (3725.6, "1 h 02 min"), (None, "—")],
+)
+def test_durations_read_in_hours_minutes_and_seconds(seconds: Any, text: str) -> None:
+    assert duration(seconds) == text

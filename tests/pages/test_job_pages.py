@@ -83,6 +83,7 @@ def test_ended_job_shows_the_gpu_it_ran_on_from_its_allocation(vision: Any, bob:
     helpers.run_job(vision, bob, gpu, now - timedelta(minutes=5), now - timedelta(minutes=2), job_id=job.pk)
     html = _client(bob).get(f"/jobs/{job.pk}/").content.decode()
     assert f'data-uuid="{gpu.uuid}"' in html and "ran-here/0" in html
+    assert "<dd>1 h 00 min</dd>" in html  # max duration, 3600 s
     assert "Not placed yet" not in html
 
 

@@ -6,6 +6,7 @@ thousands, so `0.00559999999999999` and `2000.0000` never reach a page.
     {{ usage.cost|money:"EUR" }}      1,204.60 EUR
     {{ quota.gpu_hours|quantity }}    2,000.00
     {{ ratio|percent }}               42%
+    {{ seconds|duration }}            1 h 02 min
 """
 
 from __future__ import annotations
@@ -62,3 +63,24 @@ def percent(value: object) -> str:
     if number is None:
         return DASH
     return f"{(number * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP)}%"
+
+
+def duration_text(seconds: object) -> str:
+    """Seconds as a person reads a run time: `45 s`, `3 min 05 s`, `4 h 00 min` (days count in hours)."""
+    number = as_decimal(seconds)
+    if number is None or number < 0:
+        return DASH
+    total = int(number.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours:,} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+@register.filter
+def duration(seconds: object) -> str:
+    """A number of seconds as hours, minutes and seconds."""
+    return duration_text(seconds)

@@ -114,7 +114,7 @@ function init() {
     if (!started) return;
     const end = ended || new Date();
     const seconds = Math.max(0, (end - started) / 1000);
-    if (runtime) runtime.textContent = `${Math.round(seconds)} s`;
+    if (runtime) runtime.textContent = window.Portal.duration(seconds);
     if (cost) cost.textContent = money((seconds / 3600) * hourly);
   }, 1000);
 
