@@ -21,6 +21,7 @@ api_v1 = [
     path("", include("apps.identity.api.urls")),
     path("", include("apps.efficiency.api.urls")),
     path("", include("apps.events.api.urls")),
+    path("", include("apps.pools.api.urls")),
 ]
 
 urlpatterns = [

@@ -50,6 +50,12 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/nodes/<str:name>/drain/": {"POST": (401, 403, 403, 403, 200, 403)},
     "api/v1/nodes/<str:name>/undrain/": {"POST": (401, 403, 403, 403, 200, 403)},
     "api/v1/gpus/": {"GET": (401, 200, 200, 200, 200, 200)},
+    "api/v1/pools/": {"GET": (401, 200, 200, 200, 200, 200)},
+    # A pool's bridge endpoints take only that pool's bridge token: no user token or session gets in.
+    "api/v1/pools/<slug:name>/bridge/poll/": {"POST": (401, 401, 401, 401, 401, 401)},
+    "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": {"POST": (401, 401, 401, 401, 401, 401)},
+    "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/report/": {"POST": (401, 401, 401, 401, 401, 401)},
+    "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/logs/": {"POST": (401, 401, 401, 401, 401, 401)},
     "api/v1/gpus/<str:uuid>/history/": {"GET": (401, 200, 200, 200, 200, 200)},
     # 409 for the admin: authorized, but the GPU's node has no agent to probe it.
     "api/v1/gpus/<str:uuid>/probe/": {"POST": (401, 403, 403, 403, 409, 403)},
@@ -317,6 +323,10 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/gpus/<str:uuid>/probe/": _obj_gpu,
     "api/v1/nodes/<str:name>/drain/": _obj_node,
     "api/v1/nodes/<str:name>/undrain/": _obj_node,
+    "api/v1/pools/<slug:name>/bridge/poll/": lambda cast: {"name": "cluster"},
+    "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": lambda cast: {"name": "cluster", **_obj_job(cast)},
+    "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/report/": lambda cast: {"name": "cluster", **_obj_job(cast)},
+    "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/logs/": lambda cast: {"name": "cluster", **_obj_job(cast)},
     "api/v1/group-mappings/<int:mapping_id>/": _obj_group_mapping,
     "api/v1/webhooks/<int:endpoint_id>/": _obj_webhook,
     "api/v1/webhooks/<int:endpoint_id>/rotate-secret/": _obj_webhook,

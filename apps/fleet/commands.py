@@ -61,6 +61,8 @@ def agent_send(*, node: Any, task: str, body: dict[str, Any], expires_s: float |
 
     `node` is an apps.fleet.models.Node (its token digest signs the command). Raises Conflict when the node has no
     token yet (no agent could verify the command)."""
+    if node.pool_id is not None and node.pool.backend != "agents":
+        return  # another scheduler's node (a Slurm pool): its bridge follows the portal's stop requests itself
     if not node.token_digest:
         raise Conflict(f"Node {node.name} has no node token; create one with manage.py create_node_token.")
     envelope = sign_command(node_name=node.name, token_digest=node.token_digest, task=task, body=body)

@@ -317,6 +317,8 @@ def write_config(root: Path) -> Slurm:
                 f"AccountingStoragePort={slurm.dbd_port}",
                 "AccountingStorageEnforce=associations,limits,safe",
                 "AccountingStorageTRES=gres/gpu",
+                # The bridge finds a job it submitted before a restart by its comment (the portal job id).
+                "AccountingStoreFlags=job_comment",
                 "JobCompType=jobcomp/none",
                 # Short timers keep the tests quick: a timed-out job is killed soon after its limit.
                 "KillWait=2",

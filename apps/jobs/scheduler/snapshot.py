@@ -22,7 +22,7 @@ from django.db.models import Field, Model
 from apps.accounts.models import Team
 from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
 from apps.core.ttlcache import TTLCache
-from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus, Pool
 from apps.jobs import conf
 from apps.jobs.models import ON_NODE_STATES, Job, JobState
 from apps.jobs.scheduling import Gpu as CoreGpu
@@ -152,7 +152,10 @@ def _snapshot_sql() -> dict[str, str]:
             f"AND {_col(Gpu, 'parent', 'g')} IS NULL AND NOT {_col(Gpu, 'mig_mode', 'g')} "
             f"AND {_col(Gpu, 'shares', 'g')} = 1 "
             # A node without a token cannot verify a launch command: nothing is placed there.
-            f"AND {_col(Node, 'token_digest', 'n')} <> '' ORDER BY {_col(Gpu, 'id', 'g')}"
+            f"AND {_col(Node, 'token_digest', 'n')} <> '' "
+            # GPUs of a pool another scheduler runs (Slurm) are its to place (apps/pools/backends.py).
+            f"AND ({_col(Node, 'pool', 'n')} IS NULL OR {_col(Node, 'pool', 'n')} IN (SELECT {_col(Pool, 'id')} "
+            f"FROM {q(Pool._meta.db_table)} WHERE {_col(Pool, 'backend')} = 'agents')) ORDER BY {_col(Gpu, 'id', 'g')}"
         ),
         "running": f"SELECT {running} FROM {job} WHERE {j('state')} IN (%s, %s) ORDER BY {j('id')}",  # noqa: S608
         "held_by": (
