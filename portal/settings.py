@@ -317,7 +317,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "apps.core.api.pagination.Pagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "apps.core.api.exceptions.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apps.core.api.schema.PortalAutoSchema",
     "DEFAULT_THROTTLE_CLASSES": [
         # The token's and the address's limits (API_RATE_PER_TOKEN, API_RATE_PER_IP) in one Redis round trip.
         "apps.core.api.throttling.ApiRateThrottle",
@@ -344,6 +344,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "apps.core.api.schema.declare_error_responses",
+        "apps.core.api.schema.describe_operations",
+        "apps.core.api.schema_inputs.refine_inputs",
     ],
 }
 

@@ -117,6 +117,7 @@ def idempotent(handler: Handler) -> Handler:
             raise refusal
         return response
 
+    wrapper.honours_idempotency_key = True  # type: ignore[attr-defined]  # the OpenAPI schema declares the header
     return wrapper
 
 

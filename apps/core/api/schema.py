@@ -8,9 +8,37 @@ drf-spectacular postprocessing hook. Clients generated from the schema and the f
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import get_doc
+from drf_spectacular.utils import OpenApiParameter
+
 ERROR_COMPONENT = "Error"
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Any unique string up to 255 characters (e.g. a UUID). A retry with the same key and body gets the "
+    "first answer (with `Idempotent-Replayed: true`) instead of doing the work twice; the same key with another "
+    "body is refused (409 `idempotency_key_reused`). Keys are kept for 24 hours.",
+)
+
+
+class PortalAutoSchema(AutoSchema):
+    """drf-spectacular's AutoSchema, plus the `Idempotency-Key` header on every operation whose handler honours it
+    (apps.core.idempotency.idempotent marks them), so that generated clients can send it."""
+
+    def get_override_parameters(self) -> list[Any]:
+        parameters = list(super().get_override_parameters())
+        handler = getattr(self.view, self.method.lower(), None)
+        if getattr(handler, "honours_idempotency_key", False):
+            parameters.append(IDEMPOTENCY_KEY)
+        return parameters
+
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -60,3 +88,69 @@ def declare_error_responses(result: dict[str, Any], generator: Any, request: Any
                     status, {"description": _DESCRIPTIONS[status], "content": {"application/json": {"schema": ref}}}
                 )
     return result
+
+
+def _internal_docs() -> set[str]:
+    """Docstrings of base classes that say how the code works: drf-spectacular falls back to them for views and
+    serializers without a docstring of their own, and they are no description of an operation or a shape."""
+    from apps.core.api.base import PortalAPIView
+    from portal.internals.drf_output import FastOutputMixin
+
+    return {get_doc(FastOutputMixin), get_doc(PortalAPIView)}
+
+
+def _summary_from_id(operation_id: str) -> str:
+    words = operation_id.split("_")
+    verb = {"list": "List", "create": "Create", "retrieve": "Get", "destroy": "Delete", "partial": "Change"}
+    head = next((i for i, w in enumerate(words) if w in verb), len(words))
+    return " ".join([verb.get(words[head], "Call") if head < len(words) else "Call", *words[:head]]).capitalize()
+
+
+def describe_operations(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: each operation its own summary and description (apps/core/api/
+    operations.py), and no description that is about the code rather than the API."""
+    from apps.core.api.operations import COMPONENTS, OPERATIONS
+
+    internal = _internal_docs()
+    seen: set[str] = set()
+    for path_item in result.get("paths", {}).values():
+        for operation in path_item.values():
+            if not isinstance(operation, dict) or "operationId" not in operation:
+                continue
+            summary, description = OPERATIONS.get(operation["operationId"], (None, None))
+            summary = summary or _summary_from_id(operation["operationId"])
+            while summary in seen:  # unique, also for an operation the table does not know yet
+                summary += f" ({operation['operationId']})"
+            seen.add(summary)
+            operation["summary"] = summary
+            if description:
+                operation["description"] = description
+            elif operation.get("description") in internal:
+                operation.pop("description")
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name in COMPONENTS:
+            component["description"] = COMPONENTS[name]
+        elif component.get("description") in internal:
+            component.pop("description")
+    return result
+
+
+_NOTE = re.compile(r"\b(Redis|HMGET|Celery|SQL|GIL|cache[ds]?|µs|ms)\b")
+
+
+def implementation_notes(schema: dict[str, Any]) -> list[str]:
+    """Descriptions in the schema that mention internals (for the schema's tests)."""
+    found: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("description", "summary") and isinstance(value, str) and _NOTE.search(value):
+                    found.append(f"{where}: {value}")
+                walk(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}[{i}]")
+
+    walk(schema, "")
+    return found
