@@ -110,6 +110,7 @@ def node_policy(gpu_uuids: list[str] | None) -> ContainerPolicy:
         mount_prefixes=env_list("GPUPORTAL_MOUNT_PREFIXES"),
         writable_mount_prefixes=env_list("GPUPORTAL_WRITABLE_MOUNT_PREFIXES"),
         use_nvidia_runtime=os.environ.get("GPUPORTAL_NVIDIA_RUNTIME", "") in ("1", "true", "yes"),
+        mps=os.environ.get("GPUPORTAL_MPS", "") in ("1", "true", "yes"),
         node_gpu_uuids=gpu_uuids,
     )
 
@@ -473,7 +474,8 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
     state_dir = Path(base) / "jobs"
     runner = JobRunner(
         sender=agent.link,
-        policy=node_policy(list(agent.gpu_by_uuid)),
+        # A GPU's MIG instances are devices of this node too (a job is given exactly its instance).
+        policy=node_policy([*agent.gpu_by_uuid, *(d.uuid for g in agent.gpu_by_uuid.values() for d in g.mig_devices)]),
         runtime_factory=lambda events: make_runtime(
             kind, agent_name=agent.cfg.name, events=events, state_dir=state_dir, url=url
         ),

@@ -76,6 +76,11 @@ class LaunchSpec:
     mounts: list[Mount] = field(default_factory=list)
     use_nvidia_runtime: bool = False
     network: str = "none"
+    # A share of its one GPU (1.0: the whole GPU or MIG instance) and the GPU memory that share may use; ``mps``
+    # is node configuration (NVIDIA's MPS control daemon runs there), as ``use_nvidia_runtime`` is.
+    gpu_share: float = 1.0
+    gpu_memory_mib: int = 0
+    mps: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,32 @@ def gpu_env(spec: LaunchSpec) -> dict[str, str]:
     visible = ",".join(spec.gpu_uuids)
     env["CUDA_VISIBLE_DEVICES"] = visible
     env["NVIDIA_VISIBLE_DEVICES"] = visible
+    env.update(share_env(spec))
+    return env
+
+
+def share_env(spec: LaunchSpec) -> dict[str, str]:
+    """What a job holding a share of a GPU is told, and on an MPS node held to.
+
+    With MPS the client limits apply: ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (device 0 of what the job sees, in MB)
+    and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``; a client's variables can only lower what the control daemon sets
+    per client (``set_default_device_pinned_mem_limit``, ``set_default_active_thread_percentage``), so the node's
+    daemon must carry the same defaults. Without MPS the GPU is time-sliced: nothing enforces the memory budget;
+    the job is told it (``GPUPORTAL_GPU_MEMORY_MIB``, the MPS-style variable for tools that read it) and PyTorch's
+    caching allocator is asked to give freed memory back (``expandable_segments``) rather than hold it from the
+    other tenants. ``GPUPORTAL_GPU_ISOLATION`` says which ("mps" or "none"). Empty for a whole GPU."""
+    if spec.gpu_share >= 1.0 or len(spec.gpu_uuids) != 1:
+        return {}
+    env = {
+        "GPUPORTAL_GPU_SHARE": f"{spec.gpu_share:g}",
+        "GPUPORTAL_GPU_ISOLATION": "mps" if spec.mps else "none",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
+    if spec.gpu_memory_mib > 0:
+        env["GPUPORTAL_GPU_MEMORY_MIB"] = str(spec.gpu_memory_mib)
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={spec.gpu_memory_mib}M"
+    if spec.mps:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(spec.gpu_share * 100)))
     return env
 
 

@@ -47,6 +47,7 @@ class ContainerPolicy:
     require_image: bool = True
     use_nvidia_runtime: bool = False
     node_gpu_uuids: Collection[str] | None = None
+    mps: bool = False  # the node runs NVIDIA's MPS control daemon: shares get MPS limits (base.share_env)
     max_cpus: float | None = None
     max_memory_mib: int | None = None
     max_duration_s: int | None = None
@@ -65,6 +66,8 @@ ALLOWED_FIELDS = frozenset(
         "command",
         "env",
         "gpu_uuids",
+        "gpu_share",
+        "gpu_memory_mib",
         "cpus",
         "memory_mib",
         "max_duration_s",
@@ -139,7 +142,19 @@ def validate_launch_request(request: Mapping[str, Any], policy: ContainerPolicy)
         mounts=_check_mounts(get("mounts", []), policy),
         use_nvidia_runtime=policy.use_nvidia_runtime,
         network=_check_network(get("network", "none"), policy),
+        gpu_share=_check_share(get("gpu_share", 1.0), get("gpu_uuids", [])),
+        gpu_memory_mib=_check_bounded_int("gpu_memory_mib", get("gpu_memory_mib", 0), None),
+        mps=policy.mps,
     )
+
+
+def _check_share(value: object, gpus: object) -> float:
+    """A job's share of its one GPU: above 0, at most 1; below 1 only with exactly one GPU."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise PolicyViolation("gpu_share", "must be a number above 0 and at most 1")
+    if value < 1 and not (isinstance(gpus, list) and len(gpus) == 1):
+        raise PolicyViolation("gpu_share", "a share is of exactly one GPU")
+    return float(value)
 
 
 def _is_int(value: object) -> TypeGuard[int]:
