@@ -18,6 +18,7 @@ class EventsConfig(AppConfig):
         schedule = {
             "events-sweep": ("events.sweep", conf.SWEEP_EVERY_S),
             "events-remind-reservations": ("events.remind_reservations", conf.REMINDER_EVERY_S),
+            "events-purge": ("events.purge", 3600),
         }
         for name, (task, every) in schedule.items():
             settings.CELERY_BEAT_SCHEDULE.setdefault(

@@ -18,3 +18,5 @@ CLAIM_LEASE_S = env_int("EVENTS_CLAIM_LEASE_S", 60)
 # "Starting soon" is published this long before a reservation's start (checked every REMINDER_EVERY_S).
 RESERVATION_REMINDER_S = env_int("RESERVATION_REMINDER_S", 900)
 REMINDER_EVERY_S = env_int("RESERVATION_REMINDER_EVERY_S", 60)
+# Delivered events (and their delivery log) are kept this long.
+RETENTION_DAYS = env_int("EVENTS_RETENTION_DAYS", 30)

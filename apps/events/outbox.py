@@ -103,3 +103,20 @@ def sweep(*, limit: int = 500) -> Owed:
 
 def lease_until(now: dt.datetime) -> dt.datetime:
     return now + dt.timedelta(seconds=conf.CLAIM_LEASE_S)
+
+
+def purge(*, now: dt.datetime | None = None, limit: int = 5000) -> int:
+    """Delete events older than EVENTS_RETENTION_DAYS that owe nothing any more (their deliveries go with them):
+    the delivery log keeps that long. An event still owed to a disabled endpoint stays until it is delivered or
+    the endpoint is deleted."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(days=conf.RETENTION_DAYS)
+    done = (
+        OutboxEvent.objects.filter(created_at__lt=cutoff, dispatched_at__isnull=False)
+        .exclude(webhook_deliveries__status__in=OWED)
+        .exclude(mail_deliveries__status__in=OWED)
+        .order_by("id")
+        .values_list("pk", flat=True)[:limit]
+    )
+    deleted, _ = OutboxEvent.objects.filter(pk__in=list(done)).delete()
+    return int(deleted)

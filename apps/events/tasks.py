@@ -54,3 +54,9 @@ def sweep() -> None:
 def remind_reservations() -> int:
     """Publish "starting soon" for reservations about to start (periodic; each reservation once)."""
     return len(reminders.remind_reservations_starting())
+
+
+@shared_task(name="events.purge", queue="portal", time_limit=300, soft_time_limit=240, ignore_result=True)  # type: ignore[untyped-decorator]
+def purge() -> int:
+    """Delete delivered events past their retention (hourly)."""
+    return outbox.purge()

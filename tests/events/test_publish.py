@@ -100,3 +100,27 @@ def test_a_commit_nudges_the_fan_out_through_the_broker(vision: Any) -> None:
     while event_id not in nudged() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert event_id in nudged()
+
+
+def test_old_events_that_owe_nothing_are_purged(vision: Any, alice: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.events import conf
+    from apps.events.models import DeliveryStatus
+
+    _endpoint(vision, ["job.*"])
+    for i in range(3):
+        publish("job.succeeded", team_id=vision.pk, subject=f"jobs/{i}", data={})
+    outbox.sweep()
+    first, second, third = OutboxEvent.objects.order_by("id")
+    WebhookDelivery.objects.filter(event__in=[first, second]).update(status=DeliveryStatus.SUCCEEDED)
+    old = timezone.now() - timedelta(days=conf.RETENTION_DAYS + 1)
+    OutboxEvent.objects.filter(pk__in=[first.pk, third.pk]).update(created_at=old)
+
+    outbox.purge()
+
+    # first: old and delivered, gone; second: delivered but recent; third: old but still owed.
+    assert list(OutboxEvent.objects.order_by("id").values_list("pk", flat=True)) == [second.pk, third.pk]
+    assert WebhookDelivery.objects.count() == 2
