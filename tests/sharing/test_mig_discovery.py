@@ -192,3 +192,17 @@ def test_registration_refuses_bad_instances():
     payload = {"node": "n1", "token": "x", "gpus": [{**gpu, "mig_devices": gpu["mig_devices"] * 2}]}
     with pytest.raises(MessageRejected):
         check_registration(payload)
+
+
+@pytest.mark.django_db
+def test_gpu_shares_command(sharing_fleet):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("gpu_shares", "GPU-shared-1", "2", stdout=out)
+    assert "2 share(s)" in out.getvalue()
+    assert Gpu.objects.get(uuid="GPU-shared-1").shares == 2
+    with pytest.raises(CommandError):
+        call_command("gpu_shares", "GPU-mig-0", "4")
