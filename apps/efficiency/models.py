@@ -46,7 +46,7 @@ class IdlePolicy(models.Model):
         verbose_name_plural = "idle policies"
 
     def __str__(self) -> str:
-        return f"idle policy of {self.team_id}"
+        return f"idle policy of {self.team}"
 
 
 class SourceKind(models.TextChoices):
@@ -76,7 +76,7 @@ class IdleExemption(models.Model):
         constraints = [models.UniqueConstraint(fields=["kind", "source_id"], name="efficiency_exemption_unique")]
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.source_id} exempt"
+        return f"{self.kind} {self.source_id} exempt from idle reclaim"
 
 
 class MarkState(models.TextChoices):

@@ -137,3 +137,17 @@ def test_pages_link_a_local_favicon_and_favicon_ico_points_at_it(bob: Any) -> No
     icon = Client().get("/static/core/favicon.svg")
     assert icon.status_code == 200 and icon["Content-Type"].startswith("image/svg+xml")
     assert b"<svg" in b"".join(icon.streaming_content)  # WhiteNoise streams the file
+
+
+def test_admin_success_message_names_the_idle_policys_team(admin: Any, vision: Any) -> None:
+    response = _client(admin).post(
+        "/admin/efficiency/idlepolicy/add/",
+        {
+            "team": vision.pk, "enabled": "on", "warn_after_min": 60, "reclaim_after_min": 15,
+            "utilization_below_pct": 5, "memory_below_pct": 10, "applies_to": '["reservations", "jobs"]',
+            "unused_release_after_min": 30,
+        },
+        follow=True,
+    )  # fmt: skip
+    html = re.sub(r"<a [^>]*>|</a>", "", response.content.decode())
+    assert "The idle policy “idle policy of vision” was added successfully." in html
