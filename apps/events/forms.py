@@ -14,6 +14,7 @@ EVENT_CHOICES = [
     ("budget.threshold", "Budget thresholds"),
     ("idle.*", "Idle GPUs: warnings and reclaims"),
     ("node.*", "Nodes down and up"),
+    ("waitlist.*", "Waitlisted GPUs available"),
     ("webhook.*", "This webhook disabled for failing"),
 ]
 ALL_TEAMS = "*"

@@ -20,7 +20,7 @@ MAIL_PREFERENCE: dict[str, str] = {
     EventType.BUDGET_THRESHOLD: "budget_thresholds",
 }
 # Mailed to the person named on the event whatever their preferences: it is about something they own.
-ALWAYS_MAILED: frozenset[str] = frozenset({EventType.WEBHOOK_DISABLED})
+ALWAYS_MAILED: frozenset[str] = frozenset({EventType.WEBHOOK_DISABLED, EventType.WAITLIST_AVAILABLE})
 # Team-wide events without a person: mailed to the team's managers who opted in.
 TO_MANAGERS: frozenset[str] = frozenset({EventType.BUDGET_THRESHOLD})
 

@@ -27,6 +27,7 @@ class EventType(models.TextChoices):
     IDLE_RECLAIMED = "idle.reclaimed", "Idle GPU reclaimed"
     NODE_DOWN = "node.down", "Node down"
     NODE_UP = "node.up", "Node up"
+    WAITLIST_AVAILABLE = "waitlist.available", "Waitlisted GPUs available"
     WEBHOOK_DISABLED = "webhook.disabled", "Webhook disabled"
 
 

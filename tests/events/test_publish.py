@@ -124,3 +124,10 @@ def test_old_events_that_owe_nothing_are_purged(vision: Any, alice: Any) -> None
     # first: old and delivered, gone; second: delivered but recent; third: old but still owed.
     assert list(OutboxEvent.objects.order_by("id").values_list("pk", flat=True)) == [second.pk, third.pk]
     assert WebhookDelivery.objects.count() == 2
+
+
+def test_a_waitlist_offer_is_mailed_whatever_the_preferences(vision: Any, bob: Any) -> None:
+    publish("waitlist.available", team_id=vision.pk, subject="waitlist/3", data={"free": 2}, user_id=bob.pk)
+    outbox.sweep()
+    assert list(MailDelivery.objects.values_list("user_id", flat=True)) == [bob.pk]
+    assert selects(["waitlist.*"], "waitlist.available") and pattern_is_valid("waitlist.*")
