@@ -56,6 +56,9 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": {"POST": (401, 401, 401, 401, 401, 401)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/report/": {"POST": (401, 401, 401, 401, 401, 401)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/logs/": {"POST": (401, 401, 401, 401, 401, 401)},
+    "api/v1/pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/": {
+        "POST": (401, 401, 401, 401, 401, 401)
+    },
     "api/v1/gpus/<str:uuid>/history/": {"GET": (401, 200, 200, 200, 200, 200)},
     # 409 for the admin: authorized, but the GPU's node has no agent to probe it.
     "api/v1/gpus/<str:uuid>/probe/": {"POST": (401, 403, 403, 403, 409, 403)},
@@ -102,6 +105,10 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     },
     # As the monthly report: managers (their teams) and admins; asked about team vision.
     "api/v1/reports/efficiency/": {"GET": (401, 404, 403, 200, 200, 403)},
+    # The waitlist: members see their teams' entries and join (an empty body is 400); the one who joined, the
+    # team's managers and admins may cancel.
+    "api/v1/waitlist/": {"GET": (401, 200, 200, 200, 200, 200), "POST": (401, 400, 400, 400, 400, 403)},
+    "api/v1/waitlist/<int:entry_id>/": {"DELETE": (401, 404, 200, 200, 200, 403)},
     "api/schema/": {"GET": (200, 200, 200, 200, 200, 200)},
     "api/docs/": {"GET": (200, 200, 200, 200, 200, 200)},
 }
@@ -228,6 +235,18 @@ def _obj_reservation(cast: Cast) -> dict[str, Any]:
     return {"pk": reservation.pk}
 
 
+def _obj_waitlist(cast: Cast) -> dict[str, Any]:
+    from apps.efficiency.waitlist import waitlist_join
+
+    gpu = _gpu()
+    start = (timezone.now() + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+    entry = waitlist_join(
+        user=cast.users["member"], team=cast.vision, gpu_model=gpu.model.name, gpu_count=1, start=start,
+        end=start + timedelta(hours=1), note=MARKER,
+    )  # fmt: skip
+    return {"entry_id": entry.pk}
+
+
 def _obj_job(cast: Cast) -> dict[str, Any]:
     from apps.jobs import services
     from apps.jobs.models import ContainerImage
@@ -292,6 +311,7 @@ LIST_PROBES: dict[str, Callable[[Cast], int]] = {
     "api/v1/reservations/": lambda cast: int(_obj_reservation(cast)["pk"]),
     "api/v1/jobs/": lambda cast: int(_obj_job(cast)["job_id"]),
     "api/v1/usage/": _usage_row,
+    "api/v1/waitlist/": lambda cast: int(_obj_waitlist(cast)["entry_id"]),
 }
 
 
@@ -316,6 +336,7 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/teams/<slug:slug>/": _obj_team,
     "api/v1/teams/<slug:slug>/idle-policy/": _obj_team,
     "api/v1/reservations/<int:pk>/": _obj_reservation,
+    "api/v1/waitlist/<int:entry_id>/": _obj_waitlist,
     "api/v1/jobs/<int:job_id>/": _obj_job,
     "api/v1/jobs/<int:job_id>/cancel/": _obj_job,
     "api/v1/jobs/<int:job_id>/logs/": _obj_job,
@@ -327,6 +348,10 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": lambda cast: {"name": "cluster", **_obj_job(cast)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/report/": lambda cast: {"name": "cluster", **_obj_job(cast)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/logs/": lambda cast: {"name": "cluster", **_obj_job(cast)},
+    "api/v1/pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/": lambda cast: {
+        "name": "cluster",
+        "reservation_id": 1,
+    },
     "api/v1/group-mappings/<int:mapping_id>/": _obj_group_mapping,
     "api/v1/webhooks/<int:endpoint_id>/": _obj_webhook,
     "api/v1/webhooks/<int:endpoint_id>/rotate-secret/": _obj_webhook,

@@ -12,7 +12,7 @@ class EfficiencyConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from apps.efficiency import conf
+        from apps.efficiency import conf, waitlist
 
         # The scan is idempotent (conditional updates per mark and per reservation), so a doubled tick is harmless;
         # its message expires with its period so a worker that was down finds no backlog.
@@ -24,3 +24,4 @@ class EfficiencyConfig(AppConfig):
                 "options": {"queue": "portal", "expires": float(conf.SCAN_EVERY_S)},
             },
         )
+        waitlist.connect()

@@ -48,7 +48,7 @@ class ScanResult:
     cleared: list[str] = field(default_factory=list)
 
 
-def _push_live(team_id: int, data: dict[str, Any]) -> None:
+def push_live(team_id: int, data: dict[str, Any]) -> None:
     """After commit: a `team.notification` on the team's sockets (the banner script filters by user)."""
     layer = get_channel_layer()
     if layer is None:
@@ -111,7 +111,7 @@ def _warn(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
         audit_record(actor=None, action="idle.warning", team=Team(pk=item.team_id), data={**data, "why": v.why})
         publish("idle.warning", team_id=item.team_id, subject=_subject(item), data=data, user_id=item.user_id)
         live = {**data, "event": "idle.warning", "user_id": item.user_id}
-        transaction.on_commit(lambda: _push_live(item.team_id, live))
+        transaction.on_commit(lambda: push_live(item.team_id, live))
     return True
 
 
@@ -141,7 +141,7 @@ def _reclaim(item: selectors.Watched, v: detector.Verdict, now: datetime) -> boo
         data: dict[str, object] = {"kind": item.kind, "id": item.source_id, **why, "gpu_hours": str(hours)}
         publish("idle.reclaimed", team_id=item.team_id, subject=_subject(item), data=data, user_id=item.user_id)
         live = {**data, "event": "idle.reclaimed", "user_id": item.user_id}
-        transaction.on_commit(lambda: _push_live(item.team_id, live))
+        transaction.on_commit(lambda: push_live(item.team_id, live))
     return True
 
 
@@ -170,7 +170,7 @@ def _release_unused(item: selectors.Watched, now: datetime, th: detector.Thresho
         data: dict[str, object] = {"kind": item.kind, "id": item.source_id, "reason": "unused", **why}
         publish("idle.reclaimed", team_id=item.team_id, subject=_subject(item), data=data, user_id=item.user_id)
         live = {**data, "event": "idle.reclaimed", "user_id": item.user_id}
-        transaction.on_commit(lambda: _push_live(item.team_id, live))
+        transaction.on_commit(lambda: push_live(item.team_id, live))
     return True
 
 

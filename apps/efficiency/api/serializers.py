@@ -66,3 +66,28 @@ class EfficiencyReportOutput(serializers.Serializer[Any]):
     currency = serializers.CharField()
     teams = EfficiencyTeamOutput(many=True)
     totals = EfficiencyFiguresOutput()
+
+
+class WaitlistInput(serializers.Serializer[Any]):
+    team = serializers.SlugField()
+    gpu_model = serializers.CharField(max_length=64)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=64)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    auto_book = serializers.BooleanField(default=False, help_text="book at once when GPUs free up (else: notify)")
+    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class WaitlistOutput(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    team = serializers.CharField(source="team.slug")
+    user = serializers.CharField(source="user.username")
+    gpu_model = serializers.CharField(source="gpu_model.name")
+    gpu_count = serializers.IntegerField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    auto_book = serializers.BooleanField()
+    note = serializers.CharField()
+    state = serializers.CharField()
+    reservation_id = serializers.IntegerField(allow_null=True)
+    created_at = serializers.DateTimeField()

@@ -15,10 +15,17 @@ from rest_framework.response import Response
 from apps.accounts.models import Scope, Team
 from apps.billing.api.serializers import ReportQueryInput
 from apps.billing.selectors.months import parse_month
-from apps.core.api.base import PortalAPIView
+from apps.core.api.base import PortalAPIView, ScopedListAPIView
 from apps.core.errors import NotFound, ValidationFailed
-from apps.efficiency import report, selectors, services
-from apps.efficiency.api.serializers import EfficiencyReportOutput, IdlePolicyInput, IdlePolicyOutput
+from apps.efficiency import report, selectors, services, waitlist
+from apps.efficiency.api.serializers import (
+    EfficiencyReportOutput,
+    IdlePolicyInput,
+    IdlePolicyOutput,
+    WaitlistInput,
+    WaitlistOutput,
+)
+from apps.efficiency.models import WaitlistEntry
 
 
 class IdlePolicyView(PortalAPIView):
@@ -100,3 +107,46 @@ class EfficiencyReportView(PortalAPIView):
             request.accepted_media_type = "application/json"
             raise ValidationFailed("format must be json or csv.", fields={"format": ["json or csv."]})
         return super().perform_content_negotiation(request, force)
+
+
+class WaitlistView(ScopedListAPIView):
+    """The waitlist entries of the user's teams (admins: all), oldest first; POST joins it (a member of the team),
+    for a model, a count and a window refused for lack of GPUs."""
+
+    model = WaitlistEntry
+    serializer_class = WaitlistOutput
+    write_scope = Scope.RESERVATIONS_WRITE
+
+    def base_queryset(self) -> Any:
+        return WaitlistEntry.objects.select_related("team", "user", "gpu_model").order_by("created_at", "id")
+
+    @extend_schema(request=WaitlistInput, responses={201: WaitlistOutput})
+    def post(self, request: Request) -> Response:
+        data = WaitlistInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        team = Team.objects.visible_to(request.user).filter(slug=v["team"]).first()
+        if team is None:
+            raise NotFound("No such team.")
+        entry = waitlist.waitlist_join(
+            user=request.user,
+            team=team,
+            gpu_model=v["gpu_model"],
+            gpu_count=v["gpu_count"],
+            start=v["start"],
+            end=v["end"],
+            auto_book=v["auto_book"],
+            note=v["note"],
+        )
+        return Response(WaitlistOutput(entry).data, status=201)
+
+
+class WaitlistEntryView(PortalAPIView):
+    """Leave the waitlist (the member who joined, the team's managers, admins)."""
+
+    write_scope = Scope.RESERVATIONS_WRITE
+
+    @extend_schema(responses={200: WaitlistOutput})
+    def delete(self, request: Request, entry_id: int) -> Response:
+        entry = waitlist.waitlist_cancel(user=request.user, entry_id=entry_id)
+        return Response(WaitlistOutput(entry).data)

@@ -1,6 +1,7 @@
 // Book page: a timeline of GPUs (rows, by node) against time (columns), a booking form, live availability and
 // quota, "my reservations" with cancel/release. Plain DOM; times shown in the browser's zone, sent as UTC ISO.
 import "../css/book.css";
+import { waitlistOffer } from "../lib/waitlist.js";
 
 const { api } = window.Portal;
 const cfg = JSON.parse(document.getElementById("book-config").textContent);
@@ -105,6 +106,9 @@ function showError(err) {
   if (body.code === "conflict" && Array.isArray(body.conflicts) && body.conflicts.length) {
     el.error.append(h("ul", { class: "conflicts" }, body.conflicts.map((c) => h("li", {}, describeConflict(c)))));
   }
+  if (body.code === "conflict" && body.free !== undefined && state.lastBody && state.lastBody.gpu_model) {
+    el.error.append(waitlistOffer(api, h, state.lastBody));
+  }
   if (body.code === "quota_exceeded" && body.remaining) {
     const r = body.remaining;
     const parts = [];
@@ -135,6 +139,7 @@ form.addEventListener("submit", async (ev) => {
   const body = { team: el.team.value, start: w.start.toISOString(), end: w.end.toISOString(), note: el.note.value };
   if (state.gpu) body.gpus = [state.gpu.uuid];
   else { body.gpu_model = el.model.value; body.gpu_count = Number(el.count.value); }
+  state.lastBody = body;
   el.submit.disabled = true;
   try {
     const r = await api("/api/v1/reservations/", { method: "POST", body, headers: { "Idempotency-Key": idempotencyKey() } });
