@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from apps.events import delivery, mail, outbox, reminders
+from apps.events import conf, delivery, mail, outbox, reminders
 
 
 def _send(owed: outbox.Owed) -> None:
@@ -12,6 +12,13 @@ def _send(owed: outbox.Owed) -> None:
         deliver_webhook.delay(pk)
     for pk in owed.mails:
         deliver_mail.delay(pk)
+
+
+def _soon(delay: int | None) -> bool:
+    """Whether to schedule the retry as a delayed message: only within a sweep period. Longer waits are left to
+    the sweep, so no worker holds hours of delayed messages (which Redis would also hand out again after its
+    visibility timeout)."""
+    return delay is not None and delay <= conf.SWEEP_EVERY_S
 
 
 # Celery ships no type information: its task decorator is untyped, hence the ignore on each task.
@@ -32,7 +39,7 @@ def dispatch_many(event_ids: list[int]) -> None:
 def deliver_webhook(delivery_id: int) -> None:
     """One attempt; a failure schedules the next after its backoff (the sweep also finds it if this is lost)."""
     delay = delivery.deliver_webhook(delivery_id)
-    if delay is not None:
+    if _soon(delay):
         deliver_webhook.apply_async(args=[delivery_id], countdown=delay)
 
 
@@ -40,7 +47,7 @@ def deliver_webhook(delivery_id: int) -> None:
 def deliver_mail(delivery_id: int) -> None:
     """Send one mail; a failure schedules the next attempt after its backoff."""
     delay = mail.deliver_mail(delivery_id)
-    if delay is not None:
+    if _soon(delay):
         deliver_mail.apply_async(args=[delivery_id], countdown=delay)
 
 
