@@ -124,6 +124,12 @@ class Job(models.Model):
     mounts = models.JSONField(default=list, blank=True)
     gpu_count = models.PositiveSmallIntegerField()
     gpu_models = models.JSONField(default=list, blank=True, help_text="acceptable GPU model names; empty: any")
+    # A part of a GPU instead of whole GPUs (gpu_count 1): a MIG instance of this profile, or this fraction of a
+    # shared GPU (apps.jobs.scheduler.parts places them).
+    mig_profile = models.CharField(max_length=32, blank=True, help_text="a MIG instance of this profile")
+    gpu_share = models.DecimalField(
+        max_digits=7, decimal_places=6, null=True, blank=True, help_text="this fraction of one shared GPU"
+    )
     cpus = models.DecimalField(max_digits=6, decimal_places=2)
     memory_mib = models.PositiveIntegerField()
     max_duration_s = models.PositiveIntegerField()

@@ -98,6 +98,8 @@ class JobListCreateView(ScopedListAPIView):
             gpu_count=v.get("gpu_count", 1),
             gpu_model=v.get("gpu_model"),
             gpu_models=v.get("gpu_models"),
+            mig_profile=v.get("mig_profile"),
+            gpu_share=v.get("gpu_share"),
             cpus=v.get("cpus"),
             memory_mib=v.get("memory_mib"),
             max_duration_s=v.get("max_duration_s"),

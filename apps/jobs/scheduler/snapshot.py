@@ -73,6 +73,7 @@ class PassContext:
     gpus: dict[str, GpuRow] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)  # node name -> id
     pending: dict[str, Job] = field(default_factory=dict)
+    part_jobs: list[Job] = field(default_factory=list)
     running: dict[str, RunningRow] = field(default_factory=dict)
     reservation_ends: dict[str, datetime] = field(default_factory=dict)
 
@@ -274,6 +275,9 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
 
     pending_rows = _pending_jobs()
     ctx.pending = {str(j.pk): j for j in pending_rows}
+    # Jobs on parts of GPUs are started by scheduler.parts, never on whole GPUs by the core.
+    ctx.part_jobs = [j for j in pending_rows if j.mig_profile or j.gpu_share is not None]
+    pending_rows = [j for j in pending_rows if not (j.mig_profile or j.gpu_share is not None)]
     pending = [
         CorePending(
             id=str(j.pk),

@@ -15,26 +15,48 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from apps.fleet.models import Gpu, Node
+from apps.fleet.models import DeviceKind, Gpu, Node
 from apps.jobs import conf, events, occupancy
 from apps.jobs.models import Job, JobEvent, JobState
 from apps.jobs.services.transitions import TransitionRefused, job_transition
 
 
 def launch_request(job: Job, gpus: Sequence[Gpu]) -> dict[str, Any]:
-    """What the node agent gets: exactly the fields workers/runtimes/policy.py understands."""
+    """What the node agent gets: exactly the fields workers/runtimes/policy.py understands. A MIG instance goes by
+    its own uuid; shares of a GPU by the GPU's uuid (a share is no device to the driver) with the share and the
+    memory it may use, for the runtime to set MPS limits or tell a time-sliced job its budget."""
+    uuids: list[str] = []
+    share = Decimal(0)
+    memory = 0
+    for g in gpus:
+        if g.kind == DeviceKind.SHARE and g.parent is not None:
+            if g.parent.uuid not in uuids:
+                uuids.append(g.parent.uuid)
+            share += g.capacity
+            memory += g.memory_mib
+        else:
+            uuids.append(g.uuid)
+    extra: dict[str, Any] = {}
+    if 0 < share < 1:
+        extra = {"gpu_share": float(share), "gpu_memory_mib": memory}
     return {
+        **extra,
         "job_id": job.pk,
         "image": job.image,
         "command": list(job.command),
         "env": dict(job.env),
-        "gpu_uuids": [g.uuid for g in gpus],
+        "gpu_uuids": uuids,
         "cpus": float(job.cpus),
         "memory_mib": job.memory_mib,
         "max_duration_s": job.max_duration_s,
         "mounts": list(job.mounts),
         "network": "none",
     }
+
+
+def job_devices(job: Job) -> list[Gpu]:
+    """The devices a job holds, parts of GPUs included (`job.gpus` lists physical GPUs only: Gpu.objects)."""
+    return list(Gpu.devices.filter(jobs=job).select_related("parent", "model"))
 
 
 def job_start(*, job: Job, node: Node, gpus: Sequence[Gpu], now: datetime, savepoint: bool = True) -> Job:
@@ -48,7 +70,7 @@ def job_start(*, job: Job, node: Node, gpus: Sequence[Gpu], now: datetime, savep
     from apps.fleet.commands import agent_send
 
     with transaction.atomic(savepoint=savepoint):
-        price = sum((g.model.hourly_price for g in gpus), Decimal("0"))
+        price = sum((g.model.hourly_price * g.capacity for g in gpus), Decimal("0"))
         job = job_transition(
             job,
             JobState.STARTING,
@@ -167,4 +189,4 @@ def job_resend_launch(*, job: Job) -> None:
             launch_sent_at=timezone.now(), launch_attempts=job.launch_attempts + 1
         )
         if updated:
-            agent_send(node=job.node, task="agent.launch_job", body=launch_request(job, list(job.gpus.all())))
+            agent_send(node=job.node, task="agent.launch_job", body=launch_request(job, job_devices(job)))

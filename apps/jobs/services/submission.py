@@ -20,6 +20,7 @@ from apps.accounts.types import User
 from apps.booking import quota as quota_math
 from apps.booking import selectors as booking_selectors
 from apps.booking.selectors import local_tz
+from apps.booking.services.devices import check_profile, parse_share
 from apps.core.errors import ApplicationError, Forbidden, NotFound, ValidationFailed
 from apps.core.ttlcache import TTLCache
 from apps.fleet.models import Gpu, GpuModel
@@ -161,6 +162,25 @@ def _check_reservation(
     return reservation
 
 
+def _check_part(mig_profile: Any, gpu_share: Any, gpu_count: int, reservation_id: Any) -> Decimal | None:
+    """A job on a part of a GPU: a known MIG profile or a share in (0, 1], one GPU, not inside a reservation (its
+    GPUs are whole). Returns the share (None for whole GPUs or a MIG instance); 400 otherwise."""
+    if not mig_profile and gpu_share is None:
+        return None
+    if mig_profile is not None and not isinstance(mig_profile, str):
+        raise _field_error("mig_profile", "mig_profile is a profile name, e.g. 1g.10gb.")
+    if mig_profile and gpu_share is not None:
+        raise _field_error("gpu_share", "Give mig_profile or gpu_share, not both.")
+    if gpu_count != 1:
+        raise _field_error("gpu_count", "A MIG instance or a share is one GPU's part: gpu_count 1.")
+    if reservation_id is not None:
+        raise _field_error("reservation", "A job in a reservation runs on its whole GPUs.")
+    if mig_profile:
+        check_profile(mig_profile)
+        return None
+    return parse_share(gpu_share)
+
+
 def job_submit(
     *,
     user: User,
@@ -182,6 +202,8 @@ def job_submit(
     options: Mapping[str, Any] | None = None,
     idempotency_key: str = "",
     check_fleet: bool = True,
+    mig_profile: str | None = None,
+    gpu_share: Any = None,
 ) -> Job:
     """Validate, authorize and queue a job; counts its max duration against the team's quota.
 
@@ -211,6 +233,7 @@ def job_submit(
     max_gpus = limits.max_gpus_per_job or 64
     gpu_count = _check_int("gpu_count", gpu_count, 1, max_gpus)
     models = validation.check_gpu_models(gpu_model, gpu_models)
+    share = _check_part(mig_profile, gpu_share, gpu_count, reservation_id)
     cpus_value = _check_cpus(conf.DEFAULT_CPUS if cpus is None else cpus)
     memory = _check_int(
         "memory_mib", conf.DEFAULT_MEMORY_MIB if memory_mib is None else memory_mib, 16, conf.MAX_MEMORY_MIB
@@ -264,6 +287,8 @@ def job_submit(
                 mounts=clean_mounts,
                 gpu_count=gpu_count,
                 gpu_models=models,
+                mig_profile=mig_profile or "",
+                gpu_share=share,
                 cpus=cpus_value,
                 memory_mib=memory,
                 max_duration_s=duration,

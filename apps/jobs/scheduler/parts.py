@@ -1,0 +1,57 @@
+"""The scheduler's starts of jobs on parts of GPUs (a MIG instance of a profile, a share of a shared GPU).
+
+They run after the pass over whole GPUs, in arrival order, each in its own transaction under the fence: the part
+is chosen by booking's placement (`apps.booking.services.devices`, best fit under the model's placement lock, the
+same as a booking of a part) and held by the job's allocation, so bookings and jobs of parts never oversubscribe
+a GPU. Shared GPUs and GPUs in MIG mode are not in the whole-GPU snapshot, so the two passes never meet on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from apps.booking.services.devices import place_parts_locked
+from apps.core.errors import ApplicationError
+from apps.fleet.models import Gpu, GpuModel
+from apps.jobs import conf
+from apps.jobs.models import Job
+from apps.jobs.services import starting
+from apps.jobs.services.transitions import TransitionRefused
+
+
+def is_part_job(job: Job) -> bool:
+    return bool(job.mig_profile) or job.gpu_share is not None
+
+
+def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]) -> list[int]:
+    """Start what fits of `jobs` (queued jobs on parts, in arrival order); returns the ids started. `claim`: called
+    in each transaction first (the leader's fence), so a deposed leader starts nothing."""
+    started: list[int] = []
+    for job in jobs:
+        end = now + timedelta(seconds=job.max_duration_s + conf.ALLOCATION_SLACK_S)
+        model = GpuModel.objects.filter(name=job.gpu_models[0]).first() if len(job.gpu_models) == 1 else None
+        try:
+            with transaction.atomic():
+                claim()
+                chosen = place_parts_locked(
+                    team=job.team,
+                    user=job.user,
+                    model=model,
+                    uuids=[],
+                    mig_profile=job.mig_profile or None,
+                    gpu_share=job.gpu_share,
+                    count=1 if job.gpu_share is not None else job.gpu_count,
+                    start=now,
+                    end=end,
+                )
+                gpus = list(Gpu.devices.select_related("model", "node", "parent").filter(pk__in=[g.id for g in chosen]))
+                if len({g.node_id for g in gpus}) != 1 or (job.gpu_models and gpus[0].model.name not in job.gpu_models):
+                    continue
+                starting.job_start(job=job, node=gpus[0].node, gpus=gpus, now=now, savepoint=False)
+        except (ApplicationError, TransitionRefused):
+            continue  # nothing fitting free now (409), or the job moved meanwhile: it stays queued
+        started.append(job.pk)
+    return started

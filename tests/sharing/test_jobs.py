@@ -1,0 +1,112 @@
+"""Jobs on parts of GPUs: submitted with mig_profile or gpu_share, started by the scheduler's pass on exactly such a
+part (never on a whole GPU), the launch naming the MIG instance or the shared GPU with the share and its memory;
+a whole-GPU job never lands on a shared or MIG-mode GPU; bad parts are 400."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.booking.models import Allocation
+from apps.booking.services import allocations_end_of_job
+from apps.core.errors import ValidationFailed
+from apps.fleet.models import Gpu
+from apps.jobs import scheduler, services
+from apps.jobs.models import ContainerImage, Job, JobState
+from apps.jobs.scheduling import FAIR
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    from apps.fleet import commands
+
+    out: list[dict[str, Any]] = []
+    monkeypatch.setattr(commands, "publish_command", lambda queue, task, envelope, **kw: out.append(envelope["body"]))
+    return out
+
+
+@pytest.fixture
+def ready(sharing_fleet: dict[str, Any]) -> dict[str, Any]:
+    ContainerImage.objects.create(name="portal-test/busybox:latest", description="busybox")
+    for gpu in Gpu.objects.all():
+        gpu.node.token_digest = "d" * 64
+        gpu.node.last_heartbeat = timezone.now()
+        gpu.node.save(update_fields=["token_digest", "last_heartbeat"])
+    return sharing_fleet
+
+
+def submit(user: Any, team: Any, **fields: Any) -> Job:
+    return services.job_submit(
+        user=user, team=team, image="portal-test/busybox:latest", command=["true"], max_duration_s=600, **fields
+    )
+
+
+def one_pass() -> scheduler.PassResult:
+    return scheduler.run_pass(token=1, leader="test", policy=FAIR)
+
+
+def test_share_and_mig_jobs_start_on_their_parts(alice, vision, ready, sent, django_capture_on_commit_callbacks):
+    quarter = submit(alice, vision, gpu_share=0.25)
+    mig = submit(alice, vision, mig_profile="1g.10gb")
+    whole = [submit(alice, vision) for _ in range(3)]  # two exclusive GPUs exist
+    with django_capture_on_commit_callbacks(execute=True):
+        result = one_pass()
+    assert quarter.pk in result.started and mig.pk in result.started
+    assert len([j for j in whole if j.pk in result.started]) == 2
+    held = {a.job_id: a.gpu for a in Allocation.objects.filter(active=True).select_related("gpu")}
+    assert held[quarter.pk].kind == "share" and held[quarter.pk].parent_id == ready["shared"].pk
+    assert held[mig.pk].kind == "mig" and held[mig.pk].mig_profile == "1g.10gb"
+    assert {held[j.pk].uuid for j in whole if j.pk in held} == {"GPU-mig-1", "GPU-shared-1"}
+    launches = {body["job_id"]: body for body in sent}
+    assert launches[quarter.pk]["gpu_uuids"] == ["GPU-shared-0"]
+    assert launches[quarter.pk]["gpu_share"] == 0.25
+    assert launches[quarter.pk]["gpu_memory_mib"] == 81920 // 4
+    assert launches[mig.pk]["gpu_uuids"] == [held[mig.pk].uuid]
+    assert "gpu_share" not in launches[mig.pk]
+    assert Job.objects.get(pk=quarter.pk).state == JobState.STARTING
+    assert Job.objects.get(pk=quarter.pk).hourly_price == ready["model"].hourly_price / 4
+
+
+def test_five_quarters_on_four_shares(alice, vision, ready, sent):
+    jobs = [submit(alice, vision, gpu_share=0.25) for _ in range(5)]
+    result = one_pass()
+    assert len([j for j in jobs if j.pk in result.started]) == 4
+    assert Allocation.objects.filter(active=True, gpu__kind="share").count() == 4
+    # A later pass after one ends starts the fifth.
+    allocations_end_of_job(job_id=jobs[0].pk, at=timezone.now())
+    assert jobs[4].pk in one_pass().started
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"mig_profile": "9g.99gb"},
+        {"gpu_share": 0},
+        {"gpu_share": 2},
+        {"gpu_share": 0.25, "gpu_count": 2},
+        {"gpu_share": 0.25, "mig_profile": "1g.10gb"},
+    ],
+)
+def test_bad_parts_are_refused(alice, vision, ready, fields):
+    with pytest.raises(ValidationFailed):
+        submit(alice, vision, **fields)
+
+
+def test_api_submission(api_as, alice, ready):
+    resp = api_as(alice).post(
+        "/api/v1/jobs/",
+        {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], "gpu_share": 0.25},
+        format="json",
+    )
+    assert resp.status_code == 201, resp.json()
+    assert resp.json()["gpu_share"] == "0.250000"
+    bad = api_as(alice).post(
+        "/api/v1/jobs/",
+        {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], "mig_profile": "2g.99gb"},
+        format="json",
+    )
+    assert bad.status_code == 400 and "mig_profile" in bad.json()["fields"]
