@@ -70,9 +70,16 @@ def _post(endpoint: WebhookEndpoint, msg_id: str, body: str) -> tuple[int | None
         "webhook-signature": signer.sign(msg_id, sent_at, body),
     }
     try:
+        # Streamed and closed unread: only the status matters, and a receiver's large answer costs nothing.
         response = requests.post(
-            endpoint.url, data=body.encode(), headers=headers, timeout=conf.TIMEOUT_S, allow_redirects=False
+            endpoint.url,
+            data=body.encode(),
+            headers=headers,
+            timeout=conf.TIMEOUT_S,
+            allow_redirects=False,
+            stream=True,
         )
+        response.close()
     except requests.RequestException as exc:
         return None, f"{type(exc).__name__}: {exc}"[:300]
     if 200 <= response.status_code < 300:
