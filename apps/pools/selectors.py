@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from django.db.models import Q
+from django.utils import timezone
+
 from apps.accounts.tokens import digest_of, split
+from apps.booking.models import Allocation, AllocationKind, ReservationStatus
 from apps.fleet.models import Gpu, Pool
 from apps.jobs.models import Job, JobState
 from apps.pools.backends import BACKENDS
@@ -73,17 +77,45 @@ def routed_pool(gpu_models: list[str]) -> Pool | None:
 def unclaimed_jobs(pool: Pool) -> list[Job]:
     """Queued jobs whose every acceptable model lives only in this pool, not yet handed to its bridge."""
     models = models_only_in(pool)
-    if not models:
-        return []
-    queued = Job.objects.filter(state=JobState.QUEUED, external__isnull=True, reservation__isnull=True)
+    in_reservation = Q(reservation__allocations__gpu__node__pool=pool)
+    queued = Job.objects.filter(state=JobState.QUEUED, external__isnull=True).filter(
+        Q(reservation__isnull=True) | in_reservation
+    )
     picked = []
-    for job in queued.select_related("team").order_by("submitted_at", "id")[: MAX_CLAIM * 5]:
+    for job in queued.select_related("team").distinct().order_by("submitted_at", "id")[: MAX_CLAIM * 5]:
         wanted = set(job.gpu_models or [])
-        if wanted and wanted <= models:
+        if job.reservation_id is not None or (wanted and wanted <= models):
             picked.append(job)
         if len(picked) >= MAX_CLAIM:
             break
     return picked
+
+
+def mirrored_reservations(pool: Pool) -> list[dict[str, Any]]:
+    """Booked and active reservations holding GPUs of this pool, with the nodes those GPUs are on: what the bridge
+    keeps as reservations in the pool's scheduler (named `portal-res-<id>`)."""
+    now = timezone.now()
+    rows = (
+        Allocation.objects.filter(
+            kind=AllocationKind.RESERVATION,
+            active=True,
+            gpu__node__pool=pool,
+            reservation__status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE],
+            reservation__end__gt=now,
+        )
+        .values_list(
+            "reservation_id", "reservation__team__slug", "reservation__start", "reservation__end", "gpu__node__name"
+        )
+        .order_by("reservation_id")
+    )
+    out: dict[int, dict[str, Any]] = {}
+    for rid, team, start, end, node in rows:
+        item = out.setdefault(rid, {"id": rid, "team": team, "start": start.timestamp(), "end": end.timestamp(),
+                                    "nodes": [], "gpu_count": 0})  # fmt: skip
+        if node not in item["nodes"]:
+            item["nodes"].append(node)
+        item["gpu_count"] += 1
+    return list(out.values())
 
 
 def followed(pool: Pool) -> list[ExternalJob]:

@@ -15,6 +15,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.tokens import generate
+from apps.audit.services import audit_record
+from apps.booking.models import Allocation, Reservation, ReservationStatus
+from apps.booking.services.reservations import reservation_end
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.fleet.messages import GpuReport
 from apps.fleet.models import Gpu, Node, Pool
@@ -43,6 +46,9 @@ def pool_create_token(*, name: str, backend: str, options: dict[str, Any] | None
             pool.save(update_fields=["options"])
         BridgeToken.objects.update_or_create(pool=pool, defaults={"prefix": prefix, "digest": digest})
     return pool, plaintext
+
+
+REFUSED_REASON = "scheduler"  # Reservation.released_reason when the pool's scheduler refused it
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,22 @@ def follow_view(row: ExternalJob) -> dict[str, Any]:
         "log_epoch": job.log_epoch,
         "log_agent_seq": job.log_agent_seq,
     }
+
+
+def pool_reservation_refused(*, pool: Pool, reservation_id: int, message: str) -> bool:
+    """The pool's scheduler refused to hold a reservation's GPUs: the portal gives it up too (cancelled before its
+    start, released after), with the scheduler's words in the audit log. False when it had already ended."""
+    reservation = Reservation.objects.select_related("user").filter(pk=reservation_id).first()
+    if reservation is None or not Allocation.objects.filter(reservation=reservation, gpu__node__pool=pool).exists():
+        raise NotFound(f"Reservation {reservation_id} holds no GPUs of pool {pool.name}.")
+    if reservation.status not in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE) or reservation.user is None:
+        return False
+    with transaction.atomic():
+        reservation_end(user=reservation.user, reservation_id=reservation.pk)
+        Reservation.objects.filter(pk=reservation.pk).update(released_reason=REFUSED_REASON)
+        audit_record(actor=None, action="reservation.refused", target=reservation,
+                     data={"pool": pool.name, "message": message[:2000]})  # fmt: skip
+    return True
 
 
 def bridge_touch(pool: Pool) -> None:

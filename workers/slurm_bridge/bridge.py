@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from workers.slurm_bridge.slurm import (
 
 logger = logging.getLogger("workers.slurm_bridge")
 
+RESERVATION_PREFIX = "portal-res-"
 LOG_BATCH = 500  # lines per logs request
 ACCOUNTING_GRACE_S = 120.0  # how long a job may be absent from both squeue and sacct before it is reported lost
 # Slurm's final state -> (portal outcome, reason).
@@ -67,6 +67,7 @@ class Bridge:
     inventory_every_s: float = 60.0
     models: dict[str, str] = field(default_factory=dict)  # GRES type -> portal GPU model name
     jobs: dict[int, Followed] = field(default_factory=dict)
+    refused_reservations: set[int] = field(default_factory=set)
     _last_inventory: float = float("-inf")
     _nodes: list[SlurmNode] = field(default_factory=list)
 
@@ -94,6 +95,7 @@ class Bridge:
         except SlurmUnavailable as exc:
             logger.warning("squeue failed (controller restarting?): %s", exc)
             return counts
+        self._mirror_reservations(work.get("reservations", []))
         for spec in work.get("submit", []):
             if self._submit(spec, queue):
                 counts["submitted"] += 1
@@ -123,6 +125,40 @@ class Bridge:
                 gpus.append({"uuid": f"slurm:{node.name}:{index}", "index": index, "model": model, "name": kind})
                 index += 1
         return {"name": node.name, "hostname": node.hostname, "up": node.up, "gpus": gpus}
+
+    # -- reservations ------------------------------------------------------------------------------------------
+
+    def _mirror_reservations(self, wanted: list[dict[str, Any]]) -> None:
+        """Make Slurm's `portal-res-*` reservations the portal's: create the missing, delete the ended. A refusal
+        goes back to the portal with Slurm's words, and the portal gives the reservation up."""
+        try:
+            have = {k: v for k, v in self.slurm.reservations().items() if k.startswith(RESERVATION_PREFIX)}
+        except SlurmUnavailable as exc:
+            logger.warning("scontrol show reservation failed: %s", exc)
+            return
+        names = set()
+        for item in wanted:
+            name = f"{RESERVATION_PREFIX}{item['id']}"
+            names.add(name)
+            if name in have or int(item["id"]) in self.refused_reservations:
+                continue
+            start = max(float(item["start"]), time.time() + 1)
+            try:
+                self.slurm.create_reservation(name=name, start=_slurm_time(start), end=_slurm_time(float(item["end"])),
+                                              account=str(item["team"]), nodes=list(item["nodes"]))  # fmt: skip
+                logger.info("reservation %s created for %s on %s", name, item["team"], ",".join(item["nodes"]))
+            except SlurmRefused as exc:
+                logger.info("Slurm refused reservation %s: %s", name, exc)
+                self.refused_reservations.add(int(item["id"]))
+                self.portal.post(f"reservations/{item['id']}/refused/", {"message": str(exc)})
+            except SlurmUnavailable as exc:
+                logger.warning("creating reservation %s failed: %s", name, exc)
+        for name in set(have) - names:
+            try:
+                self.slurm.delete_reservation(name)
+                logger.info("reservation %s deleted (ended in the portal)", name)
+            except SlurmUnavailable as exc:
+                logger.warning("deleting reservation %s failed: %s", name, exc)
 
     # -- submitting --------------------------------------------------------------------------------------------
 
@@ -154,6 +190,7 @@ class Bridge:
                 name=(spec.get("name") or f"portal-{job_id}")[:100],
                 cpus=max(1, int(float(spec.get("cpus") or 1) + 0.999)),
                 memory_mib=int(spec.get("memory_mib") or 1024),
+                reservation=str(spec.get("reservation") or ""),
             )
         except SlurmRefused as exc:
             logger.info("Slurm refused job %s: %s", job_id, exc)
@@ -293,5 +330,6 @@ def run_forever(bridge: Bridge, *, poll_s: float, stop_after: float | None = Non
         time.sleep(max(0.0, poll_s - (time.monotonic() - begin)))
 
 
-def names(nodes: Sequence[SlurmNode]) -> list[str]:
-    return [n.name for n in nodes]
+def _slurm_time(epoch: float) -> str:
+    """Slurm reads times in the local time of its hosts, without a zone."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))

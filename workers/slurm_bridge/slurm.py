@@ -196,10 +196,12 @@ class Slurm:
     # -- jobs --------------------------------------------------------------------------------------------------
 
     def submit(self, *, script: str, account: str, gres: str, minutes: int, comment: str, output: str,
-               name: str, cpus: int, memory_mib: int) -> str:  # fmt: skip
+               name: str, cpus: int, memory_mib: int, reservation: str = "") -> str:  # fmt: skip
         argv = ["sbatch", "--parsable", f"--account={account}", f"--gres={gres}", f"--time={minutes}"]
         argv += [f"--comment={comment}", f"--output={output}", f"--job-name={name}", f"--cpus-per-task={cpus}"]
         argv += [f"--mem={memory_mib}M", "--no-requeue"]
+        if reservation:
+            argv.append(f"--reservation={reservation}")
         if self.partition:
             argv.append(f"--partition={self.partition}")
         done = subprocess.run(argv, env=self.env, input=script, capture_output=True, text=True, timeout=self.timeout_s)
@@ -209,6 +211,26 @@ class Slurm:
                 raise SlurmUnavailable(words)
             raise SlurmRefused(words.removeprefix("sbatch: error: "))
         return done.stdout.strip().split(";")[0]
+
+    def reservations(self) -> dict[str, dict[str, str]]:
+        """Slurm's reservations by name, each as its `Key=Value` fields (scontrol's text: 22.05 has no --json)."""
+        text = self._run(["scontrol", "show", "reservation", "--oneliner"])
+        out: dict[str, dict[str, str]] = {}
+        for line in text.splitlines():
+            fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+            if "ReservationName" in fields:
+                out[fields["ReservationName"]] = fields
+        return out
+
+    def create_reservation(self, *, name: str, start: str, end: str, account: str, nodes: Sequence[str]) -> None:
+        """Slurm before 23.02 cannot reserve GRES (`TRES=gres/gpu` is refused): the nodes holding the GPUs are
+        reserved, for the team's account."""
+        argv = ["scontrol", "create", "reservation", f"ReservationName={name}", f"StartTime={start}"]
+        argv += [f"EndTime={end}", f"Accounts={account}", f"Nodes={','.join(nodes)}"]
+        self._run(argv, refuse_on_error=True)
+
+    def delete_reservation(self, name: str) -> None:
+        self._run(["scontrol", "delete", f"ReservationName={name}"])
 
     def cancel(self, job_id: str) -> None:
         self._run(["scancel", job_id])

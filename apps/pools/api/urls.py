@@ -16,6 +16,11 @@ urlpatterns = [
         name="api-pool-bridge-report",
     ),
     path(
+        "pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/",
+        views.BridgeReservationRefusedView.as_view(),
+        name="api-pool-bridge-reservation-refused",
+    ),
+    path(
         "pools/<slug:name>/bridge/jobs/<int:job_id>/logs/", views.BridgeLogsView.as_view(), name="api-pool-bridge-logs"
     ),
 ]

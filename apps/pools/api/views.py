@@ -123,6 +123,7 @@ def job_spec(row: ExternalJob) -> dict[str, Any]:
         "cpus": float(job.cpus),
         "memory_mib": job.memory_mib,
         "max_duration_s": job.max_duration_s,
+        "reservation": f"portal-res-{job.reservation_id}" if job.reservation_id else "",
     }
 
 
@@ -145,9 +146,10 @@ class BridgePollView(BridgeView):
         services.bridge_touch(self.pool)
         submit = [job_spec(row) for row in services.pool_claim(pool=self.pool)]
         follow = [services.follow_view(row) for row in selectors.followed(self.pool) if row.external_id]
+        reservations = selectors.mirrored_reservations(self.pool)
         return Response(
             {"pool": self.pool.name, "options": self.pool.options, "refused_nodes": refused, "submit": submit,
-             "follow": follow}
+             "follow": follow, "reservations": reservations}
         )  # fmt: skip
 
 
@@ -165,6 +167,16 @@ class BridgeSubmittedView(BridgeView):
             raise ValidationFailed("external_id is required.", fields={"external_id": ["1 to 64 characters"]})
         row = services.pool_job_submitted(pool=self.pool, job_id=job_id, external_id=external_id)
         return Response(services.follow_view(row))
+
+
+class BridgeReservationRefusedView(BridgeView):
+    """The scheduler refused to hold a reservation (`message`: its words): the portal gives the reservation up."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, name: str, reservation_id: int) -> Response:
+        message = _str(_body(request), "message")[:2000]
+        ended = services.pool_reservation_refused(pool=self.pool, reservation_id=reservation_id, message=message)
+        return Response({"reservation_id": reservation_id, "ended": ended})
 
 
 class BridgeReportView(BridgeView):
