@@ -53,6 +53,7 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/pools/": {"GET": (401, 200, 200, 200, 200, 200)},
     # A pool's bridge endpoints take only that pool's bridge token: no user token or session gets in.
     "api/v1/pools/<slug:name>/bridge/poll/": {"POST": (401, 401, 401, 401, 401, 401)},
+    "api/v1/pools/<slug:name>/bridge/usage/": {"POST": (401, 401, 401, 401, 401, 401)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": {"POST": (401, 401, 401, 401, 401, 401)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/report/": {"POST": (401, 401, 401, 401, 401, 401)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/logs/": {"POST": (401, 401, 401, 401, 401, 401)},
@@ -348,6 +349,7 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/nodes/<str:name>/drain/": _obj_node,
     "api/v1/nodes/<str:name>/undrain/": _obj_node,
     "api/v1/pools/<slug:name>/bridge/poll/": lambda cast: {"name": "cluster"},
+    "api/v1/pools/<slug:name>/bridge/usage/": lambda cast: {"name": "cluster"},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": lambda cast: {"name": "cluster", **_obj_job(cast)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/report/": lambda cast: {"name": "cluster", **_obj_job(cast)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/logs/": lambda cast: {"name": "cluster", **_obj_job(cast)},

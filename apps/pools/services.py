@@ -9,13 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.models import Team
 from apps.accounts.tokens import generate
 from apps.audit.services import audit_record
+from apps.billing.models import UsageRecord
+from apps.billing.selectors import closed_months, price_book
+from apps.billing.services import ledger_insert
 from apps.booking.models import Allocation, Reservation, ReservationStatus
 from apps.booking.services.reservations import reservation_end
 from apps.core.errors import Conflict, NotFound, ValidationFailed
@@ -230,6 +235,63 @@ def pool_reservation_refused(*, pool: Pool, reservation_id: int, message: str) -
         audit_record(actor=None, action="reservation.refused", target=reservation,
                      data={"pool": pool.name, "message": message[:2000]})  # fmt: skip
     return True
+
+
+# UsageRecord.source of a job that ran in a pool's scheduler without the portal (submitted there directly); its
+# source_id is the scheduler's job id. Jobs the portal submitted are billed from their own allocations.
+EXTERNAL_SOURCE = "slurm"
+
+
+@dataclass(frozen=True)
+class UsageIn:
+    external_id: int
+    account: str
+    node: str
+    gpus: int
+    start: datetime
+    end: datetime
+
+
+def pool_usage(*, pool: Pool, records: Sequence[UsageIn]) -> dict[str, Any]:
+    """Ledger rows for the GPU time of jobs that ran in the pool's scheduler outside the portal, under the account
+    of a team: one row per GPU and local day at the GPU model's price, inserted with the ledger's own idempotency
+    (a record sent twice is billed once). Accounting keeps GPU counts, not indexes: the node's first GPUs stand
+    for them. Jobs the portal submitted are skipped (billed from their allocations), as are closed months."""
+    portal_ids = set(
+        ExternalJob.objects.filter(pool=pool, external_id__in=[str(r.external_id) for r in records]).values_list(
+            "external_id", flat=True
+        )
+    )
+    teams = {t.slug: t for t in Team.objects.filter(slug__in={r.account for r in records})}
+    gpus_by_node: dict[str, list[Gpu]] = {}
+    for gpu in Gpu.objects.filter(node__pool=pool, retired_at__isnull=True).select_related("node").order_by("index"):
+        gpus_by_node.setdefault(gpu.node.name, []).append(gpu)
+    book = price_book(gpu_model_ids={g.model_id for gs in gpus_by_node.values() for g in gs})
+    closed = closed_months()
+    rows: list[UsageRecord] = []
+    unknown: set[str] = set()
+    for record in records:
+        team = teams.get(record.account)
+        if str(record.external_id) in portal_ids or record.end <= record.start or record.gpus < 1:
+            continue
+        if team is None:
+            unknown.add(record.account)
+            continue
+        for gpu in gpus_by_node.get(record.node.split(",")[0], [])[: record.gpus]:
+            for piece in book.split(gpu.model_id, record.start, record.end):
+                if piece.month in closed:
+                    continue
+                rows.append(
+                    UsageRecord(
+                        team=team, user=None, gpu=gpu, gpu_model_id=gpu.model_id, source=EXTERNAL_SOURCE,
+                        source_id=record.external_id, allocation=None, start=piece.start, end=piece.end,
+                        day=piece.day, month=piece.month, gpu_seconds=piece.seconds, share=Decimal(1),
+                        hourly_price=piece.hourly_price, cost=piece.cost, mean_utilization=None,
+                    )
+                )  # fmt: skip
+    with transaction.atomic():
+        ledger_insert(rows)
+    return {"rows": len(rows), "unknown_accounts": sorted(unknown)}
 
 
 def bridge_touch(pool: Pool) -> None:

@@ -42,7 +42,7 @@ class BridgeStack:
         env.update({"GPUPORTAL_URL": self.server.url, "GPUPORTAL_BRIDGE_TOKEN": self.bridge_token})
         env.update({"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
         argv = [sys.executable, "-m", "workers.slurm_bridge", "--pool", POOL, "--spool", str(self.spool)]
-        argv += ["--poll", "0.5", "--inventory", "5", "--models", json.dumps({"a100": MODEL})]
+        argv += ["--poll", "0.5", "--inventory", "5", "--usage", "2", "--models", json.dumps({"a100": MODEL})]
         log = open(self.tmp / "bridge.log", "ab")  # noqa: SIM115 - the child's
         self.bridge = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         log.close()

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spool", default=spool, help="job output directory, shared with the Slurm nodes")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls")
     parser.add_argument("--inventory", type=float, default=60.0, help="seconds between full node inventories")
+    parser.add_argument("--usage", type=float, default=60.0, help="seconds between accounting (sacct) syncs")
     parser.add_argument("--models", default="{}", help='GRES type -> portal model, e.g. {"a100": "A100-80GB"}')
     args = parser.parse_args(argv)
     if not args.token:
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         slurm=Slurm(partition=args.partition),
         spool=Path(args.spool),
         inventory_every_s=args.inventory,
+        usage_every_s=args.usage,
         models=dict(json.loads(args.models)),
     )
     run_forever(bridge, poll_s=args.poll)

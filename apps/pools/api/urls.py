@@ -5,6 +5,7 @@ from apps.pools.api import views
 urlpatterns = [
     path("pools/", views.PoolListView.as_view(), name="api-pools"),
     path("pools/<slug:name>/bridge/poll/", views.BridgePollView.as_view(), name="api-pool-bridge-poll"),
+    path("pools/<slug:name>/bridge/usage/", views.BridgeUsageView.as_view(), name="api-pool-bridge-usage"),
     path(
         "pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/",
         views.BridgeSubmittedView.as_view(),

@@ -179,6 +179,30 @@ class BridgeReservationRefusedView(BridgeView):
         return Response({"reservation_id": reservation_id, "ended": ended})
 
 
+class BridgeUsageView(BridgeView):
+    """Accounting records (sacct) of ended jobs with GPUs: those that ran outside the portal go into the ledger."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, name: str) -> Response:
+        raw = _body(request).get("records")
+        if not isinstance(raw, list):
+            raise ValidationFailed("records must be a list.", fields={"records": ["a list"]})
+        records = []
+        for item in raw:
+            if not isinstance(item, dict):
+                raise ValidationFailed("each record is an object.", fields={"records": ["objects"]})
+            start, end = _time(item, "start"), _time(item, "end")
+            if start is None or end is None:
+                raise ValidationFailed("start and end are required.", fields={"records": ["start and end"]})
+            records.append(
+                services.UsageIn(
+                    external_id=_int(item, "external_id"), account=_str(item, "account"), node=_str(item, "node"),
+                    gpus=_int(item, "gpus"), start=start, end=end,
+                )
+            )  # fmt: skip
+        return Response(services.pool_usage(pool=self.pool, records=records))
+
+
 class BridgeReportView(BridgeView):
     """What the scheduler says about a job: pending, running (node and GPU indexes), or ended (outcome)."""
 
