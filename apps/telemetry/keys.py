@@ -121,7 +121,10 @@ class SnapshotGpu(LatestSample, total=False):
     status: str  # GPU status: ok | degraded | lost | offline
     node_status: str  # online | draining | offline
     stale: bool  # no sample in the last STALE_AFTER_S seconds
-    holder: Holder | None
+    # A GPU in MIG mode or split in shares: one holder per held part (with "part", its profile or share, and
+    # "mem", its memory in MiB), and "parts": {"kind": "mig" | "share", "total": n, "free": n free now}.
+    holder: Holder | list[dict[str, Any]] | None
+    parts: dict[str, Any]
 
 
 class SnapshotNode(TypedDict):

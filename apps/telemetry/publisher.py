@@ -21,8 +21,8 @@ from typing import Any
 from django.db import close_old_connections
 
 from apps.core.redis import get_redis
-from apps.fleet.models import Gpu, Node
-from apps.fleet.selectors import gpu_holders
+from apps.fleet.models import DeviceKind, Gpu, Node
+from apps.fleet.selectors import gpu_holders, gpu_parts
 from apps.telemetry import keys
 from apps.telemetry.selectors import all_latest_samples, is_stale
 
@@ -41,6 +41,7 @@ class FleetPublisher:
         self.directory_every_s = directory_every_s
         self.redis = get_redis()
         self._directory: list[dict[str, Any]] = []
+        self._parts: dict[str, list[dict[str, Any]]] = {}
         self._nodes: list[keys.SnapshotNode] = []
         self._directory_at = -math.inf
         self.published = 0
@@ -51,9 +52,10 @@ class FleetPublisher:
         rows: Any = (
             Gpu.objects.filter(retired_at__isnull=True)
             .order_by("node__name", "index")
-            .values("uuid", "index", "status", "model__name", "node__name", "node__status", "memory_mib")
+            .values("id", "uuid", "index", "status", "model__name", "node__name", "node__status", "memory_mib")
         )
         self._directory = list(rows)
+        self._parts = _parts_by_uuid({r["id"]: r["uuid"] for r in self._directory})
         self._nodes = [
             {"name": n["name"], "status": n["status"], "last_heartbeat": _iso(n["last_heartbeat"])}
             for n in Node.objects.order_by("name").values("name", "status", "last_heartbeat")
@@ -83,6 +85,15 @@ class FleetPublisher:
             entry["node_status"] = row["node__status"]
             entry["stale"] = is_stale(sample, now=now)
             entry["holder"] = holders.get(row["uuid"])
+            parts = self._parts.get(row["uuid"])
+            if parts:
+                held = [
+                    {**holders[p["uuid"]], "part": p["label"], "mem": p["memory_mib"]}
+                    for p in parts
+                    if p["uuid"] in holders
+                ]
+                entry["holder"] = held or None
+                entry["parts"] = {"kind": parts[0]["kind"], "total": len(parts), "free": len(parts) - len(held)}
             gpus.append(entry)  # type: ignore[arg-type]
         return {
             "type": "fleet",
@@ -121,3 +132,16 @@ class FleetPublisher:
                 if self.failures == 1 or self.failures % 60 == 0:
                     logger.exception("publishing the fleet snapshot failed (%d failures)", self.failures)
             k += 1
+
+
+def _parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
+    """The live MIG instances and shares of each GPU (`uuid_of`: GPU id -> uuid), by the GPU's uuid, with a label
+    for the Fleet page."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for gpu_id, parts in gpu_parts(gpu_ids=list(uuid_of)).items():
+        for p in parts:
+            label = p.mig_profile if p.kind == DeviceKind.MIG else f"share {p.index + 1}/{len(parts)}"
+            out.setdefault(uuid_of[gpu_id], []).append(
+                {"uuid": p.uuid, "kind": p.kind, "label": label, "memory_mib": p.memory_mib}
+            )
+    return out

@@ -14,6 +14,7 @@ from apps.core.errors import Conflict
 from apps.fleet.devices import gpu_set_shares
 from apps.fleet.models import Gpu
 from apps.telemetry.metrics import render as render_metrics
+from apps.telemetry.publisher import FleetPublisher
 from tests.booking.conftest import slot
 
 pytestmark = pytest.mark.django_db
@@ -165,3 +166,20 @@ def test_metrics_export_mig_instances_with_dcgm_labels(api_as, alice, client, sh
     assert sum(int(line.rsplit(" ", 1)[1]) for line in allocated) == 1
     gi = Gpu.devices.get(uuid=mig).gi_id
     assert any(f'GPU_I_ID="{gi}"' in line and line.endswith(" 1") for line in allocated)
+
+
+@pytest.mark.django_db(transaction=True)  # the publisher closes stale connections, as its process does
+def test_fleet_snapshot_shows_parts_with_their_holders(api_as, alice, sharing_fleet):
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    held = {"team": "vision", "start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
+    assert api_as(alice).post(URL, {**held, "gpu_share": 0.25}, format="json").status_code == 201
+    assert api_as(alice).post(URL, {**held, "mig_profile": "1g.10gb"}, format="json").status_code == 201
+    gpus = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}
+    assert set(gpus) == {"GPU-mig-0", "GPU-mig-1", "GPU-shared-0", "GPU-shared-1"}
+    shared, mig = gpus["GPU-shared-0"], gpus["GPU-mig-0"]
+    assert shared["parts"] == {"kind": "share", "total": 4, "free": 3}
+    assert [(h["part"], h["mem"], h["team"]) for h in shared["holder"]] == [("share 1/4", 20480, "vision")]
+    assert mig["parts"] == {"kind": "mig", "total": 7, "free": 6}
+    assert [(h["part"], h["mem"]) for h in mig["holder"]] == [("1g.10gb", 9728)]
+    assert "parts" not in gpus["GPU-shared-1"] and gpus["GPU-shared-1"]["holder"] is None

@@ -68,6 +68,7 @@ function assign(rec, g) {
   rec.node_status = g.node_status || "online";
   rec.stale = !!g.stale;
   rec.holder = g.holder || null;
+  rec.parts = g.parts || null;
 }
 
 function setStructure(list) {
@@ -193,7 +194,20 @@ const tempText = (g) => (g.temp == null ? "—" : `${g.temp} °C`);
 const powerText = (g) => (g.power == null ? "—" : `${Math.round(g.power)} W`);
 const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
 
+// A GPU in MIG mode or split in shares: how many parts are free, then each held part's holder. Shares are
+// time-sliced unless the node runs MPS, so the page says so.
+function partsText(g) {
+  const p = g.parts;
+  const what = p.kind === "mig" ? "MIG instances" : "shares (shared, no memory isolation)";
+  const held = (Array.isArray(g.holder) ? g.holder : []).map((h) => {
+    const part = h.part ? `${h.part}${h.mem ? ` ${gib(h.mem)} GiB` : ""}: ` : "";
+    return part + (h.user ? `${h.user} · ${h.team}` : h.team || "in use");
+  });
+  return [`${p.free}/${p.total} ${what} free`, ...held].join(" · ");
+}
+
 function holderText(g) {
+  if (g.parts) return partsText(g);
   const h = g.holder;
   if (!h) return usable(g) ? "free" : "—";
   const until = h.until ? ` until ${timeFmt.format(new Date(h.until))}` : "";
