@@ -3,6 +3,8 @@ the job page."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,6 +14,7 @@ from django.utils import timezone
 from apps.efficiency import advice
 from apps.jobs.models import Job, JobLogLine
 from apps.telemetry.models import GpuRollup
+from workers.probes.advisor import RESULT_PREFIX
 
 LOG_LINES_READ = 2000
 
@@ -24,6 +27,7 @@ class JobEfficiency:
     advice: list[dict[str, str]] = field(default_factory=list)
     series: list[dict[str, Any]] = field(default_factory=list)
     gpu_memory_total_mib: int = 0
+    advisor: dict[str, Any] | None = None
 
 
 def _floor(moment: datetime) -> datetime:
@@ -42,6 +46,7 @@ def job_efficiency(job: Job) -> JobEfficiency:
         lines = list(
             JobLogLine.objects.filter(job=job).order_by("-seq").values_list("line", flat=True)[:LOG_LINES_READ]
         )
+    out.advisor = advisor_result(lines)
     out.failure = advice.failure_kind(exit_code=job.exit_code, reason=job.reason, message=job.message, log_lines=lines)
     uses: list[advice.GpuUse] = []
     if gpus and job.started_at is not None:
@@ -100,3 +105,38 @@ def job_efficiency(job: Job) -> JobEfficiency:
 
 def rows_seen(uses: list[advice.GpuUse]) -> bool:
     return any(u.mem_peak_mib is not None or u.util_mean is not None for u in uses)
+
+
+def advisor_result(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The batch-size advisor's result (workers/probes/advisor.py), from its `ADVISOR_RESULT <json>` log line (the
+    newest one), or None. Only the fields the page plots are kept, checked for type."""
+    for line in lines:
+        if not line.startswith(RESULT_PREFIX):
+            continue
+        try:
+            body = json.loads(line[len(RESULT_PREFIX) :])
+            runs = [
+                {
+                    "precision": str(r["precision"]),
+                    "batch_size": int(r["batch_size"]),
+                    "ok": bool(r["ok"]),
+                    "samples_per_s": float(r["samples_per_s"]) if r.get("samples_per_s") is not None else None,
+                    "peak_mib": float(r["peak_mib"]) if r.get("peak_mib") is not None else None,
+                }
+                for r in body["runs"]
+            ]
+            best = body.get("best")
+            return {
+                "device": str(body.get("device", "")),
+                "amp_dtype": str(body.get("amp_dtype", "")),
+                "limit_mib": body.get("limit_mib"),
+                "margin": float(body.get("margin", 0)),
+                "measured_memory": bool(body.get("measured_memory")),
+                "runs": runs,
+                "best": {k: best[k] for k in ("precision", "batch_size", "samples_per_s", "peak_mib")}
+                if best
+                else None,
+            }
+        except (ValueError, KeyError, TypeError):
+            return None
+    return None
