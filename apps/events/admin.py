@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.db import models
 from django.http import HttpRequest
 
 from apps.events.models import MailDelivery, OutboxEvent, WebhookDelivery, WebhookEndpoint
@@ -14,6 +15,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin[WebhookEndpoint]):
     search_fields = ["url"]
     exclude = ["secret_encrypted"]
     readonly_fields = ["created_by", "created_at", "failing_since", "disabled_at"]
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
