@@ -1,10 +1,14 @@
-"""Demo telemetry for a job that ran out of GPU memory: minute rollups whose memory climbs to the GPU's capacity
-(the job page plots it, the advice reads it). Written only for minutes in the past; idempotent."""
+"""Demo data for efficiency: a short idle policy for team vision (a reservation booked now and left idle is warned
+after 10 minutes and released 5 minutes later, so the demo shows it within a coffee break), and the telemetry of a
+job that ran out of GPU memory (minute rollups whose memory climbs to the GPU's capacity: the job page plots it,
+the advice reads it; apps/jobs/demo.py calls it). Idempotent."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from apps.accounts.models import Team
+from apps.efficiency.models import IdlePolicy
 from apps.fleet.models import Gpu
 from apps.telemetry.models import GpuRollup
 
@@ -31,3 +35,11 @@ def oom_memory_curve(*, gpu: Gpu, start: datetime, minutes: int) -> int:
             )
         )
     return len(GpuRollup.objects.bulk_create(rows, ignore_conflicts=True))
+
+
+def load() -> None:
+    team = Team.objects.filter(slug="vision").first()
+    if team is not None:
+        IdlePolicy.objects.get_or_create(
+            team=team, defaults={"warn_after_min": 10, "reclaim_after_min": 5, "unused_release_after_min": 20}
+        )
