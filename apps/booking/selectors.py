@@ -175,17 +175,30 @@ def timeline(*, user: AnyUser, start: datetime, end: datetime) -> dict[str, Any]
     allocations = (
         Allocation.objects.active()
         .overlapping(start, end)
-        .select_related("team", "user", "reservation")
+        .select_related("team", "user", "reservation", "gpu")
         .order_by("gpu_id", "start")
     )
+    # A MIG instance or share shows on its GPU's row, in a lane of its own (fractional occupancy).
+    lanes: dict[int, int] = {}
+    for parent_id in {a.gpu.parent_id for a in allocations if a.gpu.parent_id is not None}:
+        lanes[parent_id] = Gpu.devices.filter(parent_id=parent_id, retired_at__isnull=True).count()
     for a in allocations:
         slot: dict[str, Any] = {
-            "gpu_id": a.gpu_id,
+            "gpu_id": a.gpu.parent_id or a.gpu_id,
             "start": a.start,
             "end": a.end,
             "team": a.team.slug,
             "mine": a.team_id in mine,
         }
+        if a.gpu.parent_id is not None:
+            slot.update(
+                {
+                    "share": float(a.gpu.capacity),
+                    "profile": a.gpu.mig_profile or None,
+                    "lane": a.gpu.index,
+                    "lanes": max(lanes.get(a.gpu.parent_id, 1), a.gpu.index + 1),
+                }
+            )
         if a.team_id in mine or is_admin:
             slot.update(
                 {
@@ -221,6 +234,8 @@ def timeline(*, user: AnyUser, start: datetime, end: datetime) -> dict[str, Any]
                 "model": g.model.name,
                 "status": g.status,
                 "bookable": g.status == GpuStatus.OK and g.node.status == NodeStatus.ONLINE,
+                "mig_mode": g.mig_mode,
+                "shares": g.shares,
             }
             for g in gpus
         ],

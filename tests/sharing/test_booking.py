@@ -183,3 +183,23 @@ def test_fleet_snapshot_shows_parts_with_their_holders(api_as, alice, sharing_fl
     assert mig["parts"] == {"kind": "mig", "total": 7, "free": 6}
     assert [(h["part"], h["mem"]) for h in mig["holder"]] == [("1g.10gb", 9728)]
     assert "parts" not in gpus["GPU-shared-1"] and gpus["GPU-shared-1"]["holder"] is None
+
+
+def test_timeline_shows_parts_as_lanes_of_their_gpu(api_as, alice, charlie, sharing_fleet):
+    start, end = slot(hours=2)
+    assert api_as(alice).post(URL, body(gpu_share=0.5), format="json").status_code == 201
+    assert api_as(alice).post(URL, body(mig_profile="1g.10gb"), format="json").status_code == 201
+    params = {"start": start.isoformat(), "end": end.isoformat()}
+    for viewer in (alice, charlie):
+        data = api_as(viewer).get("/api/v1/booking/timeline/", params).json()
+        gpus = {g["id"]: g for g in data["gpus"]}
+        assert len(gpus) == 4  # physical GPUs only
+        by_gpu = sorted(
+            (gpus[s["gpu_id"]]["uuid"], s.get("profile"), s["share"], s["lane"], s["lanes"]) for s in data["slots"]
+        )
+        assert by_gpu == [
+            ("GPU-mig-0", "1g.10gb", pytest.approx(1 / 7, abs=1e-6), 0, 7),
+            ("GPU-shared-0", None, 0.25, 0, 4),
+            ("GPU-shared-0", None, 0.25, 1, 4),
+        ]
+        assert gpus[sharing_fleet["shared"].pk]["shares"] == 4 and gpus[sharing_fleet["mig"].pk]["mig_mode"]

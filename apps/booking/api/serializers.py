@@ -209,6 +209,8 @@ class TimelineGpuOutput(serializers.Serializer[Any]):
     model = serializers.CharField()
     status = serializers.CharField()
     bookable = serializers.BooleanField()
+    mig_mode = serializers.BooleanField()
+    shares = serializers.IntegerField()
 
 
 class TimelineSlotOutput(serializers.Serializer[Any]):
@@ -224,6 +226,11 @@ class TimelineSlotOutput(serializers.Serializer[Any]):
     user = serializers.CharField(required=False, allow_null=True)
     note = serializers.CharField(required=False, allow_blank=True)
     status = serializers.CharField(required=False, allow_null=True)
+    # A MIG instance or share: its fraction of the GPU, profile, and its lane among the GPU's parts.
+    share = serializers.FloatField(required=False)
+    profile = serializers.CharField(required=False, allow_null=True)
+    lane = serializers.IntegerField(required=False)
+    lanes = serializers.IntegerField(required=False)
 
 
 class TimelineMaintenanceOutput(serializers.Serializer[Any]):

@@ -268,12 +268,15 @@ function drawTimeline() {
     }
     for (const s of slotsByGpu.get(g.id) || []) {
       const l = pct(new Date(s.start).getTime()), r = pct(new Date(s.end).getTime());
-      const label = s.mine ? `${s.team}${s.user ? ` · ${s.user}` : ""}${s.reservation_id ? ` #${s.reservation_id}` : ""}` : s.team;
+      const part = s.lanes ? `${s.profile || `${Math.round(s.share * 100)}%`} · ` : "";
+      const label = part + (s.mine ? `${s.team}${s.user ? ` · ${s.user}` : ""}${s.reservation_id ? ` #${s.reservation_id}` : ""}` : s.team);
+      // A MIG instance or a share takes its own lane of the row: the row shows how much of the GPU is held.
+      const lane = s.lanes ? `;top:${(s.lane / s.lanes) * 100}%;height:${100 / s.lanes}%;bottom:auto` : "";
       const title = s.mine || s.kind
         ? `${s.team} ${s.kind === "job" ? `job ${s.job_id}` : `reservation #${s.reservation_id}`} by ${s.user || "?"}\n${span(s.start, s.end)}${s.note ? `\n${s.note}` : ""}`
         : `${s.team}\n${span(s.start, s.end)}`;
       track.append(h("div", {
-        class: `tl-slot ${s.mine ? "mine" : "other"}`, style: `left:${l}%;width:${Math.max(r - l, 0.3)}%`, title,
+        class: `tl-slot ${s.mine ? "mine" : "other"}`, style: `left:${l}%;width:${Math.max(r - l, 0.3)}%${lane}`, title,
         "data-reservation-id": s.reservation_id, "data-team": s.team,
       }, label));
     }
