@@ -110,3 +110,12 @@ def test_api_submission(api_as, alice, ready):
         format="json",
     )
     assert bad.status_code == 400 and "mig_profile" in bad.json()["fields"]
+
+
+def test_job_page_says_what_a_share_means(client, alice, vision, ready):
+    job = submit(alice, vision, gpu_share=0.25)
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "0.25 of one GPU: shared, no memory isolation" in page
+    mig = submit(alice, vision, mig_profile="1g.10gb")
+    assert "a MIG instance 1g.10gb" in client.get(f"/jobs/{mig.pk}/").content.decode()
