@@ -36,6 +36,7 @@ from apps.billing.models import (
     UsageRecord,
 )
 from apps.core.errors import Conflict, Forbidden, ValidationFailed
+from apps.events.models import MailPreference
 from apps.events.services import publish
 from apps.fleet.models import GpuModel
 
@@ -423,12 +424,15 @@ def _after_budget_alert(alert_id: int, notification_id: int) -> None:
     notification = Notification.objects.filter(pk=notification_id).first()
     if alert is None or notification is None:
         return
+    # This is the budget mail (the events outbox does not mail budget.threshold): every manager of the team,
+    # unless they turned "budget thresholds" off in their mail preferences (on for anyone without preferences).
+    opted_out = MailPreference.objects.filter(budget_thresholds=False).values("user_id")
     recipients = sorted(
         {
             email
-            for email in Membership.objects.filter(team_id=alert.team_id, role=Role.MANAGER).values_list(
-                "user__email", flat=True
-            )
+            for email in Membership.objects.filter(team_id=alert.team_id, role=Role.MANAGER)
+            .exclude(user_id__in=opted_out)
+            .values_list("user__email", flat=True)
             if email
         }
     )

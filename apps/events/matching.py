@@ -17,12 +17,11 @@ MAIL_PREFERENCE: dict[str, str] = {
     EventType.RESERVATION_STARTING_SOON: "reservation_starting",
     EventType.IDLE_WARNING: "idle_warnings",
     EventType.IDLE_RECLAIMED: "idle_warnings",
-    EventType.BUDGET_THRESHOLD: "budget_thresholds",
 }
+# budget.threshold is not mailed from here: billing mails the team's managers with the alert itself (worded for
+# people, at once), honouring MailPreference.budget_thresholds; one mail per alert, not two.
 # Mailed to the person named on the event whatever their preferences: it is about something they own.
 ALWAYS_MAILED: frozenset[str] = frozenset({EventType.WEBHOOK_DISABLED, EventType.WAITLIST_AVAILABLE})
-# Team-wide events without a person: mailed to the team's managers who opted in.
-TO_MANAGERS: frozenset[str] = frozenset({EventType.BUDGET_THRESHOLD})
 
 
 def pattern_is_valid(pattern: str) -> bool:

@@ -138,14 +138,15 @@ class WebhookDelivery(models.Model):
 
 
 class MailPreference(models.Model):
-    """Which events a person wants by mail (all off until they opt in)."""
+    """Which events a person wants by mail: off until they opt in, but budget thresholds, which managers get unless
+    they opt out (billing sends that mail)."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="mail_preference")
     job_finished = models.BooleanField(default=False)
     job_failed = models.BooleanField(default=False)
     reservation_starting = models.BooleanField(default=False)
     idle_warnings = models.BooleanField(default=False)
-    budget_thresholds = models.BooleanField(default=False)
+    budget_thresholds = models.BooleanField(default=True)
 
     def __str__(self) -> str:
         return f"mail preferences of {self.user}"

@@ -8,14 +8,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.accounts.choices import Role
 from apps.events import conf
-from apps.events.matching import ALWAYS_MAILED, MAIL_PREFERENCE, TO_MANAGERS, selects
+from apps.events.matching import ALWAYS_MAILED, MAIL_PREFERENCE, selects
 from apps.events.models import (
     DeliveryStatus,
     MailDelivery,
@@ -42,14 +40,9 @@ def _mail_recipients(event: OutboxEvent) -> list[int]:
     preference = MAIL_PREFERENCE.get(event.event_type)
     if preference is None:
         return []
-    candidates: set[int] = {event.user_id} if event.user_id else set()
-    if event.event_type in TO_MANAGERS and event.team_id is not None:
-        User = get_user_model()
-        candidates |= set(
-            User.objects.filter(
-                memberships__team_id=event.team_id, memberships__role=Role.MANAGER, is_active=True
-            ).values_list("pk", flat=True)
-        )
+    if not event.user_id:
+        return []
+    candidates = {event.user_id}
     opted = MailPreference.objects.filter(user_id__in=candidates, **{preference: True}, user__is_active=True)
     return sorted(opted.exclude(user__email="").values_list("user_id", flat=True))
 

@@ -120,3 +120,14 @@ def test_header_badge_shows_recent_notifications(spending, alice, charlie, djang
     tmpl = Template("{% load billing_tags %}{% billing_notifications %}")
     assert "⚠ 1" in tmpl.render(Context({"user": alice})) and "whole budget" in tmpl.render(Context({"user": alice}))
     assert tmpl.render(Context({"user": charlie})).strip() == ""
+
+
+def test_a_manager_who_turned_budget_mail_off_gets_none(spending, alice, django_capture_on_commit_callbacks):
+    from apps.events.models import MailPreference
+
+    MailPreference.objects.create(user=alice, budget_thresholds=False)
+    with django_capture_on_commit_callbacks(execute=True):
+        [alert] = services.budget_check(team_id=spending.pk, now=at_cost(85))
+    assert alert.threshold == 80
+    assert mail.outbox == []
+    assert Notification.objects.filter(team=spending).count() == 1  # the portal notification still appears

@@ -94,7 +94,6 @@ def test_mail_follows_each_persons_preferences(
     got = sorted((tuple(to), str(message["Subject"])) for to, message in inbox.messages)
     assert got == sorted(
         [
-            (("alice@example.org",), "[GPU Portal] budget threshold: teams/vision/budget"),
             (("alice@example.org",), f"[GPU Portal] job succeeded: jobs/{ended['alice_ok']}"),
             (("bob@example.org",), f"[GPU Portal] job failed: jobs/{ended['bob_failed']}"),
         ]
