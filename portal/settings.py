@@ -340,7 +340,14 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
-    "ENUM_NAME_OVERRIDES": {},
+    # Several models have a `status`; name each choice set so generated clients get stable, readable enums.
+    "ENUM_NAME_OVERRIDES": {
+        "ReservationStatusEnum": "apps.booking.models.ReservationStatus",
+        "DeliveryStatusEnum": "apps.events.models.DeliveryStatus",
+        "MonthStatusEnum": "apps.billing.models.MonthStatus",
+        "NodeStatusEnum": "apps.fleet.models.NodeStatus",
+        "GpuStatusEnum": "apps.fleet.models.GpuStatus",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "apps.core.api.schema.declare_error_responses",
