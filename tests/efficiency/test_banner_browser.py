@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.conf import settings
+from django.db import connection, connections
+from django.test import Client
 
 from apps.booking import services as booking
 from apps.efficiency import services
 from tests.booking.conftest import slot
-from tests.browser.test_pages import signed_in
+from tests.browser.test_pages import CHROMIUM_ARGS, signed_in
 from tests.efficiency.conftest import write_minutes
 
 pytestmark = [
@@ -59,3 +63,62 @@ def test_warning_appears_live_on_the_open_page(
         assert result[0].warned == [f"reservations/{r.pk}"]
         page.wait_for_selector(f"#idle-banner >> text=reservation #{r.pk} has been idle")
         assert "will be reclaimed at" in page.inner_text("#idle-banner")
+
+
+@contextmanager
+def signed_in_expecting_409(live: Any, user: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """As tests.browser's `signed_in`, except that Chromium's console line for the refusal (409) is expected."""
+    from playwright.sync_api import sync_playwright
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    client = Client()
+    client.force_login(user)
+    cookie = {"name": settings.SESSION_COOKIE_NAME, "value": client.cookies[settings.SESSION_COOKIE_NAME].value}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.add_cookies([{**cookie, "url": live.url}])
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda m: m.type == "error" and "status of 409" not in m.text and errors.append(m.text))
+            page.on("requestfailed", lambda r: errors.append(f"{r.url}: {r.failure}"))
+            yield page
+            assert not errors, errors
+        finally:
+            browser.close()
+            connections.close_all()
+
+
+def test_refused_booking_offers_the_waitlist(
+    live_portal: Any, alice: Any, bob: Any, fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.efficiency.models import WaitlistEntry
+
+    start, end = slot(days=1, hour=10, hours=2)
+    booking.reservation_create(
+        user=alice, team=alice.memberships.first().team, start=start, end=end, gpu_model="H100-80GB", gpu_count=2
+    )
+    local = "iso => { const d = new Date(iso); const p = n => String(n).padStart(2, '0'); return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}T${p(d.getHours())}:${p(d.getMinutes())}`; }"  # noqa: E501
+    with signed_in_expecting_409(live_portal, bob, monkeypatch) as page:
+        page.goto(live_portal.url + "/book/")
+        page.wait_for_selector(".tl-row")
+        page.select_option("#book-team", "vision")
+        page.select_option("#book-model", "H100-80GB")
+        page.fill("#book-count", "1")
+        page.fill("#book-start", page.evaluate(local, start.isoformat()))
+        page.fill("#book-end", page.evaluate(local, end.isoformat()))
+        page.click("#book-submit")
+        page.wait_for_selector("#waitlist-join")
+        page.check("#waitlist-auto")
+        page.click("#waitlist-join")
+        page.wait_for_selector("#waitlist-status >> text=On the waitlist")
+    entry = WaitlistEntry.objects.get(user=bob)
+    assert (entry.gpu_model.name, entry.gpu_count, entry.start, entry.end, entry.auto_book) == (
+        "H100-80GB",
+        1,
+        start,
+        end,
+        True,
+    )
