@@ -79,6 +79,7 @@ def test_whole_gpu_of_a_free_shared_gpu_holds_every_share(api_as, alice, sharing
     assert resp.json()["gpus"][0]["uuid"] == "GPU-shared-0"
     assert resp.json()["gpus"][0]["share"] == 1.0
     assert Allocation.objects.filter(reservation_id=resp.json()["id"]).count() == 4
+    assert resp.json()["gpu_count"] == 1  # one GPU, held by all its shares
     assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 409
 
 

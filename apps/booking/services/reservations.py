@@ -132,8 +132,11 @@ def _book(
     """The write of `reservation_create`, inside its transaction: lock the quota rows and the GPUs, check, then
     write everything in one statement (`booking_write`)."""
     rate = sum((g.hourly_price for g in chosen), Decimal("0"))
+    # GPUs as the booking and its quota count them: the shares of one GPU are one GPU (its allocations are one
+    # per share, the rate their sum); a MIG instance is one.
+    devices = len({g.parent_id if g.kind == "share" else g.id for g in chosen})
     amounts = quota_math.hold_amounts(
-        start=start, end=end, gpu_count=len(chosen), hourly_rate=rate, tz=selectors.local_tz()
+        start=start, end=end, gpu_count=devices, hourly_rate=rate, tz=selectors.local_tz()
     )
     gpu_ids = [g.id for g in chosen]
     # The quota rows, then the GPUs (the package's lock order), in one round trip; a refusal below rolls both back.
@@ -146,7 +149,7 @@ def _book(
         amounts=amounts,
         start=start,
         end=end,
-        gpu_count=len(chosen),
+        gpu_count=devices,
     )
     assert locked.reservation_id is not None
     booker = _signed_in(user)
@@ -155,7 +158,7 @@ def _book(
         team=team,
         user=booker,
         gpu_model_id=model_id,
-        gpu_count=len(chosen),
+        gpu_count=devices,
         start=start,
         end=end,
         booked_end=end,
@@ -178,7 +181,7 @@ def _book(
             team_id=team.pk,
             kind=AllocationKind.RESERVATION,
             reservation_id=reservation.pk,
-            gpu_count=len(chosen),
+            gpu_count=devices,
             hourly_rate=rate,
             start=start,
             end=end,
