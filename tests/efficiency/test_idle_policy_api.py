@@ -48,3 +48,14 @@ def test_bad_input_gets_the_error_shape(api_as, admin, vision, body):
     resp = api_as(admin).patch(URL, body, format="json")
     assert resp.status_code == 400
     assert resp.json()["code"] == "invalid" and resp.json()["fields"]
+
+
+def test_admin_pages_list_policies_exemptions_marks_and_the_waitlist(admin, vision):
+    from django.test import Client
+
+    IdlePolicy.objects.create(team=vision, warn_after_min=20)
+    client = Client()
+    client.force_login(admin)
+    for model in ("idlepolicy", "idleexemption", "idlemark", "waitlistentry"):
+        assert client.get(f"/admin/efficiency/{model}/").status_code == 200, model
+    assert client.get(f"/admin/efficiency/idlepolicy/{IdlePolicy.objects.get().pk}/change/").status_code == 200
