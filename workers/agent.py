@@ -25,6 +25,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -215,6 +216,8 @@ class Agent:
             node_queue(self.cfg.name),
         )
         self.start_background()
+        if self.cfg.telemetry_only:
+            return self._run_telemetry_only()
         try:
             argv = [
                 "worker",
@@ -236,6 +239,16 @@ class Agent:
         finally:
             self.stop_background()
         return int(code or 0)
+
+    def _run_telemetry_only(self) -> int:
+        """No Celery worker (so no job runner and no inventory): the background threads until SIGTERM/SIGINT."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop_event.set())
+        try:
+            self.stop_event.wait()
+        finally:
+            self.stop_background()
+        return 0
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
@@ -273,6 +286,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         help="cancel this node's jobs when the agent stops (the all-in-one `make run`); by default they keep "
         "running and the agent adopts them when it starts again",
     )
+    p.add_argument(
+        "--telemetry-only",
+        action="store_true",
+        help="a node another scheduler runs (a Slurm pool): register, heartbeat and sample GPUs, run no jobs",
+    )
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     if not a.token:
@@ -306,6 +324,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         telemetry_via=a.telemetry_via,
         runtime=a.runtime,
         stop_jobs_on_exit=a.stop_jobs_on_exit,
+        telemetry_only=a.telemetry_only,
     )
     return cfg, a.log_level
 

@@ -39,6 +39,9 @@ class AgentConfig:
     telemetry_via: str = "stream"  # stream (Redis stream fleet:ingest, batched by the portal) | celery
     runtime: str = ""  # auto | docker | process; empty = GPUPORTAL_RUNTIME or auto (workers/agent_jobs.py)
     stop_jobs_on_exit: bool = False  # cancel this node's jobs when the agent stops (make run's local agent)
+    # Another scheduler (Slurm) runs this node's jobs: register, heartbeat and sample only; no job runtime, no
+    # job inventory (it would report the scheduler's jobs as missing here).
+    telemetry_only: bool = False
 
 
 class AgentHost(Protocol):

@@ -74,6 +74,10 @@ def pool_inventory(*, pool: Pool, nodes: Sequence[NodeIn], driver: str) -> list[
             if node.pool_id != pool.pk:
                 refused.append(item.name)
                 continue
+        if item.up and node.token_digest:
+            # A telemetry-only agent runs on this node: it registers the GPUs (real uuids, NVML indexes, which
+            # match Slurm's GRES indexes when gres.conf lists /dev/nvidiaN in order); the bridge only heartbeats.
+            continue
         if item.up:
             node_register(
                 node_id=node.pk, gpus=list(item.gpus), agent_version="bridge", driver_version=driver,
