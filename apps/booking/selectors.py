@@ -165,6 +165,18 @@ def reservations_with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation
     return _with_details(qs).order_by("start", "id")
 
 
+def bookable_parts() -> list[dict[str, str]]:
+    """What the Book form offers besides whole GPUs: each MIG profile some GPU is laid out in, and each fraction
+    a shared GPU's split makes (1/N, 2/N, ... below 1). `value`: "mig:<profile>" or "share:<fraction>"."""
+    live = Gpu.devices.filter(parent__isnull=False, retired_at__isnull=True, parent__retired_at__isnull=True)
+    profiles = sorted(set(live.filter(kind="mig").values_list("mig_profile", flat=True)))
+    splits = sorted(set(Gpu.objects.filter(retired_at__isnull=True, shares__gt=1).values_list("shares", flat=True)))
+    fractions = sorted({round(k / n, 4) for n in splits for k in range(1, n)})
+    return [{"value": f"mig:{p}", "label": f"MIG instance {p}"} for p in profiles] + [
+        {"value": f"share:{f:g}", "label": f"{f:g} of a shared GPU (no memory isolation)"} for f in fractions
+    ]
+
+
 def timeline(*, user: AnyUser, start: datetime, end: datetime) -> dict[str, Any]:
     """GPUs (rows, by node and model) and what holds them in [start, end). Slots of the user's teams carry
     details; other teams' slots only the team (admins see details everywhere)."""

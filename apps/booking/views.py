@@ -49,6 +49,7 @@ def index(request: HttpRequest) -> HttpResponse:
         "is_admin": request.user.is_staff,
         "time_zone": settings.TIME_ZONE,
         "currency": settings.PORTAL_CURRENCY,
+        "parts": selectors.bookable_parts(),
     }
     return render(request, "booking/index.html", {"nav_section": "booking", "config": config})
 

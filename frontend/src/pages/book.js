@@ -16,7 +16,7 @@ const el = {
   team: $("book-team"), model: $("book-model"), count: $("book-count"), start: $("book-start"), end: $("book-end"),
   note: $("book-note"), error: $("book-error"), success: $("book-success"), avail: $("book-availability"),
   quota: $("book-quota"), picked: $("book-picked"), pickedName: $("book-picked-name"), timeline: $("timeline"),
-  mine: $("my-reservations"), mineError: $("my-error"), submit: $("book-submit"),
+  mine: $("my-reservations"), mineError: $("my-error"), submit: $("book-submit"), part: $("book-part"),
 };
 
 const state = { from: startOfDay(new Date()), days: 7, data: null, gpu: null, drag: null };
@@ -137,8 +137,11 @@ form.addEventListener("submit", async (ev) => {
     return;
   }
   const body = { team: el.team.value, start: w.start.toISOString(), end: w.end.toISOString(), note: el.note.value };
+  const part = el.part ? el.part.value : "";
+  if (part.startsWith("mig:")) { body.mig_profile = part.slice(4); body.gpu_count = Number(el.count.value); }
+  else if (part.startsWith("share:")) body.gpu_share = Number(part.slice(6));
   if (state.gpu) body.gpus = [state.gpu.uuid];
-  else { body.gpu_model = el.model.value; body.gpu_count = Number(el.count.value); }
+  else if (!part) { body.gpu_model = el.model.value; body.gpu_count = Number(el.count.value); }
   state.lastBody = body;
   el.submit.disabled = true;
   try {

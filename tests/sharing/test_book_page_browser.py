@@ -1,0 +1,72 @@
+"""The Book page in headless Chromium: book a 1g.10gb instance and a quarter of a shared GPU by the form, and see
+them on their GPUs' rows as lanes."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from apps.booking.models import Reservation
+from tests.booking.conftest import slot
+from tests.booking.test_book_page_browser import CHROMIUM_ARGS
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def page(live_portal: Any, alice: Any, sharing_fleet: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    if not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (make system-deps)")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        context = browser.new_context(timezone_id="UTC", locale="en-GB", viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{live_portal.url}/accounts/login/")
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", "pw-for-tests")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{live_portal.url}/")
+        page.goto(f"{live_portal.url}/book/")
+        page.wait_for_selector(".tl-row[data-gpu-uuid]")
+        try:
+            yield page
+            assert not errors, errors
+        finally:
+            browser.close()
+            connections.close_all()
+
+
+def _book(page: Any, part: str, note: str, start: Any, end: Any) -> Reservation:
+    page.select_option("#book-part", part)
+    page.fill("#book-count", "1")
+    page.fill("#book-start", start.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#book-end", end.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#book-note", note)
+    page.click("#book-submit")
+    page.wait_for_selector("#book-success:not([hidden])")
+    return Reservation.objects.get(note=note)
+
+
+def test_book_an_instance_and_a_share_by_the_form(page, sharing_fleet):
+    options = page.locator("#book-part option").all_inner_texts()
+    assert "MIG instance 1g.10gb" in options and "0.25 of a shared GPU (no memory isolation)" in options
+    start, end = slot(days=1, hour=10, hours=2)
+    mig = _book(page, "mig:1g.10gb", "an instance", start, end)
+    quarter = _book(page, "share:0.25", "a quarter", start, end)
+    assert mig.allocations.get().gpu.mig_profile == "1g.10gb"
+    assert quarter.allocations.get().gpu.parent_id == sharing_fleet["shared"].pk
+    lane = page.locator(f'.tl-slot.mine[data-reservation-id="{quarter.pk}"]')
+    lane.wait_for()
+    assert lane.inner_text().startswith("25% · vision")
+    assert "height:25%" in (lane.get_attribute("style") or "").replace(" ", "")
+    row = page.locator('.tl-row[data-gpu-uuid="GPU-mig-0"] .tl-slot.mine')
+    assert row.first.inner_text().startswith("1g.10gb · vision")
