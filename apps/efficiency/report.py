@@ -7,6 +7,8 @@ idle detector's record (reclaimed GPU-hours).
 - `idle_gpu_hours`, `idle_cost`: the rest of the rows with telemetry (as billing's idle cost: cost x (1 - mean
   utilization)); rows without telemetry count in neither;
 - `reclaimed_gpu_hours`, `reclaimed_cost`: reservations and jobs reclaimed while idle or released unused that month;
+- `memory_peak_pct` (over `jobs_measured` jobs): the mean of each job's GPU memory peak as a share of its GPUs'
+  memory (right-sizing: a team at 15% could use smaller GPUs or MIG instances);
 - `worst`: the jobs and reservations with the highest idle cost, with their memory peak against the GPUs' memory.
 Access as for the monthly report: admins every team, managers their teams, members 403.
 """
@@ -20,8 +22,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import DecimalField, F, FloatField, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import DecimalField, F, FloatField, Max, Q, Sum
+from django.db.models.functions import Coalesce, Now, Trunc
 
 from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
@@ -31,6 +33,7 @@ from apps.billing.selectors.reports import report_teams_for
 from apps.efficiency.jobinfo import job_efficiency
 from apps.efficiency.models import IdleMark, MarkState
 from apps.jobs.models import Job
+from apps.telemetry.models import GpuRollup
 
 WORST_SHOWN = 10
 _H = Decimal(3600)
@@ -70,6 +73,35 @@ def _annotations() -> dict[str, Any]:
     }
 
 
+def _memory_shares(month: date, team_ids: list[int]) -> dict[tuple[int, int | None], list[float]]:
+    """{(team, user): [peak memory / GPU memory, per job that ran in the month with telemetry]}: one query over the
+    jobs' GPUs' minute rows inside each job's run."""
+    start, end = _month_bounds(month)
+    rows: Any = (
+        GpuRollup.objects.filter(
+            gpu__jobs__team_id__in=team_ids,
+            gpu__jobs__started_at__lt=end,
+            minute__gte=Trunc("gpu__jobs__started_at", "minute"),
+            minute__lte=Coalesce("gpu__jobs__ended_at", Now()),
+        )
+        .filter(Q(gpu__jobs__ended_at__gte=start) | Q(gpu__jobs__ended_at__isnull=True))
+        .values("gpu__jobs__id", "gpu__jobs__team_id", "gpu__jobs__user_id")
+        .annotate(peak=Max("mem_used_max"), total=Max("gpu__memory_mib"))
+    )
+    out: dict[tuple[int, int | None], list[float]] = defaultdict(list)
+    for r in rows:
+        if r["peak"] is not None and r["total"]:
+            out[(r["gpu__jobs__team_id"], r["gpu__jobs__user_id"])].append(min(1.0, r["peak"] / r["total"]))
+    return out
+
+
+def _memory_figures(shares: list[float]) -> dict[str, Any]:
+    return {
+        "jobs_measured": len(shares),
+        "memory_peak_pct": str(round(100 * sum(shares) / len(shares), 1)) if shares else None,
+    }
+
+
 def efficiency_figures(*, month: date, team_ids: list[int]) -> dict[int, dict[str, Any]]:
     """{team_id: {"team": figures, "users": {user_id: figures}, "worst": [...]}} (no access check: callers do)."""
     rows: Any = UsageRecord.objects.filter(month=month, team_id__in=team_ids)  # annotated by name below
@@ -105,6 +137,11 @@ def efficiency_figures(*, month: date, team_ids: list[int]) -> dict[int, dict[st
         )
     for (tid, uid), rec in rec_user.items():
         out[tid]["users"].setdefault(uid, _figures(0, 0, 0, 0, *rec))
+    shares = _memory_shares(month, team_ids)
+    for team_id, f in out.items():
+        f["team"].update(_memory_figures([x for (t, _), v in shares.items() if t == team_id for x in v]))
+        for uid in list(f["users"]):
+            f["users"][uid].update(_memory_figures(shares.get((team_id, uid), [])))
     worst: Any = (
         rows.values("team_id", "user_id", "source", "source_id")
         .annotate(**_annotations())
@@ -190,23 +227,24 @@ CSV_COLUMNS = [
 
 def report_csv_rows(report: dict[str, Any]) -> list[list[str]]:
     """One row per team, per team and user, the worst items, and the totals."""
-    rows: list[list[str]] = [
-        ["month", "scope", "team", "user", "item", *CSV_COLUMNS, "memory_peak_mib", "memory_allocated_mib"]
-    ]
+    head = ["month", "scope", "team", "user", "item", *CSV_COLUMNS]
+    rows: list[list[str]] = [[*head, "memory_peak_mib", "memory_allocated_mib", "memory_peak_pct"]]
     m = report["month"]
     for t in report["teams"]:
-        rows.append([m, "team", t["team"], "", "", *[t[c] for c in CSV_COLUMNS], "", ""])
+        rows.append([m, "team", t["team"], "", "", *[t[c] for c in CSV_COLUMNS], "", "", t["memory_peak_pct"] or ""])
         for u in t["by_user"]:
-            rows.append([m, "user", t["team"], u["user"], "", *[u[c] for c in CSV_COLUMNS], "", ""])
+            rows.append(
+                [m, "user", t["team"], u["user"], "", *[u[c] for c in CSV_COLUMNS], "", "", u["memory_peak_pct"] or ""]
+            )
         for w in t["worst"]:
             rows.append(
                 [
                     m, "worst", t["team"], w["user"], f"{w['kind']}:{w['id']}", w["allocated_gpu_hours"], "",
                     w["idle_gpu_hours"], w["idle_cost"], "", "", str(w["memory_peak_mib"] or ""),
-                    str(w["memory_allocated_mib"] or ""),
+                    str(w["memory_allocated_mib"] or ""), "",
                 ]
             )  # fmt: skip
-    rows.append([m, "total", "", "", "", *[report["totals"][c] for c in CSV_COLUMNS], "", ""])
+    rows.append([m, "total", "", "", "", *[report["totals"][c] for c in CSV_COLUMNS], "", "", ""])
     return rows
 
 

@@ -19,6 +19,8 @@ from apps.billing.selectors import monthly_report
 from apps.billing.selectors.months import current_month
 from apps.efficiency.models import IdleMark, MarkState
 from apps.efficiency.report import pdf_lines
+from apps.jobs.models import Job, JobState
+from tests.efficiency.conftest import write_minutes
 from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -44,6 +46,12 @@ def ledger(alice: Any, bob: Any, vision: Any) -> None:
     row(alice, "reservation", 11, 10, "0.10", 0)  # 10 h, 1 used, 9 idle: 18.00 idle cost
     row(bob, "job", 12, 4, "0.75", 10)  # 4 h, 3 used, 1 idle: 2.00
     row(bob, "job", 13, 2, None, 14)  # no telemetry: counts in neither used nor idle
+    job = Job.objects.create(
+        team=vision, user=bob, image="x", command=["true"], gpu_count=1, cpus=Decimal(1), memory_mib=1024,
+        max_duration_s=3600, state=JobState.SUCCEEDED, started_at=start, ended_at=start + timedelta(minutes=10),
+    )  # fmt: skip
+    job.gpus.set([gpu])
+    write_minutes(gpu, start, 10, util=50, mem=20480)  # a quarter of the A100's memory at its peak
     IdleMark.objects.create(
         team=vision, user=alice, kind="reservation", source_id=11, state=MarkState.RECLAIMED,
         reclaimed_at=timezone.now(), reclaimed_gpu_hours=Decimal("5.5"), reclaimed_cost=Decimal("11"),
@@ -64,6 +72,8 @@ def test_manager_gets_the_figures(api_as, alice, ledger):
     assert users["alice"]["idle_gpu_hours"] == "9.00" and users["alice"]["reclaimed_gpu_hours"] == "5.50"
     assert users["bob"]["used_gpu_hours"] == "3.00" and users["bob"]["allocated_gpu_hours"] == "6.00"
     assert [(w["kind"], w["id"]) for w in team["worst"]] == [("reservation", 11), ("job", 12)]
+    assert (team["memory_peak_pct"], team["jobs_measured"]) == ("25.0", 1)
+    assert (users["bob"]["memory_peak_pct"], users["alice"]["memory_peak_pct"]) == ("25.0", None)
     assert body["totals"]["idle_cost"] == "20.00"
 
 

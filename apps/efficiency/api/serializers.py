@@ -39,7 +39,14 @@ class EfficiencyFiguresOutput(serializers.Serializer[Any]):
     reclaimed_cost = serializers.CharField()
 
 
-class EfficiencyUserOutput(EfficiencyFiguresOutput):
+class EfficiencyMemoryOutput(EfficiencyFiguresOutput):
+    memory_peak_pct = serializers.CharField(
+        allow_null=True, help_text="mean of the jobs' GPU memory peak / GPU memory, percent"
+    )
+    jobs_measured = serializers.IntegerField()
+
+
+class EfficiencyUserOutput(EfficiencyMemoryOutput):
     user = serializers.CharField()
 
 
@@ -54,7 +61,7 @@ class EfficiencyWorstOutput(serializers.Serializer[Any]):
     memory_allocated_mib = serializers.IntegerField(allow_null=True)
 
 
-class EfficiencyTeamOutput(EfficiencyFiguresOutput):
+class EfficiencyTeamOutput(EfficiencyMemoryOutput):
     team = serializers.CharField()
     name = serializers.CharField()
     by_user = EfficiencyUserOutput(many=True)
