@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from tests.conftest import LiveServer
-from tests.slurm.bridge_procs import BridgeStack, make_stack, running_stack
+from tests.slurm.bridge_procs import MODEL, BridgeStack, make_stack, running_stack
 from tests.support.slurm import Slurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
@@ -59,3 +60,10 @@ def test_direct_and_portal_jobs_reconcile_to_sacct(stack: BridgeStack) -> None:
     ledger = UsageRecord.objects.filter(team__slug="vision").aggregate(s=Sum("gpu_seconds"))["s"]
     expected = _sacct_gpu_seconds(slurm, direct) + _sacct_gpu_seconds(slurm, portal_slurm_id)
     assert ledger == expected
+    # The month's report (what managers read and export) carries the same GPU-hours.
+    month = timezone.localtime().strftime("%Y-%m")
+    resp = stack.api("GET", f"/api/v1/reports/monthly/?month={month}&team=vision")
+    assert resp.status_code == 200, resp.text
+    (team,) = resp.json()["teams"]
+    assert Decimal(team["gpu_hours"]) == (Decimal(expected) / 3600).quantize(Decimal("0.001"))
+    assert [m["gpu_model"] for m in team["by_gpu_model"]] == [MODEL]
