@@ -76,6 +76,11 @@ class ModelsField(AnyValueField):
     pass
 
 
+@extend_schema_field(OpenApiTypes.STR)
+class StrValueField(AnyValueField):
+    pass
+
+
 @extend_schema_field({"type": "string", "enum": ["none"]})
 class NetworkField(AnyValueField):
     pass
@@ -93,8 +98,8 @@ class JobInput(serializers.Serializer[Any]):
     gpu_count = IntValueField(required=False, help_text="whole GPUs on one node (default 1)")
     gpu_model = ModelsField(required=False, help_text="a model name, or a list of acceptable models")
     gpu_models = ModelsField(required=False, help_text="acceptable models (alternative spelling)")
-    mig_profile = AnyValueField(required=False, help_text="a MIG instance of this profile (e.g. 1g.10gb)")
-    gpu_share = AnyValueField(required=False, help_text="this fraction of one shared GPU (e.g. 0.25)")
+    mig_profile = StrValueField(required=False, help_text="a MIG instance of this profile (e.g. 1g.10gb)")
+    gpu_share = NumberValueField(required=False, help_text="this fraction of one shared GPU (e.g. 0.25)")
     cpus = NumberValueField(required=False)
     memory_mib = IntValueField(required=False)
     max_duration_s = IntValueField(required=False, help_text="the job is stopped after this many seconds")
