@@ -179,6 +179,11 @@ def pool_job_report(*, pool: Pool, report: JobReport) -> dict[str, Any]:
         job_report_started(node_id=job.node_id, job_id=job.pk, handle=row.external_id, at=report.started_at)
         job.refresh_from_db()
     done = False
+    if report.phase == "pending" and job.state == JobState.QUEUED:
+        # The pool's scheduler's own words for the wait (Slurm's Reason: Priority, Resources, ...).
+        Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+            pending_reason=report.external_state.lower()[:40], pending_message=f"{pool.name}: {report.message}"[:300]
+        )
     if report.phase == "ended":
         done = True
         if job.node_id is not None and job.state not in TERMINAL_STATES:

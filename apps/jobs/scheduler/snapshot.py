@@ -310,5 +310,6 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
 def _pending_jobs() -> list[Job]:
     """Queued jobs in arrival order with their team and user (the apply step books allocations for them), as
     instances: the start transitions work on them."""
-    queued = Job.objects.select_related("team", "user").filter(state=JobState.QUEUED)
+    # A job handed to another scheduler's pool (apps/pools: ExternalJob) waits there, not here.
+    queued = Job.objects.select_related("team", "user").filter(state=JobState.QUEUED, external__isnull=True)
     return list(queued.order_by("submitted_at", "id")[:MAX_PENDING])
