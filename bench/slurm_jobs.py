@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                 results["sbatch"].append(sbatch_round(slurm, args))
         finally:
             bench.stop()
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
     summary = {}
     for path, rounds in results.items():
         waits = [w for r in rounds for w in r["waits"]]
