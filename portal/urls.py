@@ -19,8 +19,8 @@ api_v1 = [
     path("", include("apps.core.api.urls")),
     path("", include("apps.billing.api.urls")),
     path("", include("apps.identity.api.urls")),
-    path("", include("apps.efficiency.api.urls")),
     path("", include("apps.events.api.urls")),
+    path("", include("apps.efficiency.api.urls")),
     path("", include("apps.pools.api.urls")),
 ]
 

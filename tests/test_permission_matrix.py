@@ -60,9 +60,6 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/": {
         "POST": (401, 401, 401, 401, 401, 401)
     },
-    "api/v1/pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/": {
-        "POST": (401, 401, 401, 401, 401, 401)
-    },
     "api/v1/gpus/<str:uuid>/history/": {"GET": (401, 200, 200, 200, 200, 200)},
     # 409 for the admin: authorized, but the GPU's node has no agent to probe it.
     "api/v1/gpus/<str:uuid>/probe/": {"POST": (401, 403, 403, 403, 409, 403)},
@@ -353,10 +350,6 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": lambda cast: {"name": "cluster", **_obj_job(cast)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/report/": lambda cast: {"name": "cluster", **_obj_job(cast)},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/logs/": lambda cast: {"name": "cluster", **_obj_job(cast)},
-    "api/v1/pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/": lambda cast: {
-        "name": "cluster",
-        "reservation_id": 1,
-    },
     "api/v1/pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/": lambda cast: {
         "name": "cluster",
         "reservation_id": 1,

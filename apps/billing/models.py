@@ -23,6 +23,8 @@ from apps.accounts.types import AnyUser
 class SourceKind(models.TextChoices):
     JOB = "job", "Job"
     RESERVATION = "reservation", "Reservation"
+    # A job submitted to a Slurm pool outside the portal, billed from sacct under its account (apps/pools).
+    SLURM = "slurm", "Slurm job"
 
 
 class MonthStatus(models.TextChoices):

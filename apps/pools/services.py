@@ -18,7 +18,7 @@ from django.utils import timezone
 from apps.accounts.models import Team
 from apps.accounts.tokens import generate
 from apps.audit.services import audit_record
-from apps.billing.models import UsageRecord
+from apps.billing.models import SourceKind, UsageRecord
 from apps.billing.selectors import closed_months, price_book
 from apps.billing.services import ledger_insert
 from apps.booking.models import Allocation, Reservation, ReservationStatus
@@ -248,7 +248,7 @@ def pool_reservation_refused(*, pool: Pool, reservation_id: int, message: str) -
 
 # UsageRecord.source of a job that ran in a pool's scheduler without the portal (submitted there directly); its
 # source_id is the scheduler's job id. Jobs the portal submitted are billed from their own allocations.
-EXTERNAL_SOURCE = "slurm"
+EXTERNAL_SOURCE = SourceKind.SLURM
 
 
 @dataclass(frozen=True)
