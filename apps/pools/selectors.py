@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from apps.accounts.tokens import digest_of, split
 from apps.booking.models import Allocation, AllocationKind, ReservationStatus
+from apps.core.errors import ValidationFailed
 from apps.fleet.models import Gpu, Pool
 from apps.jobs.models import Job, JobState
 from apps.pools.backends import BACKENDS
@@ -72,6 +73,38 @@ def routed_pool(gpu_models: list[str]) -> Pool | None:
     pool = Pool.objects.get(pk=pools.pop())
     backend = BACKENDS.get(pool.backend)
     return pool if backend is not None and backend.bridged else None
+
+
+def models_for_pool(name: str, wanted: list[str]) -> list[str]:
+    """The GPU models a job naming pool `name` may run on: the pool's models (narrowed to `wanted` when given).
+
+    Naming a pool lets that pool's scheduler choose among its GPUs. For a pool another scheduler runs, the models
+    must live only there, or the portal could not tell which scheduler the job is for. Raises ValidationFailed.
+    """
+    pool = Pool.objects.filter(name=name).first()
+    if pool is None:
+        raise _pool_error(f"There is no pool {name!r} (GET /api/v1/pools/ lists them).")
+    mine = set(Gpu.objects.filter(node__pool=pool, retired_at__isnull=True).values_list("model__name", flat=True))
+    if not mine:
+        raise _pool_error(f"Pool {name!r} has no GPUs.")
+    if wanted:
+        outside = sorted(set(wanted) - mine)
+        if outside:
+            raise _pool_error(f"Pool {name!r} has no {outside[0]} GPUs.")
+        mine &= set(wanted)
+    backend = BACKENDS.get(pool.backend)
+    if backend is not None and backend.bridged:
+        shared = sorted(mine - models_only_in(pool))
+        if shared:
+            raise _pool_error(
+                f"{shared[0]} GPUs are also outside pool {name!r}, so the job could not be sent to it; "
+                "name a model that only this pool has."
+            )
+    return sorted(mine)
+
+
+def _pool_error(message: str) -> ValidationFailed:
+    return ValidationFailed(message, fields={"pool": [message]})
 
 
 def unclaimed_jobs(pool: Pool) -> list[Job]:

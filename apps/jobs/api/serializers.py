@@ -100,6 +100,9 @@ class JobInput(serializers.Serializer[Any]):
     gpu_models = ModelsField(required=False, help_text="acceptable models (alternative spelling)")
     mig_profile = StrValueField(required=False, help_text="a MIG instance of this profile (e.g. 1g.10gb)")
     gpu_share = NumberValueField(required=False, help_text="this fraction of one shared GPU (e.g. 0.25)")
+    pool = serializers.CharField(
+        required=False, help_text="a pool's name (GET /api/v1/pools/): that pool's scheduler chooses its GPUs"
+    )
     cpus = NumberValueField(required=False)
     memory_mib = IntValueField(required=False)
     max_duration_s = IntValueField(required=False, help_text="the job is stopped after this many seconds")

@@ -26,6 +26,7 @@ from apps.core.ttlcache import TTLCache
 from apps.fleet.models import Gpu, GpuModel
 from apps.jobs import conf, events, occupancy, selectors, validation
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobState, TeamJobPolicy
+from apps.pools import selectors as pools_selectors
 
 if TYPE_CHECKING:
     from apps.booking.models import Reservation
@@ -204,6 +205,7 @@ def job_submit(
     check_fleet: bool = True,
     mig_profile: str | None = None,
     gpu_share: Any = None,
+    pool: Any = None,
 ) -> Job:
     """Validate, authorize and queue a job; counts its max duration against the team's quota.
 
@@ -233,6 +235,11 @@ def job_submit(
     max_gpus = limits.max_gpus_per_job or 64
     gpu_count = _check_int("gpu_count", gpu_count, 1, max_gpus)
     models = validation.check_gpu_models(gpu_model, gpu_models)
+    if pool is not None:
+        if not isinstance(pool, str) or not pool:
+            raise _field_error("pool", "pool must be a pool's name.")
+        # The job runs where the pool's scheduler puts it: narrowed to the pool's models, which routes it there.
+        models = pools_selectors.models_for_pool(pool, models)
     share = _check_part(mig_profile, gpu_share, gpu_count, reservation_id)
     cpus_value = _check_cpus(conf.DEFAULT_CPUS if cpus is None else cpus)
     memory = _check_int(
