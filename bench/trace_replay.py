@@ -3,7 +3,7 @@
 Why: the scheduling policies are only as good as the waits they produce on a real workload, and the
 replay must run the very code the portal runs (``apps.jobs.scheduling.schedule``), not a model of it.
 
-    python -m bench.trace_replay --pods CSV --gpus N [--nodes CSV --model-mix] [--time-scale K] \
+    python -m bench.trace_replay --pods CSV --gpus N [--node-size G] [--nodes CSV --model-mix] [--time-scale K] \
         --policy fifo|backfill|fair [--sharing] --json
 
 Workload (from the trace's columns): arrival = creation_time / K (``--time-scale`` compresses arrivals,
@@ -14,13 +14,15 @@ the core's fractional best fit (``apps.jobs.scheduling.placement.ShareState``). 
 task's ``qos`` column (LS, BE, Burstable, Guaranteed): the trace has no user or team column, task names are
 serial numbers, and qos is the one attribute that groups tasks by who runs them and why; all teams get equal shares.
 
-Cluster: N GPUs in 8-GPU nodes of one model (gpu_spec ignored), or with ``--model-mix`` the node list's
-models in proportion to their GPU counts (largest remainder), 8-GPU nodes per model, gpu_spec honoured
+Cluster: N GPUs in 8-GPU nodes (``--node-size``) of one model (gpu_spec ignored), or with ``--model-mix`` the node
+list's models in proportion to their GPU counts (largest remainder), 8-GPU nodes per model, gpu_spec honoured
 (a task whose models are absent or cannot hold its gang is skipped and counted).
 
 The simulator runs one scheduling pass after each batch of simultaneous events (arrivals, completions),
 as the portal does on events. Output: jobs, mean/p50/p99/max wait, mean JCT, GPU allocation ratio
-(allocated GPU-seconds over N x makespan) and the core's decisions per second of scheduler time.
+(allocated GPU-seconds over N x makespan), each task size's share of the mean wait (``mean_wait_by_size_s``:
+"frac" for fractional tasks, "1", "2", ... GPUs otherwise; the shares add up to the mean) and the core's
+decisions per second of scheduler time.
 """
 
 from __future__ import annotations
@@ -112,14 +114,14 @@ def model_mix(nodes: Path, total_gpus: int) -> dict[str, int]:
     return {m: n for m, n in sorted(out.items()) if n > 0}
 
 
-def build_cluster(total_gpus: int, mix: dict[str, int] | None) -> list[Gpu]:
-    """N GPUs in 8-GPU nodes (the last node of a model may be smaller)."""
+def build_cluster(total_gpus: int, mix: dict[str, int] | None, node_size: int = NODE_SIZE) -> list[Gpu]:
+    """N GPUs in nodes of ``node_size`` GPUs (the last node of a model may be smaller)."""
     counts = mix if mix is not None else {SINGLE_MODEL: total_gpus}
     gpus: list[Gpu] = []
     for model, count in counts.items():
         for i in range(count):
-            node = f"{model.lower()}-node-{i // NODE_SIZE:03d}"
-            gpus.append(Gpu(id=f"{node}-gpu{i % NODE_SIZE}", node=node, model=model))
+            node = f"{model.lower()}-node-{i // node_size:03d}"
+            gpus.append(Gpu(id=f"{node}-gpu{i % node_size}", node=node, model=model))
     return gpus
 
 
@@ -245,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.trace_replay", description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=Path, default=DEFAULT_PODS, help="pod list CSV (default: %(default)s)")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated cluster")
+    parser.add_argument("--node-size", type=int, default=NODE_SIZE, help="GPUs per node (default: %(default)s)")
     parser.add_argument("--nodes", type=Path, default=DEFAULT_NODES, help="node list CSV for --model-mix")
     parser.add_argument("--model-mix", action="store_true", help="the node list's models, gpu_spec honoured")
     parser.add_argument("--time-scale", type=float, default=1.0, help="divide arrival times by K")
@@ -252,15 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sharing", action="store_true", help="fractional tasks take their gpu_milli of one GPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    if args.gpus < 1 or args.time_scale <= 0:
-        parser.error("--gpus and --time-scale must be positive")
+    if args.gpus < 1 or args.node_size < 1 or args.time_scale <= 0:
+        parser.error("--gpus, --node-size and --time-scale must be positive")
 
     started = time.perf_counter()
     tasks, skipped = load_tasks(args.pods, time_scale=args.time_scale)
     if not tasks:
         parser.error(f"{args.pods}: no GPU task with creation, scheduled and deletion times to replay")
     mix = model_mix(args.nodes, args.gpus) if args.model_mix else None
-    gpus = build_cluster(args.gpus, mix)
+    gpus = build_cluster(args.gpus, mix, args.node_size)
     if mix is None:
         tasks = [TraceTask(t.name, t.team, t.arrival, t.runtime, t.gpu_count, None, t.gpu_milli) for t in tasks]
     largest: dict[frozenset[str] | None, int] = {}
@@ -278,16 +281,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped["no_fitting_node"] += 1
         else:
             runnable.append(t)
-    metrics = replay(runnable, gpus, policy_by_name(args.policy), sharing=args.sharing)
+    records: list[tuple[TraceTask, float]] = []
+    metrics = replay(runnable, gpus, policy_by_name(args.policy), records=records, sharing=args.sharing)
+    by_size: dict[str, float] = {}
+    for task, start in records:
+        size = "frac" if task.gpu_milli < 1000 else str(task.gpu_count)
+        by_size[size] = by_size.get(size, 0.0) + (start - task.arrival) / len(records)
+    order = sorted(by_size, key=lambda k: (k != "frac", int(k) if k.isdigit() else 0))
     result: dict[str, object] = {
         "policy": args.policy,
         "sharing": args.sharing,
         "gpus": args.gpus,
+        "node_size": args.node_size,
         "model_mix": mix if mix is not None else {SINGLE_MODEL: args.gpus},
         "time_scale": args.time_scale,
         "pods": str(args.pods),
         "teams": "qos",
         **metrics,
+        "mean_wait_by_size_s": {k: round(by_size[k], 1) for k in order},
         "skipped": skipped,
         "wall_s": round(time.perf_counter() - started, 2),
     }

@@ -49,3 +49,17 @@ def test_model_mix_honours_gpu_spec(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert out["skipped"]["no_fitting_node"] == 1
     assert out["jobs"] == 2
     assert out["max_wait_s"] == 0.0
+
+
+def test_node_size_and_the_mean_wait_by_task_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("\n".join([HEADER, *ROWS]) + "\n")
+    assert main(["--pods", str(pods), "--gpus", "8", "--node-size", "4", "--policy", "fair", "--json"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert small["node_size"] == 4
+    assert small["skipped"]["no_fitting_node"] == 1  # p0's 8 GPUs do not fit on a 4-GPU node
+
+    assert main(["--pods", str(pods), "--gpus", "16", "--policy", "fair", "--sharing", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["mean_wait_by_size_s"]) == {"frac", "1", "8"}
+    assert sum(out["mean_wait_by_size_s"].values()) == pytest.approx(out["mean_wait_s"], abs=0.2)
