@@ -332,6 +332,7 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         ("memory_mib", args.memory),
         ("priority", args.priority),
         ("reservation", args.reservation),
+        ("pool", args.pool),
     ):
         if value is not None:
             body[key] = value
@@ -498,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", type=int, help="MiB")
     p.add_argument("--priority", type=int)
     p.add_argument("--reservation", type=int, help="run inside this reservation of your team")
+    p.add_argument("--pool", help="let this pool's scheduler choose the GPUs (e.g. a Slurm pool)")
     p.add_argument("--idempotency-key", help="default: a fresh one (retries of this call reuse it)")
     p.add_argument("--wait", action="store_true", help="stream the logs and exit with the job's exit code")
     p.add_argument("--no-logs", action="store_true", help="with --wait: only wait")

@@ -69,6 +69,8 @@ def test_commands_against_a_live_server(alice, vision, fleet, images, make_token
 
     too_big = _run(live_portal, token, "submit", "--image", BUSYBOX, "--gpus", "12", "--", "true")
     assert too_big.returncode == gpuportal.EXIT_REFUSED and "No node has 12" in too_big.stderr
+    no_pool = _run(live_portal, token, "submit", "--image", BUSYBOX, "--pool", "nowhere", "--", "true")
+    assert no_pool.returncode == gpuportal.EXIT_REFUSED and "There is no pool 'nowhere'" in no_pool.stderr
 
     queued = _run(live_portal, token, "submit", "--image", BUSYBOX, "--env", "A=1", "--", "echo", "hi")
     assert queued.returncode == 0, queued.stderr
