@@ -100,8 +100,9 @@ class UsageRecordAdmin(_ReadOnly[UsageRecord]):
         "gpu_seconds",
         "cost",
         "mean_utilization",
+        "end_reason",
     )
-    list_filter = ("month", "team", "source", "gpu_model")
+    list_filter = ("month", "team", "source", "gpu_model", "end_reason")
     search_fields = ("source_id", "user__username", "team__slug")
     date_hierarchy = "start"
     list_select_related = ("team", "user", "gpu__node", "gpu__model")

@@ -133,6 +133,9 @@ class UsageRecord(models.Model):
     mean_utilization = models.DecimalField(
         max_digits=7, decimal_places=6, null=True, blank=True, help_text="0..1; empty: no telemetry for the period"
     )
+    # On the last row of a reservation the portal released early (idle, unused, scheduler refusal) or of a job it
+    # reclaimed while idle: why billing stopped there. Empty on every other row.
+    end_reason = models.CharField(max_length=16, blank=True, help_text="why billing stopped early: idle, unused, …")
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = UsageRecordQuerySet.as_manager()

@@ -97,6 +97,7 @@ def ledger_rows_due(
             hourly_price=piece.hourly_price,
             cost=piece.cost,
             mean_utilization=utilization,
+            end_reason=alloc.end_reason if piece.end == alloc.end else "",
         )
         for (alloc, piece), utilization in zip(pieces, utilizations, strict=True)
     ]

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from apps.audit.models import AuditEvent
+from apps.billing import services as billing
+from apps.billing.models import UsageRecord
 from apps.booking import services as booking
 from apps.booking.models import Allocation, ReservationStatus
 from apps.efficiency import services
@@ -78,6 +80,12 @@ def test_idle_reservation_is_warned_then_reclaimed(alice, fleet, django_capture_
     assert audit.actor is None and audit.data["reason"] == "idle" and audit.data["grace_minutes"] == 15
     assert OutboxEvent.objects.filter(event_type="idle.reclaimed").count() == 1
     assert services.idle_scan(now=at + timedelta(minutes=1)).reclaimed == []
+    # Billing stops at the release, and the ledger says why on each GPU's last row.
+    billing.ledger_close(now=at + timedelta(hours=1))
+    rows = list(UsageRecord.objects.filter(source="reservation", source_id=r.pk).order_by("gpu_id", "start"))
+    assert rows and max(row.end for row in rows) == at
+    assert {(row.gpu_id, row.end_reason) for row in rows if row.end == at} == {(g0.pk, "idle"), (g1.pk, "idle")}
+    assert {row.end_reason for row in rows if row.end < at} <= {""}
 
 
 def test_busy_again_after_a_warning_clears_it(alice, fleet):

@@ -42,6 +42,7 @@ class UsageRecordOutput(serializers.ModelSerializer[UsageRecord]):
             "cost",
             "mean_utilization",
             "idle_cost",
+            "end_reason",
         ]
 
     def get_idle_cost(self, obj: UsageRecord) -> str | None:

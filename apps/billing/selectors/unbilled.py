@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime
 from decimal import Decimal
 
-from django.db.models import Exists, OuterRef, QuerySet
+from django.apps import apps as django_apps
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
 
 from apps.billing import costing
 from apps.billing.costing import Piece
@@ -35,6 +36,9 @@ class OpenAllocation:
     # profile: a slice bills at the GPU's price x share unless an admin priced the profile (billing.MigProfilePrice).
     share: Decimal = Decimal(1)
     profile: str = ""
+    # Why it ended early, when the portal ended it (a reservation's released_reason, "idle" for a reclaimed job):
+    # the ledger's last row of the allocation says so.
+    end_reason: str = ""
 
 
 def billable_allocations() -> QuerySet[Allocation]:
@@ -54,7 +58,10 @@ def unbilled_allocations(
     """Active allocations that started before `now` and whose last piece is not in the ledger (no row ends where
     the allocation ends): running ones, and finished ones the closer has not written yet."""
     fully_billed = UsageRecord.objects.filter(allocation_id=OuterRef("pk"), end=OuterRef("end"))
-    qs = billable_allocations().filter(start__lt=now).exclude(Exists(fully_billed))
+    # Jobs are read by name: billing sits below jobs in the import graph (jobs prices its work with billing).
+    job = django_apps.get_model("jobs", "Job")
+    job_reason = Subquery(job.objects.filter(pk=OuterRef("job_id")).values("reason")[:1])
+    qs = billable_allocations().filter(start__lt=now).exclude(Exists(fully_billed)).annotate(job_reason=job_reason)
     if window is not None:
         qs = qs.filter(start__lt=window[1], end__gt=window[0])
     if since is not None:
@@ -77,12 +84,16 @@ def unbilled_allocations(
         "end",
         "gpu__capacity",
         "gpu__mig_profile",
+        "reservation__released_reason",
+        "job_reason",
     ):
         source_id: int | None
         if row["kind"] == AllocationKind.RESERVATION:
             source, source_id = SourceKind.RESERVATION, row["reservation_id"]
+            end_reason = row["reservation__released_reason"] or ""
         else:
             source, source_id = SourceKind.JOB, row["job_id"]
+            end_reason = "idle" if row["job_reason"] == "idle" else ""
         if source_id is None:
             continue  # a job allocation without its job id cannot be keyed; booking's constraint makes it rare
         out.append(
@@ -98,6 +109,7 @@ def unbilled_allocations(
                 end=min(row["end"], now),
                 share=Decimal(row["gpu__capacity"]),
                 profile=row["gpu__mig_profile"],
+                end_reason=end_reason if row["end"] <= now else "",
             )
         )
     return out
