@@ -119,3 +119,20 @@ def test_job_page_says_what_a_share_means(client, alice, vision, ready):
     assert "0.25 of one GPU: shared, no memory isolation" in page
     mig = submit(alice, vision, mig_profile="1g.10gb")
     assert "a MIG instance 1g.10gb" in client.get(f"/jobs/{mig.pk}/").content.decode()
+
+
+def test_a_part_on_a_slurm_pools_gpu_is_not_taken_and_leaves_no_allocation(alice, vision, ready, sent):
+    from apps.fleet.models import Pool, PoolBackend
+
+    pool = Pool.objects.create(name="cluster", backend=PoolBackend.SLURM)
+    shared = [g for g in Gpu.objects.select_related("node") if g.shares > 1]
+    assert shared, "the sharing fleet has a shared GPU"
+    for gpu in shared:
+        gpu.node.pool = pool
+        gpu.node.save(update_fields=["pool"])
+    quarter = submit(alice, vision, gpu_share=0.25)
+    result = one_pass()
+    assert quarter.pk not in result.started
+    quarter.refresh_from_db()
+    assert quarter.state == JobState.QUEUED
+    assert not Allocation.objects.filter(job_id=quarter.pk).exists()

@@ -15,11 +15,25 @@ from django.db import transaction
 
 from apps.booking.services.devices import place_parts_locked
 from apps.core.errors import ApplicationError
-from apps.fleet.models import Gpu, GpuModel
+from apps.fleet.models import Gpu, GpuModel, PoolBackend
 from apps.jobs import conf
 from apps.jobs.models import Job
 from apps.jobs.services import starting
 from apps.jobs.services.transitions import TransitionRefused
+
+
+class _Unsuitable(Exception):
+    """The part booking's placement chose cannot run this job: roll its allocation back."""
+
+
+def _runs_here(job: Job, gpus: list[Gpu]) -> bool:
+    """One node, a model the job accepts, and a pool the portal's agents run (a Slurm pool's GPUs are Slurm's)."""
+    node = gpus[0].node if gpus else None
+    if node is None or len({g.node_id for g in gpus}) != 1:
+        return False
+    if job.gpu_models and gpus[0].model.name not in job.gpu_models:
+        return False
+    return node.pool is None or node.pool.backend == PoolBackend.AGENTS
 
 
 def is_part_job(job: Job) -> bool:
@@ -47,11 +61,13 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
                     start=now,
                     end=end,
                 )
-                gpus = list(Gpu.devices.select_related("model", "node", "parent").filter(pk__in=[g.id for g in chosen]))
-                if len({g.node_id for g in gpus}) != 1 or (job.gpu_models and gpus[0].model.name not in job.gpu_models):
-                    continue
+                gpus = list(
+                    Gpu.devices.select_related("model", "node__pool", "parent").filter(pk__in=[g.id for g in chosen])
+                )
+                if not _runs_here(job, gpus):
+                    raise _Unsuitable  # leaving the block by an exception undoes the part's allocation
                 starting.job_start(job=job, node=gpus[0].node, gpus=gpus, now=now, savepoint=False)
-        except (ApplicationError, TransitionRefused):
+        except (ApplicationError, TransitionRefused, _Unsuitable):
             continue  # nothing fitting free now (409), or the job moved meanwhile: it stays queued
         started.append(job.pk)
     return started
