@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from rest_framework.test import APIClient
 
 from apps.audit.models import AuditEvent
 from apps.billing import services as billing
@@ -119,6 +120,10 @@ def test_unused_reservation_is_released_unused(alice, fleet):
     r.refresh_from_db()
     assert r.status == ReservationStatus.RELEASED and r.released_reason == "unused"
     assert IdleMark.objects.get(source_id=r.pk).state == MarkState.UNUSED
+    client = APIClient()
+    client.force_authenticate(alice)
+    body = client.get(f"/api/v1/reservations/{r.pk}/").json()
+    assert body["status"] == "released" and body["released_reason"] == "unused"
 
 
 def test_policy_off_for_reservations_and_exemptions(alice, fleet, vision):

@@ -64,6 +64,7 @@ class ReservationOutput(FastOutputMixin, serializers.ModelSerializer[Reservation
             "created_at",
             "activated_at",
             "ended_at",
+            "released_reason",
         ]
 
     def get_user(self, obj: Reservation) -> str | None:
@@ -167,6 +168,7 @@ def booking_created_payload(result: Any) -> dict[str, Any]:
         "created_at": dt(r.created_at),
         "activated_at": dt(r.activated_at),
         "ended_at": dt(r.ended_at),
+        "released_reason": r.released_reason,
         "warnings": list(result.warnings),
     }
 
