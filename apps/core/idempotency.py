@@ -65,6 +65,18 @@ def _replay(
     return response
 
 
+def _storable(value: Any) -> Any:
+    """`value` with NUL characters replaced (U+FFFD): PostgreSQL's jsonb cannot hold \\u0000, and a refusal may echo
+    a client's field name that has one (a stored answer that fails to store would turn a 400 into a 500)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(v) for v in value]
+    return value
+
+
 def idempotent(handler: Handler) -> Handler:
     """Decorate a view method (`def post(self, request, ...)`) to honour Idempotency-Key."""
 
@@ -101,7 +113,7 @@ def idempotent(handler: Handler) -> Handler:
                         raise
                     # The work was rolled back (its savepoint); the refusal is the stored answer.
                     IdempotencyRecord.objects.filter(pk=record.pk).update(
-                        status_code=exc.status, response_body=exc.as_body()
+                        status_code=exc.status, response_body=_storable(exc.as_body())
                     )
                     refusal = exc
                 else:
@@ -109,7 +121,7 @@ def idempotent(handler: Handler) -> Handler:
                         transaction.set_rollback(True)  # nothing kept: the client may retry
                     else:
                         IdempotencyRecord.objects.filter(pk=record.pk).update(
-                            status_code=response.status_code, response_body=response.data
+                            status_code=response.status_code, response_body=_storable(response.data)
                         )
         except _Taken:
             return _replay(view, request, key, fingerprint, wrapper, *args, **kwargs)

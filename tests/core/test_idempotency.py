@@ -40,6 +40,18 @@ def test_validation_error_is_replayed_too(alice, api_as):
     assert client.post("/api/v1/tokens/", bad, format="json", HTTP_IDEMPOTENCY_KEY="k-3").status_code == 400
 
 
+@pytest.mark.django_db
+def test_a_refusal_echoing_a_nul_in_a_field_name_is_stored_and_replayed(alice, api_as):
+    # PostgreSQL's jsonb cannot hold \u0000: the stored answer must not turn this 400 into a 500.
+    client = api_as(alice, ["read", "jobs:write"])
+    body = {"image": "x", "command": ["true"], "a\x00b": 1}
+    first = client.post("/api/v1/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="k-nul")
+    assert first.status_code == 400 and first.json()["code"] == "invalid"
+    again = client.post("/api/v1/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="k-nul")
+    assert again.status_code == 400 and again["Idempotent-Replayed"] == "true"
+    assert "a\ufffdb" in again.json()["fields"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_requests_with_one_key_create_once(alice, make_token, live_portal):
     import requests
