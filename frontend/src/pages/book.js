@@ -162,9 +162,19 @@ form.addEventListener("submit", async (ev) => {
 // --- availability and quota, while choosing -----------------------------------------------------------------
 let infoTimer = null;
 let infoSeq = 0;
+let infoWaiting = [];
+// Debounced: a call within 200 ms replaces the pending load, and every caller's promise resolves when the load
+// that replaced it ends (a dropped promise would leave the Book button disabled after a booking while typing).
 function refreshInfo() {
   clearTimeout(infoTimer);
-  return new Promise((resolve) => { infoTimer = setTimeout(() => loadInfo().finally(resolve), 200); });
+  return new Promise((resolve) => {
+    infoWaiting.push(resolve);
+    infoTimer = setTimeout(() => {
+      const waiting = infoWaiting;
+      infoWaiting = [];
+      loadInfo().finally(() => waiting.forEach((done) => done()));
+    }, 200);
+  });
 }
 async function loadInfo() {
   const w = formWindow();
