@@ -76,6 +76,7 @@ def test_gpu_info_to_dict() -> None:
         "memory_mib": 143_771,
         "mig_mode": False,
         "extra": {"simulated": True},
+        "mig_devices": [],
     }
 
 
