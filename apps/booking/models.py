@@ -243,7 +243,7 @@ class QuotaHoldQuerySet(ScopedQuerySet["QuotaHold"]):
 
 
 class QuotaHold(models.Model):
-    """What one reservation or job counts against its team's quota: gpu_count x [start, end) at hourly_rate."""
+    """What one reservation or job counts against its team's quota: `gpus` x [start, end) at hourly_rate."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=16, choices=AllocationKind.choices)
@@ -252,6 +252,11 @@ class QuotaHold(models.Model):
     )
     job_id = models.BigIntegerField(null=True, blank=True, unique=True)
     gpu_count = models.PositiveSmallIntegerField()
+    gpus = models.DecimalField(
+        max_digits=10,
+        decimal_places=6,
+        help_text="GPUs counted against the quota: a whole GPU 1, a part its fraction (1g MIG = 1/7)",
+    )
     hourly_rate = models.DecimalField(max_digits=12, decimal_places=4, help_text="price of all its GPUs per hour")
     start = models.DateTimeField()
     end = models.DateTimeField()

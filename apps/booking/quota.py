@@ -3,6 +3,10 @@
 Months are calendar months in the installation's time zone; a booking across a month boundary counts in each
 month for the time it spends there. Hours are real elapsed hours, so a night across a DST change counts 23 or 25
 hours, as the GPUs really are held. GPU-hours and money are `Decimal`, rounded half-up to 4 places.
+
+GPUs are counted as what they are of a physical GPU: a whole GPU is 1, a part (a MIG instance or a share) its
+fraction, the same fraction billing charges (`Gpu.capacity`). So a quarter of a GPU for 4 hours is 1 GPU-hour, and
+four quarters held at once are 1 GPU against `max_concurrent_gpus`.
 """
 
 from __future__ import annotations
@@ -13,12 +17,28 @@ from datetime import UTC, date, datetime, time, tzinfo
 from decimal import ROUND_HALF_UP, Decimal
 
 PLACES = Decimal("0.0001")
+# GPUs a hold counts are stored with 6 places, as a part's fraction of its GPU is (`Gpu.capacity`: 1g = 0.142857).
+GPU_PLACES = Decimal("0.000001")
 ZERO = Decimal("0")
 
 
 def q4(value: Decimal) -> Decimal:
     """Round to the 4 places GPU-hours and money are stored with."""
     return value.quantize(PLACES, rounding=ROUND_HALF_UP)
+
+
+def held_gpus(value: Decimal | int) -> Decimal:
+    """GPUs as a hold stores and counts them (6 places)."""
+    return Decimal(value).quantize(GPU_PLACES, rounding=ROUND_HALF_UP)
+
+
+def gpu_number(value: Decimal | int) -> int | float:
+    """A count of GPUs for an API or a page: a whole number stays an int (2), a fraction reads as a short number
+    (0.75, not "0.7500"), at the 4 places quota counts GPUs with."""
+    rounded = q4(Decimal(value))
+    if rounded == rounded.to_integral_value():
+        return int(rounded)
+    return float(rounded)
 
 
 def month_of(moment: datetime, tz: tzinfo) -> date:
@@ -74,13 +94,15 @@ class Amount:
 
 
 def hold_amounts(
-    *, start: datetime, end: datetime, gpu_count: int, hourly_rate: Decimal, tz: tzinfo
+    *, start: datetime, end: datetime, gpu_count: Decimal | int, hourly_rate: Decimal, tz: tzinfo
 ) -> dict[date, Amount]:
-    """What holding `gpu_count` GPUs over [start, end) counts in each month; `hourly_rate` is for all of them."""
+    """What holding `gpu_count` GPUs over [start, end) counts in each month; `hourly_rate` is for all of them.
+    `gpu_count` is in GPUs, fractions included: a quarter of a GPU is Decimal("0.25")."""
     out: dict[date, Amount] = {}
+    gpus = Decimal(gpu_count)
     for month, seconds in split_by_month(start, end, tz):
         hours = seconds / Decimal(3600)
-        out[month] = Amount(gpu_hours=q4(hours * gpu_count), cost=q4(hours * hourly_rate))
+        out[month] = Amount(gpu_hours=q4(hours * gpus), cost=q4(hours * hourly_rate))
     return out
 
 
@@ -94,21 +116,25 @@ def amounts_delta(before: Mapping[date, Amount], after: Mapping[date, Amount]) -
     return out
 
 
-def peak_concurrency(intervals: Iterable[tuple[datetime, datetime, int]], start: datetime, end: datetime) -> int:
-    """The most GPUs held at any instant of [start, end) by the given (start, end, gpus) intervals."""
-    events: list[tuple[datetime, int]] = []
+def peak_concurrency(
+    intervals: Iterable[tuple[datetime, datetime, Decimal | int]], start: datetime, end: datetime
+) -> Decimal:
+    """The most GPUs held at any instant of [start, end) by the given (start, end, gpus) intervals; `gpus` may be
+    a fraction (a part of a GPU). Rounded to 4 places: the parts of one GPU add up to 1 (three thirds stored as
+    0.333333 each make 0.999999)."""
+    events: list[tuple[datetime, Decimal]] = []
     for lo, hi, n in intervals:
         lo, hi = max(lo, start), min(hi, end)
         if hi > lo:
-            events.append((lo, n))
-            events.append((hi, -n))
+            events.append((lo, Decimal(n)))
+            events.append((hi, -Decimal(n)))
     # Ends sort before starts at the same instant: [a, b) and [b, c) never overlap.
     events.sort(key=lambda e: (e[0], e[1]))
-    peak = current = 0
+    peak = current = ZERO
     for _, n in events:
         current += n
         peak = max(peak, current)
-    return peak
+    return q4(peak)
 
 
 @dataclass(frozen=True)
@@ -137,21 +163,40 @@ class Verdict:
     remaining: dict[str, Decimal | int | None] = field(default_factory=dict)
 
 
-def remaining(limits: Limits, used: Amount, peak: int | None = None) -> dict[str, Decimal | int | None]:
+def remaining_out(left: Mapping[str, Decimal | int | None]) -> dict[str, str | int | float | None]:
+    """What is left, as the API shows it: GPU-hours and money as 4-place strings, concurrent GPUs as a number
+    (1, or 0.75 while parts of GPUs are held)."""
+    out: dict[str, str | int | float | None] = {}
+    for key, value in left.items():
+        if value is None or isinstance(value, int):
+            out[key] = value
+        elif key == "concurrent_gpus":
+            out[key] = gpu_number(value)
+        else:
+            out[key] = str(q4(value))
+    return out
+
+
+def remaining(limits: Limits, used: Amount, peak: Decimal | int | None = None) -> dict[str, Decimal | int | None]:
     """What is left of each limit (None = unlimited), before the booking being checked."""
     return {
         "gpu_hours": None if limits.gpu_hours is None else q4(limits.gpu_hours - used.gpu_hours),
         "budget": None if limits.budget_hard is None else q4(limits.budget_hard - used.cost),
         "budget_soft": None if limits.budget_soft is None else q4(limits.budget_soft - used.cost),
         "concurrent_gpus": (
-            None if limits.max_concurrent_gpus is None or peak is None else limits.max_concurrent_gpus - peak
+            None
+            if limits.max_concurrent_gpus is None or peak is None
+            else q4(limits.max_concurrent_gpus - Decimal(peak))
         ),
     }
 
 
-def evaluate(*, limits: Limits, used: Amount, add: Amount, peak: int | None = None, add_gpus: int = 0) -> Verdict:
+def evaluate(
+    *, limits: Limits, used: Amount, add: Amount, peak: Decimal | int | None = None, add_gpus: Decimal | int = 0
+) -> Verdict:
     """Whether `add` fits one month's quota given what is `used`; `peak` = the team's most GPUs held at once
-    during the new booking's window without it (None: not checked)."""
+    during the new booking's window without it (None: not checked); `add_gpus` = the GPUs the booking holds
+    (fractions of parts summed)."""
     exceeded: list[str] = []
     warnings: list[str] = []
     total = used + add
@@ -163,7 +208,7 @@ def evaluate(*, limits: Limits, used: Amount, add: Amount, peak: int | None = No
         limits.max_concurrent_gpus is not None
         and peak is not None
         and add_gpus > 0
-        and peak + add_gpus > limits.max_concurrent_gpus
+        and q4(Decimal(peak) + Decimal(add_gpus)) > limits.max_concurrent_gpus
     ):
         exceeded.append("concurrent_gpus")
     if limits.budget_soft is not None and add.cost > 0 and total.cost > limits.budget_soft:

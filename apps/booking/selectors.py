@@ -363,10 +363,22 @@ def allowed_model_names(
     return sorted(GpuModel.objects.filter(pk__in=allowed).values_list("name", flat=True))
 
 
-def team_peak_gpus(*, team_id: int, start: datetime, end: datetime) -> int:
-    """The most GPUs the team holds at once during [start, end) (active allocations)."""
-    rows = Allocation.objects.active().filter(team_id=team_id).overlapping(start, end).values_list("start", "end")
-    return quota_math.peak_concurrency(((lo, hi, 1) for lo, hi in rows), start, end)
+def team_held_intervals(*, team_id: int, start: datetime, end: datetime) -> list[tuple[datetime, datetime, Decimal]]:
+    """(start, end, GPUs) of the team's active allocations overlapping [start, end): a part of a GPU counts its
+    fraction (`Gpu.capacity`, what billing charges), so four quarters of a GPU held at once are one GPU."""
+    rows = (
+        Allocation.objects.active()
+        .filter(team_id=team_id)
+        .overlapping(start, end)
+        .values_list("start", "end", "gpu__capacity")
+    )
+    return [(lo, hi, Decimal(capacity)) for lo, hi, capacity in rows]
+
+
+def team_peak_gpus(*, team_id: int, start: datetime, end: datetime) -> Decimal:
+    """The most GPUs the team holds at once during [start, end) (active allocations; a part of a GPU counts its
+    fraction)."""
+    return quota_math.peak_concurrency(team_held_intervals(team_id=team_id, start=start, end=end), start, end)
 
 
 def _money(value: Decimal | None) -> str | None:
@@ -383,7 +395,13 @@ def quota_summary(*, team: Team, month: date | None = None) -> dict[str, Any]:
     used = usage_by_month(team_id=team.pk, months=[month])[month]
     first, after = quota_math.month_bounds(month, tz)
     to_date_end = min(max(now, first), after)
-    held_now = Allocation.objects.active().filter(team=team, start__lte=now, end__gt=now).count()
+    # GPUs held now, a part of a GPU counting its fraction (as max_concurrent_gpus counts them).
+    held_now = sum(
+        Allocation.objects.active()
+        .filter(team=team, start__lte=now, end__gt=now)
+        .values_list("gpu__capacity", flat=True),
+        Decimal(0),
+    )
     left = quota_math.remaining(limits, used)
     return {
         "month": month.strftime("%Y-%m"),
@@ -402,19 +420,17 @@ def quota_summary(*, team: Team, month: date | None = None) -> dict[str, Any]:
             "budget": _money(left["budget"]),  # type: ignore[arg-type]
             "budget_soft": _money(left["budget_soft"]),  # type: ignore[arg-type]
         },
-        "gpus_held_now": held_now,
+        "gpus_held_now": quota_math.gpu_number(held_now),
     }
 
 
 def _booked_hours_between(team_id: int, start: datetime, end: datetime) -> Decimal:
-    """GPU-hours the team's active allocations cover within [start, end)."""
+    """GPU-hours the team's active allocations cover within [start, end) (a part of a GPU counts its fraction)."""
     if end <= start:
         return Decimal("0.0000")
     seconds = Decimal(0)
-    for lo, hi in (
-        Allocation.objects.active().filter(team_id=team_id).overlapping(start, end).values_list("start", "end")
-    ):
-        seconds += Decimal(str((min(hi, end) - max(lo, start)).total_seconds()))
+    for lo, hi, gpus in team_held_intervals(team_id=team_id, start=start, end=end):
+        seconds += Decimal(str((min(hi, end) - max(lo, start)).total_seconds())) * gpus
     return quota_math.q4(seconds / Decimal(3600))
 
 
@@ -466,9 +482,7 @@ def quota_preview(
                     "budget_hard": _money(limits.budget_hard),
                 },
                 "booked": {"gpu_hours": _money(used.gpu_hours), "cost": _money(used.cost)},
-                "remaining": {
-                    k: (v if isinstance(v, int) or v is None else _money(v)) for k, v in verdict.remaining.items()
-                },
+                "remaining": quota_math.remaining_out(verdict.remaining),
                 "requested": {"gpu_hours": _money(add.gpu_hours), "cost": _money(add.cost)},
                 "exceeded": list(verdict.exceeded) + ([] if model_ok else ["model"]),
                 "warnings": list(verdict.warnings),

@@ -28,7 +28,9 @@ def allocate(*, job: Job, gpus: Sequence[Gpu], start: datetime, end: datetime, s
     Raises Conflict if any GPU is already held then (savepoint: the caller may go on; `savepoint=False` for a
     caller with its own), QuotaExceeded if the team would hold more GPUs at once than its quota allows."""
     if team_limits_concurrency(job.team_id):
-        booking.quota_concurrency_check(team=job.team, start=start, end=end, gpu_count=len(gpus))
+        # A part of a GPU counts its fraction (`Gpu.capacity`), as billing charges it.
+        held = sum((Decimal(g.capacity) for g in gpus), Decimal(0))
+        booking.quota_concurrency_check(team=job.team, start=start, end=end, gpu_count=held)
     booking.allocations_create(
         gpus=list(gpus),
         team=job.team,
@@ -78,9 +80,10 @@ def _models_facts(gpu_models: Sequence[str]) -> tuple[list[int], Decimal]:
     return _models.get_or_set(tuple(sorted(gpu_models)), read)
 
 
-def hourly_rate(*, gpu_models: Sequence[str], gpu_count: int) -> Decimal:
-    """What the job's GPUs cost per hour at most: the dearest acceptable model x the GPU count."""
-    return _models_facts(gpu_models)[1] * gpu_count
+def hourly_rate(*, gpu_models: Sequence[str], gpu_count: Decimal | int) -> Decimal:
+    """What the job's GPUs cost per hour at most: the dearest acceptable model x the GPU count (a part of a GPU:
+    its fraction), to the 4 places a quota hold stores it with."""
+    return (_models_facts(gpu_models)[1] * gpu_count).quantize(Decimal("0.0001"))
 
 
 def quota_hold(*, job: Job, start: datetime, end: datetime, quotas: Mapping[date, Any] | None = None) -> None:
@@ -89,12 +92,15 @@ def quota_hold(*, job: Job, start: datetime, end: datetime, quotas: Mapping[date
     The concurrent-GPU limit is checked when the job is placed (a queued job holds no GPU). Call it inside the
     submission's transaction: a refusal is raised through it and undoes the whole submission."""
     model_ids = _models_facts(job.gpu_models)[0]
+    # A job on a share or a MIG instance counts its fraction of a GPU, in GPU-hours and cost alike.
+    gpus = booking.quota_gpus(gpu_count=job.gpu_count, mig_profile=job.mig_profile, gpu_share=job.gpu_share)
     booking.quota_check_and_hold(
         team=job.team,
         gpu_count=job.gpu_count,
+        gpus=gpus,
         start=start,
         end=end,
-        hourly_rate=hourly_rate(gpu_models=job.gpu_models, gpu_count=job.gpu_count),
+        hourly_rate=hourly_rate(gpu_models=job.gpu_models, gpu_count=gpus),
         kind=AllocationKind.JOB,
         gpu_model_ids=model_ids,
         job_id=job.pk,

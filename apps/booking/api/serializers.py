@@ -268,7 +268,9 @@ class QuotaRemainingOutput(serializers.Serializer[Any]):
     gpu_hours = serializers.CharField(allow_null=True)
     budget = serializers.CharField(allow_null=True)
     budget_soft = serializers.CharField(allow_null=True)
-    concurrent_gpus = serializers.IntegerField(allow_null=True)
+    concurrent_gpus = serializers.FloatField(
+        allow_null=True, help_text="GPUs more that may be held at once; a part of a GPU counts its fraction (0.25)"
+    )
 
 
 class QuotaMonthOutput(serializers.Serializer[Any]):

@@ -21,12 +21,13 @@ from django.utils import timezone
 from apps.accounts.models import Team
 from apps.booking import quota as quota_math
 from apps.booking import selectors
-from apps.booking.models import USAGE_SLOTS, Allocation, Quota, QuotaHold, QuotaUsage, Reservation
+from apps.booking.models import USAGE_SLOTS, Quota, QuotaHold, QuotaUsage, Reservation
 from apps.booking.services.locks import GPU_LOCK_NAMESPACE
 from apps.booking.services.sql import Params, insert_rows
 from apps.core import rawsql
 from apps.core.errors import Forbidden, QuotaExceeded, ValidationFailed
 from apps.fleet.models import GpuModel
+from workers.gpu.mig import profile_fraction
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,18 @@ def _fmt(value: Decimal | int | None) -> str | int | None:
     return str(quota_math.q4(value))
 
 
+def quota_gpus(*, gpu_count: int, mig_profile: str = "", gpu_share: Decimal | None = None) -> Decimal:
+    """The GPUs a request counts against the quota before it is placed: a share its fraction of one GPU,
+    `gpu_count` MIG instances the profile's compute fraction each (`profile_fraction`, from which an instance's
+    `Gpu.capacity`, and so what billing charges, is derived: 1g = 1/7), whole GPUs their count."""
+    if gpu_share is not None:
+        return quota_math.held_gpus(Decimal(gpu_share))
+    if mig_profile:
+        fraction = profile_fraction(mig_profile)
+        return quota_math.held_gpus(Decimal(fraction.numerator) / Decimal(fraction.denominator)) * gpu_count
+    return Decimal(gpu_count)
+
+
 def models_allowed(*, team: Team, limits: Mapping[date, quota_math.Limits], model_ids: Collection[int]) -> None:
     """Refuse (403 `model_not_allowed`) a model that the limits of any month do not allow."""
     for month, lim in sorted(limits.items()):
@@ -257,38 +270,33 @@ def quota_verdicts(
     amounts: Mapping[date, quota_math.Amount],
     start: datetime,
     end: datetime,
-    gpu_count: int,
+    gpus: Decimal | int,
     check_concurrency: bool = True,
 ) -> list[dict[str, Any]]:
-    """Refuse (QuotaExceeded) or return soft warnings, month by month; the caller holds the usage row locks."""
+    """Refuse (QuotaExceeded) or return soft warnings, month by month; the caller holds the usage row locks.
+    `gpus`: what the booking holds, a part of a GPU counting its fraction."""
     tz = selectors.local_tz()
     warnings: list[dict[str, Any]] = []
-    intervals: list[tuple[datetime, datetime, int]] | None = None
+    intervals: list[tuple[datetime, datetime, Decimal]] | None = None
     for month in sorted(amounts):
         lim = limits[month]
-        peak: int | None = None
+        peak: Decimal | None = None
         if check_concurrency and lim.max_concurrent_gpus is not None:
             if intervals is None:
-                intervals = [
-                    (lo, hi, 1)
-                    for lo, hi in Allocation.objects.active()
-                    .filter(team_id=team.pk)
-                    .overlapping(start, end)
-                    .values_list("start", "end")
-                ]
+                intervals = selectors.team_held_intervals(team_id=team.pk, start=start, end=end)
             first, after = quota_math.month_bounds(month, tz)
             peak = quota_math.peak_concurrency(intervals, max(start, first), min(end, after))
         verdict = quota_math.evaluate(
-            limits=lim, used=used[month], add=amounts[month], peak=peak, add_gpus=gpu_count if peak is not None else 0
+            limits=lim, used=used[month], add=amounts[month], peak=peak, add_gpus=gpus if peak is not None else 0
         )
         body = {
             "month": month_label(month),
             "currency": settings.PORTAL_CURRENCY,
-            "remaining": {k: _fmt(v) for k, v in verdict.remaining.items()},
+            "remaining": quota_math.remaining_out(verdict.remaining),
             "requested": {
                 "gpu_hours": _fmt(amounts[month].gpu_hours),
                 "cost": _fmt(amounts[month].cost),
-                "gpus": gpu_count,
+                "gpus": quota_math.gpu_number(gpus),
             },
         }
         if not verdict.ok:
@@ -310,14 +318,17 @@ def hold_row(
     end: datetime,
     reservation_id: int | None = None,
     job_id: int | None = None,
+    gpus: Decimal | int | None = None,
 ) -> QuotaHold:
-    """The unsaved hold of a reservation or job: what every writer of holds inserts."""
+    """The unsaved hold of a reservation or job: what every writer of holds inserts. `gpus`: the GPUs it counts
+    (a part its fraction; default `gpu_count` whole GPUs)."""
     return QuotaHold(
         team_id=team_id,
         kind=kind,
         reservation_id=reservation_id,
         job_id=job_id,
         gpu_count=gpu_count,
+        gpus=quota_math.held_gpus(gpu_count if gpus is None else gpus),
         hourly_rate=hourly_rate,
         start=start,
         end=end,
@@ -337,10 +348,12 @@ def _quota_check_and_hold(
     job_id: int | None = None,
     check_concurrency: bool = True,
     quotas: Mapping[date, Quota | None] | None = None,
+    gpus: Decimal | int | None = None,
 ) -> QuotaCheck:
     """`quota_check_and_hold` inside the caller's transaction, without a savepoint: a refusal ends it."""
     tz = selectors.local_tz()
-    amounts = quota_math.hold_amounts(start=start, end=end, gpu_count=gpu_count, hourly_rate=hourly_rate, tz=tz)
+    counted = quota_math.held_gpus(gpu_count if gpus is None else gpus)
+    amounts = quota_math.hold_amounts(start=start, end=end, gpu_count=counted, hourly_rate=hourly_rate, tz=tz)
     months = sorted(amounts)
     # The limits are configuration (the usage lock does not guard them): read before taking it, or taken from the
     # caller, who read them for these months already (a job's submission).
@@ -357,6 +370,7 @@ def _quota_check_and_hold(
         reservation_id=reservation.pk if reservation is not None else None,
         job_id=job_id,
         gpu_count=gpu_count,
+        gpus=counted,
         hourly_rate=hourly_rate,
         start=start,
         end=end,
@@ -374,7 +388,7 @@ def _quota_check_and_hold(
         amounts=amounts,
         start=start,
         end=end,
-        gpu_count=gpu_count,
+        gpus=counted,
         check_concurrency=check_concurrency,
     )
     add = Params()
@@ -397,9 +411,11 @@ def quota_check_and_hold(
     check_concurrency: bool = True,
     quotas: Mapping[date, Quota | None] | None = None,
     savepoint: bool = True,
+    gpus: Decimal | int | None = None,
 ) -> QuotaCheck:
     """Count `gpu_count` GPUs over [start, end) at `hourly_rate` (the price of all of them per hour) against
-    `team`'s quota of every month they touch, or refuse.
+    `team`'s quota of every month they touch, or refuse. `gpus`: what they count when they are parts of GPUs
+    (`quota_gpus`: a quarter of a GPU 0.25, a 1g MIG instance 1/7); default `gpu_count`.
 
     Locks the team's QuotaUsage rows of those months (`SELECT ... FOR UPDATE`) until the caller's transaction
     ends, so concurrent checks of one team queue up and together cannot exceed the quota; run it inside the
@@ -423,13 +439,15 @@ def quota_check_and_hold(
             job_id=job_id,
             check_concurrency=check_concurrency,
             quotas=quotas,
+            gpus=gpus,
         )
 
 
-def quota_concurrency_check(*, team: Team, start: datetime, end: datetime, gpu_count: int) -> None:
+def quota_concurrency_check(*, team: Team, start: datetime, end: datetime, gpu_count: Decimal | int) -> None:
     """Refuse (QuotaExceeded) when `team` holding `gpu_count` more GPUs over [start, end) would exceed its
-    `max_concurrent_gpus` in some month. Takes the same QuotaUsage row locks as `quota_check_and_hold`; call it in
-    the transaction that then calls `allocations_create`."""
+    `max_concurrent_gpus` in some month; parts of GPUs count their fractions (the sum of the devices'
+    `Gpu.capacity`). Takes the same QuotaUsage row locks as `quota_check_and_hold`; call it in the transaction
+    that then calls `allocations_create`."""
     tz = selectors.local_tz()
     months = [m for m, _ in quota_math.split_by_month(start, end, tz)]
     with transaction.atomic():
@@ -442,13 +460,13 @@ def quota_concurrency_check(*, team: Team, start: datetime, end: datetime, gpu_c
             first, after = quota_math.month_bounds(month, tz)
             lo, hi = max(start, first), min(end, after)
             peak = selectors.team_peak_gpus(team_id=team.pk, start=lo, end=hi)
-            if peak + gpu_count > limits.max_concurrent_gpus:
+            if quota_math.q4(peak + Decimal(gpu_count)) > limits.max_concurrent_gpus:
                 raise QuotaExceeded(
                     f"Team {team.slug} may hold at most {limits.max_concurrent_gpus} GPUs at once.",
                     extra={
                         "month": month_label(month),
                         "exceeded": ["concurrent_gpus"],
-                        "remaining": {"concurrent_gpus": limits.max_concurrent_gpus - peak},
+                        "remaining": quota_math.remaining_out({"concurrent_gpus": limits.max_concurrent_gpus - peak}),
                     },
                 )
 
@@ -488,7 +506,7 @@ def quota_hold_update(
         if hold is None or not hold.active:
             return hold
         before = quota_math.hold_amounts(
-            start=hold.start, end=hold.end, gpu_count=hold.gpu_count, hourly_rate=hold.hourly_rate, tz=tz
+            start=hold.start, end=hold.end, gpu_count=hold.gpus, hourly_rate=hold.hourly_rate, tz=tz
         )
         new_start, new_end = start or hold.start, end or hold.end
         if release or new_end <= new_start:
@@ -496,7 +514,7 @@ def quota_hold_update(
             hold.active = False
         else:
             after = quota_math.hold_amounts(
-                start=new_start, end=new_end, gpu_count=hold.gpu_count, hourly_rate=hold.hourly_rate, tz=tz
+                start=new_start, end=new_end, gpu_count=hold.gpus, hourly_rate=hold.hourly_rate, tz=tz
             )
             hold.start, hold.end = new_start, new_end
         deltas = quota_math.amounts_delta(before, after)

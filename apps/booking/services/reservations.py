@@ -132,12 +132,13 @@ def _book(
     """The write of `reservation_create`, inside its transaction: lock the quota rows and the GPUs, check, then
     write everything in one statement (`booking_write`)."""
     rate = sum((g.hourly_price for g in chosen), Decimal("0"))
-    # GPUs as the booking and its quota count them: the shares of one GPU are one GPU (its allocations are one
-    # per share, the rate their sum); a MIG instance is one.
+    # GPUs as the booking shows them: the shares of one GPU are one GPU (its allocations are one per share, the
+    # rate their sum); a MIG instance is one.
     devices = len({g.parent_id if g.kind == "share" else g.id for g in chosen})
-    amounts = quota_math.hold_amounts(
-        start=start, end=end, gpu_count=devices, hourly_rate=rate, tz=selectors.local_tz()
-    )
+    # GPUs as the quota counts them: each device its fraction of a GPU (a whole GPU 1, a quarter 0.25, a 1g MIG
+    # instance 1/7), as billing charges them.
+    gpus = quota_math.held_gpus(sum((g.share for g in chosen), Decimal("0")))
+    amounts = quota_math.hold_amounts(start=start, end=end, gpu_count=gpus, hourly_rate=rate, tz=selectors.local_tz())
     gpu_ids = [g.id for g in chosen]
     # The quota rows, then the GPUs (the package's lock order), in one round trip; a refusal below rolls both back.
     locked = lock_usage(team.pk, list(amounts), gpu_ids, reserve_reservation_id=True)
@@ -149,7 +150,7 @@ def _book(
         amounts=amounts,
         start=start,
         end=end,
-        gpu_count=devices,
+        gpus=gpus,
     )
     assert locked.reservation_id is not None
     booker = _signed_in(user)
@@ -182,6 +183,7 @@ def _book(
             kind=AllocationKind.RESERVATION,
             reservation_id=reservation.pk,
             gpu_count=devices,
+            gpus=gpus,
             hourly_rate=rate,
             start=start,
             end=end,
