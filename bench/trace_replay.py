@@ -4,7 +4,7 @@ Why: the scheduling policies are only as good as the waits they produce on a rea
 replay must run the very code the portal runs (``apps.jobs.scheduling.schedule``), not a model of it.
 
     python -m bench.trace_replay --pods CSV --gpus N [--node-size G] [--nodes CSV --model-mix] [--time-scale K] \
-        --policy fifo|backfill|fair [--sharing] --json
+        --policy fifo|backfill|fair [--sharing] [--gang-nodes-kept F [--long-job-h H] [--patience-h H]] --json
 
 Workload (from the trace's columns): arrival = creation_time / K (``--time-scale`` compresses arrivals,
 runtimes stay real); runtime = deletion_time - scheduled_time; tasks never scheduled and tasks with
@@ -18,6 +18,10 @@ Cluster: N GPUs in 8-GPU nodes (``--node-size``) of one model (gpu_spec ignored)
 list's models in proportion to their GPU counts (largest remainder), 8-GPU nodes per model, gpu_spec honoured
 (a task whose models are absent or cannot hold its gang is skipped and counted).
 
+``--gang-nodes-kept`` turns on the core's long-work rule (``apps.jobs.scheduling.longwork``, off by default as in
+the portal): jobs estimated to run ``--long-job-h`` or more that leave part of a node go where long work already
+is, keeping that share of the nodes clear for gangs, for up to ``--patience-h`` of waiting.
+
 The simulator runs one scheduling pass after each batch of simultaneous events (arrivals, completions),
 as the portal does on events. Output: jobs, mean/p50/p99/max wait, mean JCT, GPU allocation ratio
 (allocated GPU-seconds over N x makespan), each task size's share of the mean wait (``mean_wait_by_size_s``:
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import heapq
 import json
 import math
@@ -253,10 +258,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0, help="divide arrival times by K")
     parser.add_argument("--policy", choices=("fifo", "backfill", "fair"), default="fair")
     parser.add_argument("--sharing", action="store_true", help="fractional tasks take their gpu_milli of one GPU")
+    parser.add_argument("--gang-nodes-kept", type=float, default=0.0, help="long-work rule: share of nodes kept")
+    parser.add_argument("--long-job-h", type=float, default=24.0, help="long-work rule: estimate that is long")
+    parser.add_argument("--patience-h", type=float, default=1.0, help="long-work rule: the most a long job waits")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.node_size < 1 or args.time_scale <= 0:
         parser.error("--gpus, --node-size and --time-scale must be positive")
+    try:
+        policy = dataclasses.replace(
+            policy_by_name(args.policy),
+            gang_nodes_kept=args.gang_nodes_kept,
+            long_job_s=args.long_job_h * 3600.0,
+            long_job_patience_s=args.patience_h * 3600.0,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
 
     started = time.perf_counter()
     tasks, skipped = load_tasks(args.pods, time_scale=args.time_scale)
@@ -282,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             runnable.append(t)
     records: list[tuple[TraceTask, float]] = []
-    metrics = replay(runnable, gpus, policy_by_name(args.policy), records=records, sharing=args.sharing)
+    metrics = replay(runnable, gpus, policy, records=records, sharing=args.sharing)
     by_size: dict[str, float] = {}
     for task, start in records:
         size = "frac" if task.gpu_milli < 1000 else str(task.gpu_count)
@@ -291,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, object] = {
         "policy": args.policy,
         "sharing": args.sharing,
+        "gang_nodes_kept": args.gang_nodes_kept,
+        "long_job_h": args.long_job_h,
+        "patience_h": args.patience_h,
         "gpus": args.gpus,
         "node_size": args.node_size,
         "model_mix": mix if mix is not None else {SINGLE_MODEL: args.gpus},

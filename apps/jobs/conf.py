@@ -47,6 +47,11 @@ ALLOCATION_SLACK_S = env_int("JOBS_ALLOCATION_SLACK_S", 120)
 
 # Scheduler.
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "fair")
+# Keeping nodes clear of long work for gangs (apps/jobs/scheduling/longwork.py); 0 = off. A trade-off, not a
+# free win: docs/benchmarks.md ("Keeping nodes clear of long work") shows where it helps and where it hurts.
+SCHEDULER_GANG_NODES_KEPT = float(env_str("SCHEDULER_GANG_NODES_KEPT", "0"))
+SCHEDULER_LONG_JOB_S = float(env_str("SCHEDULER_LONG_JOB_S", str(24 * 3600)))
+SCHEDULER_LONG_JOB_PATIENCE_S = float(env_str("SCHEDULER_LONG_JOB_PATIENCE_S", "3600"))
 SCHEDULER_INTERVAL_S = float(env_str("SCHEDULER_INTERVAL_S", "1.0"))
 # Passes woken by events start at most this often: each reads a snapshot of the fleet and queue, so under a
 # steady stream of submissions and exits fewer, larger passes cost less CPU per job, for that much more latency.

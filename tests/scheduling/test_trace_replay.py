@@ -63,3 +63,27 @@ def test_node_size_and_the_mean_wait_by_task_size(tmp_path: Path, capsys: pytest
     out = json.loads(capsys.readouterr().out)
     assert set(out["mean_wait_by_size_s"]) == {"frac", "1", "8"}
     assert sum(out["mean_wait_by_size_s"].values()) == pytest.approx(out["mean_wait_s"], abs=0.2)
+
+
+def test_the_long_work_rule_keeps_nodes_clear_for_gangs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = tmp_path / "pods.csv"
+    rows = [
+        "long1,1,1,1,1000,,LS,Running,0,1000000,0",  # long one-GPU work opens n0
+        "short7,1,1,7,1000,,LS,Succeeded,0,100,0",  # fills n0 for 100 s
+        "long2,1,1,1,1000,,LS,Running,10,1000010,10",  # off: opens n1; on: waits for n0
+        "gang1,1,1,8,1000,,BE,Succeeded,200,1200,200",
+        "gang2,1,1,8,1000,,BE,Succeeded,200,1200,200",
+    ]
+    pods.write_text("\n".join([HEADER, *rows]) + "\n")
+    args = ["--pods", str(pods), "--gpus", "24", "--policy", "fair", "--json"]
+    assert main(args) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert main([*args, "--gang-nodes-kept", "0.67", "--long-job-h", "24"]) == 0
+    on = json.loads(capsys.readouterr().out)
+
+    assert off["gang_nodes_kept"] == 0.0 and on["gang_nodes_kept"] == 0.67
+    assert off["mean_wait_by_size_s"]["8"] == pytest.approx(1000 / 5)  # one gang waits for the other
+    assert on["mean_wait_by_size_s"]["8"] == 0.0
+    assert on["mean_wait_by_size_s"]["1"] == pytest.approx(90 / 5)  # long2 waited for room on n0
+    with pytest.raises(SystemExit):
+        main([*args, "--gang-nodes-kept", "1"])

@@ -7,6 +7,7 @@ jobs) and moves reservations at their start and end.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -33,6 +34,16 @@ WAKE_BATCH_S = 0.02
 BOUNDARY_CHECK_S = 0.5  # how often the leader looks for reservations whose start or end has come
 
 
+def configured_policy(name: str) -> Policy:
+    """The built-in policy ``name`` with this installation's long-work knobs (``SCHEDULER_*`` settings)."""
+    return dataclasses.replace(
+        policy_by_name(name),
+        gang_nodes_kept=conf.SCHEDULER_GANG_NODES_KEPT,
+        long_job_s=conf.SCHEDULER_LONG_JOB_S,
+        long_job_patience_s=conf.SCHEDULER_LONG_JOB_PATIENCE_S,
+    )
+
+
 class SchedulerLoop:
     """Wait to lead; while leading, pass every `interval` seconds and whenever woken."""
 
@@ -46,7 +57,7 @@ class SchedulerLoop:
         name: str | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        self.policy = policy or policy_by_name(conf.SCHEDULER_POLICY)
+        self.policy = policy or configured_policy(conf.SCHEDULER_POLICY)
         self.interval = interval
         self.redis = redis or get_redis()
         self.leadership = leadership or PostgresLeadership()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from apps.jobs.scheduling.longwork import LongWork
 from apps.jobs.scheduling.model import (
     INF,
     Decisions,
@@ -36,7 +37,7 @@ from apps.jobs.scheduling.model import (
 from apps.jobs.scheduling.placement import EPS, MILLI, ClusterState, ShareState
 from apps.jobs.scheduling.policies import FAIR, ArrivalQueue, FairQueue, Policy, arrival_key
 
-ShapeKey = tuple[int, frozenset[str] | None]
+ShapeKey = tuple[int, frozenset[str] | None, bool]
 
 
 def schedule(snapshot: Snapshot, *, policy: Policy = FAIR, now: float, explain: bool = True) -> Decisions:
@@ -164,6 +165,13 @@ def _schedule_general(
     node_names = state.node_names
     gpu_ids = state.gpu_ids
     shares = ShareState(snapshot, state)
+    longwork = LongWork(
+        snapshot,
+        state,
+        long_job_s=policy.long_job_s,
+        nodes_kept=policy.gang_nodes_kept,
+        patience_s=policy.long_job_patience_s,
+    )
     failed: dict[ShapeKey, float] = {}
     head: PendingJob | None = None
     planned: PlannedStart | None = None
@@ -177,21 +185,29 @@ def _schedule_general(
             reasons[job.id] = _infeasible(state, job)
             continue
         milli = job.gpu_milli
+        # Long work that leaves part of a node: first where long work already is, elsewhere only while enough
+        # nodes stay clear of it for gangs (longwork.py).
+        contained = longwork.applies_to(job)
         # A fraction's shape is its size (negative, apart from gang sizes): a smaller one may fit where it failed.
-        shape = (count if milli >= MILLI else -milli, models)
+        # A job held to long work's nodes has fewer choices, so its failure says nothing about a free one.
+        shape = (count if milli >= MILLI else -milli, models, contained)
         shortest_failed = failed.get(shape, INF)
         spot: tuple[int, list[int]] | None = None
-        if duration >= shortest_failed:
-            pass
-        elif milli < MILLI:
-            placed = shares.place_fraction(milli, models, duration)
-            spot = (placed[0], [placed[1]]) if placed is not None else None
-        else:
-            spot = state.find(count, models, duration)
+        tries = ((longwork.homes(), None) if longwork.may_open() else (longwork.homes(),)) if contained else (None,)
+        for nodes in tries if duration < shortest_failed else ():
+            if milli < MILLI:
+                placed = shares.place_fraction(milli, models, duration, nodes)
+                spot = (placed[0], [placed[1]]) if placed is not None else None
+            else:
+                spot = state.find(count, models, duration, nodes)
+                if spot is not None:
+                    state.take(spot[0], spot[1], now + duration)
             if spot is not None:
-                state.take(spot[0], spot[1], now + duration)
+                break
         if spot is not None:
             n, gpus = spot
+            if contained:
+                longwork.took(n)
             end = now + duration
             starts.append(
                 Start(job.id, node_names[n], tuple(gpu_ids[i] for i in gpus), end, planned is not None, milli)
@@ -210,7 +226,7 @@ def _schedule_general(
             if explain:
                 _blocked_behind(queue.rest(), head, state, reasons)
             break
-        estimate = state.earliest_start(count, models, duration)
+        estimate = state.earliest_start(count, models, duration, longwork.homes() if contained else None)
         if estimate is None:
             reasons[job.id] = Reason(
                 ReasonCode.WAITING_FOR_GPUS,

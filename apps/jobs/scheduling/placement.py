@@ -19,7 +19,7 @@ start at the earliest?" from running jobs' expected ends, which backfill needs f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 
 from apps.jobs.scheduling.model import INF, Gpu, Reservation, Snapshot
 
@@ -196,8 +196,12 @@ class ClusterState:
         bound.extend(i for i in self.node_free[n] if models is None or model_of[i] in models)
         return bound
 
-    def find(self, gpu_count: int, models: frozenset[str] | None, duration: float) -> tuple[int, list[int]] | None:
-        """Best-fit node and GPUs for a gang that would run [now, now + duration), or None."""
+    def find(
+        self, gpu_count: int, models: frozenset[str] | None, duration: float, nodes: Set[int] | None = None
+    ) -> tuple[int, list[int]] | None:
+        """Best-fit node and GPUs for a gang that would run [now, now + duration), or None.
+
+        ``nodes`` narrows the choice to those nodes (``longwork``: long work goes where long work is)."""
         best_key: tuple[int, int] | None = None
         best_node = -1
         for model in self.models_for(models):
@@ -205,7 +209,13 @@ class ClusterState:
             for count in range(gpu_count, len(buckets)):
                 bucket = buckets[count]
                 if bucket:
-                    n = next(iter(bucket))
+                    if nodes is None:
+                        n = next(iter(bucket))
+                    else:
+                        found = next((m for m in bucket if m in nodes), None)
+                        if found is None:
+                            continue
+                        n = found
                     if best_key is None or (count, n) < best_key:
                         best_key = (count, n)
                         best_node = n
@@ -214,6 +224,8 @@ class ClusterState:
         if self.complex:
             end = self.now + duration
             for n in self.complex:
+                if nodes is not None and n not in nodes:
+                    continue
                 usable = self._usable_on(n, models, end)
                 if len(usable) >= gpu_count:
                     key = (len(self.node_free[n]) + len(self.node_cfree[n]), n)
@@ -328,7 +340,7 @@ class ClusterState:
     # -- earliest start (backfill shadow) -------------------------------------------------------------------
 
     def earliest_start(
-        self, gpu_count: int, models: frozenset[str] | None, duration: float
+        self, gpu_count: int, models: frozenset[str] | None, duration: float, nodes: Set[int] | None = None
     ) -> tuple[float, int, list[int]] | None:
         """The earliest time, node and GPUs at which the gang could start, from expected ends; None = never.
 
@@ -341,6 +353,8 @@ class ClusterState:
         best_key: tuple[float, int, int] | None = None
         best_gpus: list[int] = []
         for n, members in enumerate(self.node_gpus):
+            if nodes is not None and n not in nodes:
+                continue
             acc = [i for i in members if models is None or self.gpu_model[i] in models]
             if len(acc) < gpu_count:
                 continue
@@ -407,9 +421,12 @@ class ShareState:
         now = self.state.now
         return any(start <= now < end for start, end in self.state.gpu_resv.get(i, ()))
 
-    def place_fraction(self, milli: int, models: frozenset[str] | None, duration: float) -> tuple[int, int] | None:
+    def place_fraction(
+        self, milli: int, models: frozenset[str] | None, duration: float, nodes: Set[int] | None = None
+    ) -> tuple[int, int] | None:
         """Take ``milli`` thousandths of one GPU for ``duration`` seconds: (node, GPU) by the rules above, or None
-        when no GPU has room now. The state is updated (the GPU's free thousandths, or the whole GPU opened)."""
+        when no GPU has room now. The state is updated (the GPU's free thousandths, or the whole GPU opened).
+        ``nodes`` narrows the choice to those nodes."""
         if not 0 < milli <= MILLI:
             raise ValueError(f"a fraction is 1..{MILLI} thousandths of a GPU, not {milli}")
         state = self.state
@@ -422,6 +439,8 @@ class ShareState:
             if state.until[i] < end - EPS:  # a reservation starts on it before this job would end
                 continue
             n = state.gpu_node[i]
+            if nodes is not None and n not in nodes:
+                continue
             key = (free - milli, len(state.node_free[n]) + len(state.node_cfree[n]), i)
             if best is None or key < best:
                 best, best_i = key, i
@@ -429,7 +448,7 @@ class ShareState:
             self.free[best_i] -= milli
             state.free_at[best_i] = max(state.free_at[best_i], end)
             return state.gpu_node[best_i], best_i
-        spot = state.find(1, models, duration)
+        spot = state.find(1, models, duration, nodes)
         if spot is None:
             return None
         n, (i,) = spot

@@ -47,6 +47,22 @@ class Policy:
     """Each GPU a team holds now counts as this many GPU-seconds of extra usage."""
     default_share: float = 1.0
     """Share of a team missing from ``Snapshot.team_shares``."""
+    gang_nodes_kept: float = 0.0
+    """Share of the multi-GPU nodes kept clear of long work that leaves part of a node, for gangs (rounded
+    down; ``longwork``). 0, the default, turns the rule off: it trades small jobs' waits for gangs' (see
+    docs/benchmarks.md, "Keeping nodes clear of long work")."""
+    long_job_s: float = 24 * 3600.0
+    """A job estimated to run at least this long is long work."""
+    long_job_patience_s: float = 3600.0
+    """How long such a job waits for room where long work already is before it may take any node."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gang_nodes_kept < 1.0:
+            raise ValueError("gang_nodes_kept is a share of the nodes: at least 0 and below 1")
+        if self.long_job_s < 0.0:
+            raise ValueError("long_job_s cannot be negative")
+        if self.long_job_patience_s < 0.0:
+            raise ValueError("long_job_patience_s cannot be negative")
 
 
 FIFO = Policy("fifo", fair_order=False, backfill=False)

@@ -9,7 +9,8 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from apps.jobs import conf
 from apps.jobs.scheduler import SchedulerLoop
-from apps.jobs.scheduling import POLICIES, policy_by_name
+from apps.jobs.scheduler.loop import configured_policy
+from apps.jobs.scheduling import POLICIES
 
 
 class Command(BaseCommand):
@@ -22,7 +23,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         loop = SchedulerLoop(
-            policy=policy_by_name(options["policy"]),
+            policy=configured_policy(options["policy"]),
             interval=options["interval"],
             log=lambda line: self.stdout.write(line),
         )
