@@ -215,3 +215,31 @@ def test_job_start_on_a_part_checks_concurrent_gpus_by_fraction(api_as, alice, v
     assert quarter in started and mig not in started
     assert Job.objects.get(pk=quarter).state == JobState.STARTING
     assert Job.objects.get(pk=mig).state == JobState.QUEUED
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_parallel_quarters_stop_at_the_quota(alice, bob, vision, make_token, sharing_fleet):
+    """24 parallel requests (live server, several processes) for quarters of two shared GPUs, 8 quarters in all,
+    by a team that may hold 1 GPU at once and 2 GPU-hours (a 2-hour quarter is 0.5): exactly 4 win, the rest are
+    refused by the quota in the API's error shape, and the counters add up to what the winners hold."""
+    from tests.booking.test_concurrency import race, start_server, used_hours
+
+    gpu_set_shares(actor=None, gpu_uuid="GPU-shared-1", shares=4)
+    quota(vision, max_concurrent_gpus=1, gpu_hours=Decimal("2"))
+    tokens = [make_token(u, ["read", "reservations:write"]) for u in (alice, bob)]
+    start, end = slot(hours=2)
+    server = start_server()
+    try:
+        responses = race(24, lambda i: ("POST", server.url + URL, body(start, end, gpu_share=0.25), tokens[i % 2]))
+    finally:
+        server.stop()
+    codes = [r.status_code for r in responses]
+    assert codes.count(201) == 4, codes
+    for r in responses:
+        if r.status_code != 201:
+            assert r.status_code in (403, 409), r.text
+            if r.status_code == 403:
+                assert r.json()["code"] == "quota_exceeded" and r.json()["exceeded"], r.json()
+    assert used_hours(vision, date(start.year, start.month, 1)) == Decimal("2.0000")
+    assert sum(QuotaHold.objects.filter(active=True).values_list("gpus", flat=True)) == Decimal("1")
