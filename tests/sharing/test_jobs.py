@@ -136,3 +136,14 @@ def test_a_part_on_a_slurm_pools_gpu_is_not_taken_and_leaves_no_allocation(alice
     quarter.refresh_from_db()
     assert quarter.state == JobState.QUEUED
     assert not Allocation.objects.filter(job_id=quarter.pk).exists()
+
+
+def test_jobs_on_parts_start_in_the_policys_order_not_in_arrival_order(alice, vision, ready, sent):
+    """The last free share goes to the job the fair order puts first (here: higher priority), as on whole GPUs."""
+    held = [submit(alice, vision, gpu_share=0.25) for _ in range(3)]
+    assert set(one_pass().started) >= {j.pk for j in held}
+    early = submit(alice, vision, gpu_share=0.25)
+    urgent = submit(alice, vision, gpu_share=0.25, priority=5)
+    started = one_pass().started
+    assert urgent.pk in started and early.pk not in started
+    assert Job.objects.get(pk=early.pk).state == JobState.QUEUED

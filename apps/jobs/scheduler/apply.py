@@ -20,7 +20,7 @@ from apps.fleet.models import Gpu, Node
 from apps.jobs import conf, occupancy
 from apps.jobs.models import ON_NODE_STATES, Job, JobReason, JobState, SchedulerState
 from apps.jobs.scheduler.leadership import NotLeader
-from apps.jobs.scheduler.parts import start_part_jobs
+from apps.jobs.scheduler.parts import in_policy_order, start_part_jobs
 from apps.jobs.scheduler.snapshot import PassContext, UsageCache, epoch, load_snapshot
 from apps.jobs.scheduling import Decisions, Policy, ReasonCode, StopReason, schedule
 from apps.jobs.services import starting, transitions
@@ -164,7 +164,8 @@ def run_pass(
     decisions = schedule(ctx.snapshot, policy=policy, now=epoch(now))
     result = apply_decisions(ctx, decisions, token=token, leader=leader)
     if ctx.part_jobs:
-        result.started += start_part_jobs(ctx.part_jobs, now=now, claim=lambda: claim_fence(token, leader))
+        ordered = in_policy_order(ctx.part_jobs, ctx.snapshot, policy)
+        result.started += start_part_jobs(ordered, now=now, claim=lambda: claim_fence(token, leader))
     result.ms = (time.perf_counter() - t0) * 1000
     pending = max(0, result.pending - len(result.started))
     SchedulerState.objects.filter(pk=1, fence=token).update(

@@ -1,6 +1,7 @@
 """The scheduler's starts of jobs on parts of GPUs (a MIG instance of a profile, a share of a shared GPU).
 
-They run after the pass over whole GPUs, in arrival order, each in its own transaction under the fence: the part
+They run after the pass over whole GPUs, in the policy's order (fair share and size, as the core offers its own
+queue: `scheduling.offer_order`), each in its own transaction under the fence: the part
 is chosen by booking's placement (`apps.booking.services.devices`, best fit under the model's placement lock, the
 same as a booking of a part) and held by the job's allocation, so bookings and jobs of parts never oversubscribe
 a GPU. Shared GPUs and GPUs in MIG mode are not in the whole-GPU snapshot, so the two passes never meet on a GPU.
@@ -18,6 +19,7 @@ from apps.core.errors import ApplicationError
 from apps.fleet.models import Gpu, GpuModel, PoolBackend
 from apps.jobs import conf
 from apps.jobs.models import Job
+from apps.jobs.scheduling import PendingJob, Policy, Snapshot, offer_order
 from apps.jobs.services import starting
 from apps.jobs.services.transitions import TransitionRefused
 
@@ -40,8 +42,32 @@ def is_part_job(job: Job) -> bool:
     return bool(job.mig_profile) or job.gpu_share is not None
 
 
+def in_policy_order(jobs: list[Job], snapshot: Snapshot, policy: Policy) -> list[Job]:
+    """`jobs` in the order the policy offers them: by priority, fair share and size under `fair`, as the core
+    orders the whole-GPU queue (team usage and GPUs held from the pass's snapshot)."""
+    held: dict[str, int] = {}
+    for run in snapshot.running:
+        held[run.team] = held.get(run.team, 0) + len(run.gpu_ids)
+    by_id = {str(j.pk): j for j in jobs}
+    core = [
+        PendingJob(
+            id=key,
+            team=str(j.team_id),
+            user=str(j.user_id),
+            gpu_count=j.gpu_count,
+            max_duration_s=float(j.max_duration_s),
+            submitted_at=j.submitted_at.timestamp(),
+            priority=j.priority,
+            gpu_milli=round(float(j.gpu_share) * 1000) if j.gpu_share is not None else 1000,
+        )
+        for key, j in by_id.items()
+    ]
+    ordered = offer_order(core, policy, usage=snapshot.team_usage, shares=snapshot.team_shares, held_gpus=held)
+    return [by_id[p.id] for p in ordered]
+
+
 def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]) -> list[int]:
-    """Start what fits of `jobs` (queued jobs on parts, in arrival order); returns the ids started. `claim`: called
+    """Start what fits of `jobs` (queued jobs on parts, in the order given); returns the ids started. `claim`: called
     in each transaction first (the leader's fence), so a deposed leader starts nothing."""
     started: list[int] = []
     for job in jobs:

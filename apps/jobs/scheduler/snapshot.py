@@ -301,7 +301,7 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         pending=tuple(pending),
         running=tuple(running),
         reservations=tuple(reservations),
-        team_usage=(usage or UsageCache()).get(now) if pending else {},
+        team_usage=(usage or UsageCache()).get(now) if pending or ctx.part_jobs else {},
         team_shares=shares,
     )
     return ctx

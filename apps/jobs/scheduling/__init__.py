@@ -20,7 +20,7 @@ from apps.jobs.scheduling.model import (
     Stop,
     StopReason,
 )
-from apps.jobs.scheduling.policies import BACKFILL, FAIR, FIFO, POLICIES, Policy, policy_by_name
+from apps.jobs.scheduling.policies import BACKFILL, FAIR, FIFO, POLICIES, Policy, offer_order, policy_by_name
 
 __all__ = [
     "BACKFILL",
@@ -43,6 +43,7 @@ __all__ = [
     "StopReason",
     "UsageLedger",
     "decayed_gpu_seconds",
+    "offer_order",
     "policy_by_name",
     "schedule",
     "usage_ratios",

@@ -199,3 +199,24 @@ class FairQueue:
     def rest(self) -> Sequence[PendingJob]:
         """The jobs not popped yet, in no particular order."""
         return [e[-1] for team, entries in self._per_team.items() for e in entries[self._pos[team] :]]
+
+
+def offer_order(
+    jobs: Iterable[PendingJob],
+    policy: Policy,
+    *,
+    usage: Mapping[str, float],
+    shares: Mapping[str, float],
+    held_gpus: Mapping[str, int],
+) -> list[PendingJob]:
+    """The jobs in the order the policy offers them to placement (fair order, or arrival order), as if none
+    started: for a shell that places some jobs itself (``apps.jobs.scheduler.parts``) but must not jump the queue."""
+    queue: ArrivalQueue | FairQueue
+    if policy.fair_order:
+        queue = FairQueue(jobs, policy, usage=usage, shares=shares, held_gpus=held_gpus)
+    else:
+        queue = ArrivalQueue(jobs)
+    out: list[PendingJob] = []
+    while (job := queue.pop()) is not None:
+        out.append(job)
+    return out
