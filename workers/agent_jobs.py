@@ -35,13 +35,14 @@ worker processes, or a replay after a broker outage), and must not call such a j
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,8 +50,10 @@ from typing import Any, Protocol
 from celery import Celery, signals
 
 from workers.agent_host import AgentHost, command_body
+from workers.gpu.mps import DEFAULT_BINARY as DEFAULT_MPS_BINARY
+from workers.gpu.mps import MpsControl, MpsError
 from workers.gpu.simulated import SimulatedBackend
-from workers.runtimes.base import JobOutcome, LogStream, Runtime, RuntimeEvents
+from workers.runtimes.base import JobOutcome, LaunchSpec, LogStream, Runtime, RuntimeEvents
 from workers.runtimes.policy import ContainerPolicy, PolicyViolation, validate_launch_request
 
 logger = logging.getLogger("workers.agent.jobs")
@@ -164,10 +167,14 @@ class JobRunner:
         policy: ContainerPolicy,
         runtime_factory: Callable[[RuntimeEvents], Runtime],
         on_gpus: Callable[[int, list[str], bool], None] | None = None,
+        mps: MpsControl | None = None,
+        gpu_index: Mapping[str, int] | None = None,
     ) -> None:
         self.sender = sender
         self.policy = policy
         self.on_gpus = on_gpus
+        self.mps = mps  # with a policy that says the node runs MPS: shares get the daemon's limits (gpu/mps.py)
+        self.gpu_index = dict(gpu_index or {})
         self._lock = threading.Lock()
         self._logs: dict[int, _LogState] = {}
         self._launching: set[int] = set()
@@ -265,6 +272,12 @@ class JobRunner:
         if known:
             return False  # a re-sent launch: this one is already under way
         try:
+            self._limit_share(spec)
+        except MpsError as exc:
+            logger.warning("job %s: MPS limits not set: %s", spec.job_id, exc)
+            self._report_exit_now(spec.job_id, "failed", "launch_error", None, f"MPS limits could not be set: {exc}")
+            return False
+        try:
             launched = self.runtime.launch(spec)
         except Exception as exc:
             logger.exception("launching job %s failed", spec.job_id)
@@ -281,6 +294,15 @@ class JobRunner:
         if self.on_gpus is not None:
             self.on_gpus(spec.job_id, list(spec.gpu_uuids), True)
         return launched
+
+    def _limit_share(self, spec: LaunchSpec) -> None:
+        """On an MPS node, have the control daemon hold a job on a share to it before the job can connect."""
+        if self.mps is None or not spec.mps or spec.gpu_share >= 1.0 or len(spec.gpu_uuids) != 1:
+            return
+        index = self.gpu_index.get(spec.gpu_uuids[0])
+        if index is None:
+            raise MpsError(f"{spec.gpu_uuids[0]} is not a GPU of this node the daemon knows")
+        self.mps.limit_share(index, spec.gpu_memory_mib, max(1, round(spec.gpu_share * 100)))
 
     def cancel(self, job_id: int, grace_s: float) -> bool:
         """SIGTERM, grace, SIGKILL. A job this node never launched is reported cancelled and never started."""
@@ -472,10 +494,24 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
     kind = resolve_runtime_kind(requested, url)
     base = agent.cfg.state_dir or Path(tempfile.gettempdir()) / f"gpuportal-agent-{agent.cfg.name}"
     state_dir = Path(base) / "jobs"
+    # A GPU's MIG instances are devices of this node too (a job is given exactly its instance).
+    policy = node_policy([*agent.gpu_by_uuid, *(d.uuid for g in agent.gpu_by_uuid.values() for d in g.mig_devices)])
+    mps: MpsControl | None = None
+    if policy.mps and kind == "docker":
+        # A container reaches the daemon only through its pipe directory and the host's IPC namespace, which the
+        # portal does not give containers: shares there are time-sliced, and jobs are told so.
+        logger.warning("GPUPORTAL_MPS is ignored with the docker runtime: shares run time-sliced")
+        policy = dataclasses.replace(policy, mps=False)
+    elif policy.mps:
+        mps = MpsControl(
+            os.environ.get("GPUPORTAL_MPS_CONTROL", DEFAULT_MPS_BINARY),
+            pipe_dir=os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None,
+        )
     runner = JobRunner(
         sender=agent.link,
-        # A GPU's MIG instances are devices of this node too (a job is given exactly its instance).
-        policy=node_policy([*agent.gpu_by_uuid, *(d.uuid for g in agent.gpu_by_uuid.values() for d in g.mig_devices)]),
+        policy=policy,
+        mps=mps,
+        gpu_index={uuid: gpu.index for uuid, gpu in agent.gpu_by_uuid.items()},
         runtime_factory=lambda events: make_runtime(
             kind, agent_name=agent.cfg.name, events=events, state_dir=state_dir, url=url
         ),
