@@ -439,11 +439,12 @@ def quota_preview(
     team: Team,
     start: datetime | None = None,
     end: datetime | None = None,
-    gpu_count: int | None = None,
+    gpu_count: Decimal | int | None = None,
     gpu_model: GpuModel | None = None,
 ) -> dict[str, Any]:
     """The team's quota for each month [start, end) touches (default: this month), and, given gpu_count, what
     booking that many GPUs of `gpu_model` would count and whether it fits (the page shows it while choosing).
+    `gpu_count` may be a fraction: parts of GPUs count theirs (`services.quota_gpus`).
     A preview only: the booking itself checks again under the quota lock."""
     tz = local_tz()
     if start is None or end is None or end <= start:

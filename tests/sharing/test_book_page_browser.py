@@ -70,3 +70,19 @@ def test_book_an_instance_and_a_share_by_the_form(page, sharing_fleet):
     assert "height:25%" in (lane.get_attribute("style") or "").replace(" ", "")
     row = page.locator('.tl-row[data-gpu-uuid="GPU-mig-0"] .tl-slot.mine')
     assert row.first.inner_text().startswith("1g.10gb · vision")
+
+
+def test_the_quota_line_counts_a_part_as_its_fraction(page, sharing_fleet, vision):
+    from decimal import Decimal
+
+    from apps.booking.models import Quota
+
+    Quota.objects.create(team=vision, month=None, gpu_hours=Decimal("1"))
+    start, end = slot(days=1, hour=10, hours=2)
+    page.fill("#book-count", "1")
+    page.fill("#book-start", start.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#book-end", end.strftime("%Y-%m-%dT%H:%M"))
+    page.wait_for_selector("#book-quota [data-fits='false']")  # a whole GPU for 2 h: 2 GPU-hours > 1
+    page.select_option("#book-part", "share:0.25")
+    page.wait_for_selector("#book-quota [data-fits='true']")  # a quarter for 2 h: half a GPU-hour
+    assert "uses 0.5" in page.inner_text("#book-quota")

@@ -243,3 +243,25 @@ def test_parallel_quarters_stop_at_the_quota(alice, bob, vision, make_token, sha
                 assert r.json()["code"] == "quota_exceeded" and r.json()["exceeded"], r.json()
     assert used_hours(vision, date(start.year, start.month, 1)) == Decimal("2.0000")
     assert sum(QuotaHold.objects.filter(active=True).values_list("gpus", flat=True)) == Decimal("1")
+
+
+def test_the_quota_preview_counts_a_part_as_its_fraction(api_as, alice, vision, sharing_fleet):
+    quota(vision, gpu_hours=Decimal("4"))
+    client = api_as(alice)
+    start, end = slot(hours=4)
+    window = {"team": "vision", "start": start.isoformat(), "end": end.isoformat(), "gpu_model": "A100-80GB"}
+
+    def preview(**asked: Any) -> Any:
+        return client.get("/api/v1/booking/quota/", {**window, **asked})
+
+    whole = preview(gpu_count=2).json()
+    assert whole["fits"] is False and whole["months"][0]["requested"]["gpu_hours"] == "8.0000"
+    quarter = preview(gpu_share="0.25").json()
+    assert quarter["fits"] is True and quarter["months"][0]["requested"]["gpu_hours"] == "1.0000"
+    instances = preview(mig_profile="1g.10gb", gpu_count=7).json()  # 7 x 1/7 x 4 h
+    assert instances["months"][0]["requested"]["gpu_hours"] == "4.0000"
+    for bad in ({"gpu_share": "1.5"}, {"gpu_share": "x"}, {"mig_profile": "9g.99gb"},
+                {"mig_profile": "1g.10gb", "gpu_share": "0.25"}):  # fmt: skip
+        resp = preview(**bad)
+        assert resp.status_code == 400, (bad, resp.json())
+        assert resp.json()["code"] == "invalid" and resp.json()["fields"], resp.json()

@@ -135,6 +135,15 @@ class QuotaPreviewInput(serializers.Serializer[Any]):
     end = serializers.DateTimeField(required=False)
     gpu_count = serializers.IntegerField(min_value=1, max_value=1024, required=False)
     gpu_model = serializers.CharField(required=False, max_length=64)
+    mig_profile = serializers.CharField(
+        required=False, max_length=32, help_text="count gpu_count MIG instances of this profile (1g = 1/7 of a GPU)"
+    )
+    gpu_share = serializers.CharField(required=False, max_length=32, help_text="count this fraction of one GPU")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("mig_profile") and attrs.get("gpu_share") is not None:
+            raise serializers.ValidationError({"gpu_share": ["Give mig_profile or gpu_share, not both."]})
+        return attrs
 
 
 def booking_created_payload(result: Any) -> dict[str, Any]:

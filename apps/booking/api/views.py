@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import QuerySet
@@ -28,6 +29,7 @@ from apps.booking.api.serializers import (
 )
 from apps.booking.filtersets import ReservationFilterSet
 from apps.booking.models import Reservation
+from apps.booking.services.devices import check_profile, parse_share
 from apps.core.api.base import PortalAPIView, ScopedListAPIView, ScopedRetrieveAPIView
 from apps.core.errors import NotFound, ValidationFailed
 from apps.core.idempotency import idempotent
@@ -152,12 +154,19 @@ class QuotaPreviewView(PortalAPIView):
         team = Team.objects.visible_to(request.user).filter(slug=data["team"]).first()
         if team is None:
             raise NotFound(f"No team {data['team']!r}.")
+        profile = data.get("mig_profile") or ""
+        share = parse_share(data["gpu_share"]) if data.get("gpu_share") is not None else None
+        if profile:
+            check_profile(profile)
+        gpus: Decimal | int | None = data.get("gpu_count")
+        if profile or share is not None:  # a part counts its fraction of a GPU, as the booking will
+            gpus = services.quota_gpus(gpu_count=int(gpus or 1), mig_profile=profile, gpu_share=share)
         return Response(
             selectors.quota_preview(
                 team=team,
                 start=data.get("start"),
                 end=data.get("end"),
-                gpu_count=data.get("gpu_count"),
+                gpu_count=gpus,
                 gpu_model=_model_by_name(data.get("gpu_model")),
             )
         )

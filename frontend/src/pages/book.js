@@ -183,11 +183,15 @@ async function loadInfo() {
   const q = (o) => new URLSearchParams(o).toString();
   const range = { start: w.start.toISOString(), end: w.end.toISOString() };
   const count = state.gpu ? 1 : Number(el.count.value) || 1;
+  // A part of a GPU counts its fraction against the quota, as the booking will (a MIG instance 1/7 per g).
+  const part = el.part ? el.part.value : "";
+  const asked = part.startsWith("mig:") ? { gpu_count: count, mig_profile: part.slice(4) }
+    : part.startsWith("share:") ? { gpu_share: part.slice(6) } : { gpu_count: count };
   try {
     const [avail, quota] = await Promise.all([
       api(`/api/v1/availability/?${q({ ...range, model: el.model.value })}`),
       el.team.value
-        ? api(`/api/v1/booking/quota/?${q({ ...range, team: el.team.value, gpu_count: count, gpu_model: el.model.value })}`)
+        ? api(`/api/v1/booking/quota/?${q({ ...range, team: el.team.value, ...asked, gpu_model: el.model.value })}`)
         : null,
     ]);
     if (seq !== infoSeq) return;
@@ -222,7 +226,7 @@ function syncModels() {
   if (names.includes(keep)) el.model.value = keep;
 }
 el.team.addEventListener("change", syncModels);
-for (const input of [el.team, el.model, el.count, el.start, el.end]) {
+for (const input of [el.team, el.model, el.count, el.start, el.end, el.part].filter(Boolean)) {
   for (const type of ["input", "change"]) input.addEventListener(type, () => { drawPick(); refreshInfo(); });
 }
 
