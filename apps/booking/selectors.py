@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -18,6 +19,7 @@ from apps.accounts.types import AnyUser, User
 from apps.booking import quota as quota_math
 from apps.booking.models import (
     Allocation,
+    AllocationKind,
     BookingPolicy,
     CalendarFeed,
     MaintenanceWindow,
@@ -27,7 +29,7 @@ from apps.booking.models import (
     ReservationStatus,
 )
 from apps.core.ttlcache import TTLCache
-from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
+from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, NodeStatus
 
 # Every booking reads the policy; an admin's change shows within the TTL (admin.py clears it at once).
 _policy_cache: TTLCache[int, BookingPolicy] = TTLCache(ttl_s=5.0, maxsize=1)
@@ -502,3 +504,43 @@ def calendar_feed_user(*, key: str) -> User | None:
         .first()
     )
     return feed.user if feed else None
+
+
+@dataclass(frozen=True)
+class ReservedPart:
+    """A MIG instance or a share of a GPU a reservation holds (jobs in the reservation run on one each)."""
+
+    gpu_id: int
+    mig_profile: str  # "" for a share
+    share: Decimal | None  # the share's fraction of its GPU; None for a MIG instance
+
+    @property
+    def label(self) -> str:
+        if self.mig_profile or self.share is None:
+            return f"{self.mig_profile} instances"
+        return f"{self.share.normalize():f} shares of a GPU"
+
+    def matches(self, mig_profile: str, share: Decimal | None) -> bool:
+        """Is this the part a job asking for `mig_profile` or `share` runs on?"""
+        if mig_profile:
+            return mig_profile == self.mig_profile
+        return share is not None and self.share is not None and abs(self.share - share) < Decimal("0.0001")
+
+
+def reservation_parts(*, reservation_id: int) -> list[ReservedPart]:
+    """The parts of GPUs `reservation_id` holds, by GPU id; empty when it holds whole GPUs."""
+    rows = (
+        Gpu.devices.filter(
+            allocations__reservation_id=reservation_id,
+            allocations__kind=AllocationKind.RESERVATION,
+            allocations__active=True,
+            parent__isnull=False,
+        )
+        .order_by("id")
+        .values_list("id", "kind", "mig_profile", "capacity")
+        .distinct()
+    )
+    return [
+        ReservedPart(gpu_id, profile or "", None if kind == DeviceKind.MIG else Decimal(capacity))
+        for gpu_id, kind, profile, capacity in rows
+    ]

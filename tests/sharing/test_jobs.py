@@ -4,18 +4,21 @@ a whole-GPU job never lands on a shared or MIG-mode GPU; bad parts are 400."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
 from apps.booking.models import Allocation
-from apps.booking.services import allocations_end_of_job
+from apps.booking.services import allocations_end_of_job, reservation_create
 from apps.core.errors import ValidationFailed
 from apps.fleet.models import Gpu
 from apps.jobs import scheduler, services
 from apps.jobs.models import ContainerImage, Job, JobState
 from apps.jobs.scheduling import FAIR
+from tests.booking.conftest import slot
 
 pytestmark = pytest.mark.django_db
 
@@ -147,3 +150,48 @@ def test_jobs_on_parts_start_in_the_policys_order_not_in_arrival_order(alice, vi
     started = one_pass().started
     assert urgent.pk in started and early.pk not in started
     assert Job.objects.get(pk=early.pk).state == JobState.QUEUED
+
+
+def _pass_at(now: Any) -> scheduler.PassResult:
+    return scheduler.run_pass(token=1, leader="test", policy=FAIR, now=now)
+
+
+def test_jobs_in_a_reservation_of_an_instance_run_on_it_one_at_a_time(
+    alice, vision, ready, sent, django_capture_on_commit_callbacks
+):
+    start, end = slot(hours=2)
+    booked = reservation_create(user=alice, team=vision, start=start, end=end, mig_profile="1g.10gb", gpu_count=1)
+    instance = booked.reservation.allocations.get().gpu
+    first = submit(alice, vision, reservation_id=booked.reservation.pk)  # names no part: the reservation's
+    second = submit(alice, vision, reservation_id=booked.reservation.pk, mig_profile="1g.10gb")
+    assert (first.mig_profile, first.gpu_share) == ("1g.10gb", None)
+
+    assert _pass_at(start - timedelta(minutes=5)).started == []  # not before the window
+    with django_capture_on_commit_callbacks(execute=True):
+        started = _pass_at(start + timedelta(minutes=1)).started
+    assert started == [first.pk]
+    assert list(Job.gpus.through.objects.filter(job_id=first.pk).values_list("gpu_id", flat=True)) == [instance.pk]
+    assert not Allocation.objects.filter(job_id=first.pk).exists()  # the reservation's allocation holds it
+    assert next(b for b in sent if b["job_id"] == first.pk)["gpu_uuids"] == [instance.uuid]
+    # One instance, one job: the second waits for it, then runs on it.
+    assert second.pk not in _pass_at(start + timedelta(minutes=2)).started
+    Job.objects.filter(pk=first.pk).update(state=JobState.SUCCEEDED)
+    assert _pass_at(start + timedelta(minutes=3)).started == [second.pk]
+
+
+def test_a_job_in_a_reservation_must_ask_for_what_it_holds(alice, vision, ready):
+    start, end = slot(hours=2)
+    quarter = reservation_create(user=alice, team=vision, start=start, end=end, gpu_share="0.25").reservation
+    job = submit(alice, vision, reservation_id=quarter.pk, gpu_share=0.25)
+    assert job.gpu_share == Decimal("0.25")
+    whole = reservation_create(user=alice, team=vision, start=start, end=end, gpu_model="A100-80GB", gpu_count=1)
+    refusals = [
+        ({"reservation_id": quarter.pk, "gpu_share": 0.5}, "reservation"),
+        ({"reservation_id": quarter.pk, "mig_profile": "1g.10gb"}, "reservation"),
+        ({"reservation_id": quarter.pk, "gpu_count": 2}, "gpu_count"),
+        ({"reservation_id": whole.reservation.pk, "gpu_share": 0.25}, "reservation"),
+    ]
+    for fields, field in refusals:
+        with pytest.raises(ValidationFailed) as refused:
+            submit(alice, vision, **fields)
+        assert field in (refused.value.fields or {}), (fields, refused.value.fields)

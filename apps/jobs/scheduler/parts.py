@@ -4,21 +4,25 @@ They run after the pass over whole GPUs, in the policy's order (fair share and s
 queue: `scheduling.offer_order`), each in its own transaction under the fence: the part
 is chosen by booking's placement (`apps.booking.services.devices`, best fit under the model's placement lock, the
 same as a booking of a part) and held by the job's allocation, so bookings and jobs of parts never oversubscribe
-a GPU. Shared GPUs and GPUs in MIG mode are not in the whole-GPU snapshot, so the two passes never meet on a GPU.
+a GPU. A job bound to a reservation of parts runs on one of the reservation's parts that none of its jobs uses.
+Shared GPUs and GPUs in MIG mode are not in the whole-GPU snapshot, so the two passes never meet on a GPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.db import transaction
 
+from apps.booking.models import Reservation, ReservationStatus
+from apps.booking.selectors import reservation_parts
 from apps.booking.services.devices import place_parts_locked
 from apps.core.errors import ApplicationError
 from apps.fleet.models import Gpu, GpuModel, PoolBackend
 from apps.jobs import conf
-from apps.jobs.models import Job
+from apps.jobs.models import ON_NODE_STATES, Job
 from apps.jobs.scheduling import PendingJob, Policy, Snapshot, offer_order
 from apps.jobs.services import starting
 from apps.jobs.services.transitions import TransitionRefused
@@ -71,6 +75,10 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
     in each transaction first (the leader's fence), so a deposed leader starts nothing."""
     started: list[int] = []
     for job in jobs:
+        if job.reservation_id is not None:
+            if _start_in_reservation(job, now=now, claim=claim):
+                started.append(job.pk)
+            continue
         end = now + timedelta(seconds=job.max_duration_s + conf.ALLOCATION_SLACK_S)
         model = GpuModel.objects.filter(name=job.gpu_models[0]).first() if len(job.gpu_models) == 1 else None
         try:
@@ -97,3 +105,37 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
             continue  # nothing fitting free now (409), or the job moved meanwhile: it stays queued
         started.append(job.pk)
     return started
+
+
+def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None]) -> bool:
+    """Start a job bound to a reservation of parts on one of its parts that no job of it uses, inside the window and
+    only if it can end by the reservation's end (the core stops it there, as a whole-GPU job in a reservation).
+    The reservation's allocation holds the part, so the job takes none of its own."""
+    assert job.reservation_id is not None
+    resv = Reservation.objects.filter(pk=job.reservation_id).first()
+    if resv is None or resv.status not in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE):
+        return False
+    if now < resv.start or now + timedelta(seconds=job.max_duration_s) > resv.end:
+        return False
+    wanted = Decimal(job.gpu_share) if job.gpu_share is not None else None
+    ids = [p.gpu_id for p in reservation_parts(reservation_id=resv.pk) if p.matches(job.mig_profile, wanted)]
+    try:
+        with transaction.atomic():
+            claim()
+            busy = set(
+                Job.gpus.through.objects.filter(gpu_id__in=ids, job__state__in=ON_NODE_STATES).values_list(
+                    "gpu_id", flat=True
+                )
+            )
+            free = list(
+                Gpu.devices.select_related("model", "node__pool", "parent")
+                .filter(pk__in=[i for i in ids if i not in busy])
+                .order_by("id")
+            )
+            part = next((g for g in free if _runs_here(job, [g])), None)
+            if part is None:
+                return False
+            starting.job_start(job=job, node=part.node, gpus=[part], now=now, savepoint=False)
+    except (ApplicationError, TransitionRefused):
+        return False
+    return True

@@ -163,9 +163,9 @@ def _check_reservation(
     return reservation
 
 
-def _check_part(mig_profile: Any, gpu_share: Any, gpu_count: int, reservation_id: Any) -> Decimal | None:
-    """A job on a part of a GPU: a known MIG profile or a share in (0, 1], one GPU, not inside a reservation (its
-    GPUs are whole). Returns the share (None for whole GPUs or a MIG instance); 400 otherwise."""
+def _check_part(mig_profile: Any, gpu_share: Any, gpu_count: int) -> Decimal | None:
+    """A job on a part of a GPU: a known MIG profile or a share in (0, 1], one GPU. Returns the share (None for
+    whole GPUs or a MIG instance); 400 otherwise."""
     if not mig_profile and gpu_share is None:
         return None
     if mig_profile is not None and not isinstance(mig_profile, str):
@@ -174,12 +174,34 @@ def _check_part(mig_profile: Any, gpu_share: Any, gpu_count: int, reservation_id
         raise _field_error("gpu_share", "Give mig_profile or gpu_share, not both.")
     if gpu_count != 1:
         raise _field_error("gpu_count", "A MIG instance or a share is one GPU's part: gpu_count 1.")
-    if reservation_id is not None:
-        raise _field_error("reservation", "A job in a reservation runs on its whole GPUs.")
     if mig_profile:
         check_profile(mig_profile)
         return None
     return parse_share(gpu_share)
+
+
+def _reserved_part(
+    reservation: Reservation, mig_profile: str, share: Decimal | None, gpu_count: int
+) -> tuple[str, Decimal | None]:
+    """The part a job in `reservation` runs on, as (mig_profile, share): the one it names, which the reservation
+    must hold, or, naming none, the reservation's own when it holds parts of GPUs; 400 when they do not match."""
+    parts = booking_selectors.reservation_parts(reservation_id=reservation.pk)
+    if not parts:
+        if mig_profile or share is not None:
+            raise _field_error("reservation", "That reservation holds whole GPUs: a job in it runs on them.")
+        return "", None
+    if gpu_count != 1:
+        raise _field_error("gpu_count", "That reservation holds parts of GPUs: a job in it runs on one, gpu_count 1.")
+    if mig_profile or share is not None:
+        if not any(p.matches(mig_profile, share) for p in parts):
+            held = ", ".join(sorted({p.label for p in parts}))
+            raise _field_error("reservation", f"That reservation holds {held}, not what this job asks for.")
+        return mig_profile, share
+    kinds = {(p.mig_profile, p.share) for p in parts}
+    if len(kinds) != 1:
+        raise _field_error("mig_profile", "That reservation holds different parts: name the one to run on.")
+    profile, part_share = kinds.pop()
+    return profile, part_share
 
 
 def job_submit(
@@ -240,7 +262,7 @@ def job_submit(
             raise _field_error("pool", "pool must be a pool's name.")
         # The job runs where the pool's scheduler puts it: narrowed to the pool's models, which routes it there.
         models = pools_selectors.models_for_pool(pool, models)
-    share = _check_part(mig_profile, gpu_share, gpu_count, reservation_id)
+    share = _check_part(mig_profile, gpu_share, gpu_count)
     cpus_value = _check_cpus(conf.DEFAULT_CPUS if cpus is None else cpus)
     memory = _check_int(
         "memory_mib", conf.DEFAULT_MEMORY_MIB if memory_mib is None else memory_mib, 16, conf.MAX_MEMORY_MIB
@@ -275,6 +297,7 @@ def job_submit(
         reservation = _check_reservation(
             reservation_id, user=user, team=team, gpu_count=gpu_count, max_duration_s=duration
         )
+        mig_profile, share = _reserved_part(reservation, mig_profile or "", share, gpu_count)
 
     try:
         with transaction.atomic():
