@@ -22,6 +22,8 @@ def part_fields(args: argparse.Namespace) -> dict[str, Any]:
         return {"mig_profile": args.mig_profile}
     if args.share is not None:
         return {"gpu_share": args.share}
+    if args.mig_memory is not None:
+        return {"mig_memory_mib": args.mig_memory}
     return {}
 
 
@@ -204,6 +206,8 @@ def cmd_reserve(client: Client, args: argparse.Namespace) -> int:
         what = f"{resv.get('gpu_count')} {args.mig_profile} instance(s)"
     elif args.share is not None:
         what = f"{args.share:g} of a GPU"
+    elif args.mig_memory is not None:
+        what = f"{resv.get('gpu_count')} MIG instance(s) of at least {args.mig_memory} MiB"
     else:
         what = f"{resv.get('gpu_count')} GPU(s)"
     gpus = ", ".join(device_text(g) for g in resv.get("gpus", []))

@@ -339,6 +339,8 @@ def part_fields(args: argparse.Namespace) -> dict[str, Any]:
         return {"mig_profile": args.mig_profile}
     if args.share is not None:
         return {"gpu_share": args.share}
+    if args.mig_memory is not None:
+        return {"mig_memory_mib": args.mig_memory}
     return {}
 
 
@@ -521,6 +523,8 @@ def cmd_reserve(client: Client, args: argparse.Namespace) -> int:
         what = f"{resv.get('gpu_count')} {args.mig_profile} instance(s)"
     elif args.share is not None:
         what = f"{args.share:g} of a GPU"
+    elif args.mig_memory is not None:
+        what = f"{resv.get('gpu_count')} MIG instance(s) of at least {args.mig_memory} MiB"
     else:
         what = f"{resv.get('gpu_count')} GPU(s)"
     gpus = ", ".join(device_text(g) for g in resv.get("gpus", []))
@@ -552,16 +556,24 @@ def _add_part(p: argparse.ArgumentParser) -> None:
     part = p.add_mutually_exclusive_group()
     part.add_argument("--mig-profile", metavar="PROFILE", help="a MIG instance of this profile, e.g. 1g.10gb")
     part.add_argument("--share", type=share_fraction, metavar="FRACTION", help="this part of a shared GPU, e.g. 0.25")
+    part.add_argument(
+        "--mig-memory", type=int, metavar="MIB", help="any MIG instance with at least this much memory (MiB)"
+    )
 
 
 def _check_part(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A share is of one GPU, and a job runs on one MIG instance; a booking may hold several instances."""
     if args.share is not None and args.gpus not in (None, 1):
         parser.error("--share is a part of one GPU: leave out --gpus (or give --gpus 1)")
-    if args.mig_profile and args.gpus not in (None, 1) and args.command == "submit":
-        parser.error("a job runs on one MIG instance: leave out --gpus (or give --gpus 1) with --mig-profile")
-    if args.command == "reserve" and args.gpus is None and not (args.mig_profile or args.share is not None):
-        parser.error("the following arguments are required: --gpus (or --mig-profile / --share)")
+    instance = args.mig_profile or args.mig_memory is not None
+    if instance and args.gpus not in (None, 1) and args.command == "submit":
+        parser.error(
+            "a job runs on one MIG instance: leave out --gpus (or give --gpus 1) with --mig-profile/--mig-memory"
+        )
+    if args.mig_memory is not None and args.mig_memory < 1:
+        parser.error("--mig-memory is the least memory of the instance in MiB: a positive whole number")
+    if args.command == "reserve" and args.gpus is None and not (instance or args.share is not None):
+        parser.error("the following arguments are required: --gpus (or --mig-profile / --mig-memory / --share)")
 
 
 def build_parser() -> argparse.ArgumentParser:

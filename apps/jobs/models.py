@@ -130,6 +130,11 @@ class Job(models.Model):
     gpu_share = models.DecimalField(
         max_digits=7, decimal_places=6, null=True, blank=True, help_text="this fraction of one shared GPU"
     )
+    # Or any MIG instance with at least this much memory: the smallest profile free when it starts (which then
+    # becomes its `mig_profile`).
+    mig_memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="any MIG instance with at least this much memory (MiB)"
+    )
     cpus = models.DecimalField(max_digits=6, decimal_places=2)
     memory_mib = models.PositiveIntegerField()
     max_duration_s = models.PositiveIntegerField()
@@ -197,6 +202,10 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.name or self.image})"
+
+    def on_part(self) -> bool:
+        """Does the job ask for a MIG instance (by profile or by memory) or a share of a GPU, not whole GPUs?"""
+        return bool(self.mig_profile) or self.gpu_share is not None or self.mig_memory_mib is not None
 
     @property
     def is_terminal(self) -> bool:

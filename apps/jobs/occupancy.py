@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from apps.booking import services as booking
 from apps.booking.models import AllocationKind, Quota
+from apps.booking.services import devices as booking_devices
 from apps.core import ttlcache
+from apps.core.errors import ValidationFailed
 from apps.fleet.models import Gpu, GpuModel
 
 if TYPE_CHECKING:
@@ -93,7 +95,15 @@ def quota_hold(*, job: Job, start: datetime, end: datetime, quotas: Mapping[date
     submission's transaction: a refusal is raised through it and undoes the whole submission."""
     model_ids = _models_facts(job.gpu_models)[0]
     # A job on a share or a MIG instance counts its fraction of a GPU, in GPU-hours and cost alike.
-    gpus = booking.quota_gpus(gpu_count=job.gpu_count, mig_profile=job.mig_profile, gpu_share=job.gpu_share)
+    profile = job.mig_profile
+    if not profile and job.mig_memory_mib is not None:
+        # Asked by memory: counted as the smallest profile that has it, the one it takes when that one is free.
+        # With no such instance in the fleet yet (demo data before its agents), it counts as a whole GPU.
+        try:
+            profile = booking_devices.profiles_with_memory(job.mig_memory_mib)[0]
+        except ValidationFailed:
+            profile = ""
+    gpus = booking.quota_gpus(gpu_count=job.gpu_count, mig_profile=profile, gpu_share=job.gpu_share)
     booking.quota_check_and_hold(
         team=job.team,
         gpu_count=job.gpu_count,

@@ -144,6 +144,11 @@ def test_reserve_a_share_and_mig_instances(
     assert len(devices) == 2
     assert all(d["profile"] == "1g.10gb" and d["parent"] == "GPU-mig-0" for d in devices)
 
+    # By memory: the smallest instance with that much (the 1g.10gb instances have 9,728 MiB).
+    by_memory = _cli(live_portal.url, token, "--json", *window, "--mig-memory", "9000")
+    assert by_memory.returncode == 0, by_memory.stderr
+    assert [d["profile"] for d in json.loads(by_memory.stdout)["gpus"]] == ["1g.10gb"]
+
     # Three quarters are left: 0.5 fits, another 0.5 does not (409, printed as the portal says it).
     assert _cli(live_portal.url, token, *window, "--share", "0.5").returncode == 0
     full = _cli(live_portal.url, token, *window, "--share", "0.5")
@@ -207,7 +212,9 @@ def test_submit_wait_runs_on_the_part_asked_for(tmp_path: Path, alice: Any, visi
         (["submit", "--share", "nan"], "'nan' is not a fraction of one GPU"),
         (["reserve", "--gpus", "2", "--share", "0.5"], "--share is a part of one GPU"),
         (["reserve", "--share", "0.5", "--mig-profile", "1g.10gb"], "not allowed with argument"),
-        (["reserve"], "required: --gpus (or --mig-profile / --share)"),
+        (["reserve"], "required: --gpus (or --mig-profile / --mig-memory / --share)"),
+        (["submit", "--mig-memory", "0"], "--mig-memory is the least memory"),
+        (["submit", "--mig-memory", "9000", "--share", "0.5"], "not allowed with argument"),
     ],
 )
 def test_part_mistakes_are_usage_errors(args: list[str], why: str) -> None:

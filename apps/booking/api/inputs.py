@@ -35,6 +35,7 @@ class ReservationBody(msgspec.Struct, frozen=True):
     # Parts of GPUs: rare enough to leave to ReservationInput (present means "not the fast path").
     mig_profile: Any = UNSET
     gpu_share: Any = UNSET
+    mig_memory_mib: Any = UNSET
 
 
 _DECODER = msgspec.json.Decoder(ReservationBody)
@@ -55,7 +56,7 @@ def reservation_input_fast(request: Request) -> dict[str, Any] | None:
         return None  # invalid, or the body was already parsed by DRF (an idempotency key's fingerprint)
     if body.start.tzinfo is None or body.end.tzinfo is None:
         return None  # DRF reads a naive time in the installation's zone
-    if body.mig_profile is not UNSET or body.gpu_share is not UNSET:
+    if body.mig_profile is not UNSET or body.gpu_share is not UNSET or body.mig_memory_mib is not UNSET:
         return None
     data = {f: getattr(body, f) for f in body.__struct_fields__ if getattr(body, f) is not UNSET}
     data.setdefault("note", "")

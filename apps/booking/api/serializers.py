@@ -30,9 +30,16 @@ class ReservationInput(serializers.Serializer[Any]):
     gpu_share = serializers.FloatField(
         min_value=0, max_value=1, required=False, allow_null=True, help_text="book this fraction of one shared GPU"
     )
+    mig_memory_mib = serializers.IntegerField(
+        min_value=1,
+        max_value=1 << 24,
+        required=False,
+        allow_null=True,
+        help_text="book MIG instances with at least this much memory (the smallest profile that has them free)",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs.get("mig_profile") or attrs.get("gpu_share") is not None:
+        if attrs.get("mig_profile") or attrs.get("gpu_share") is not None or attrs.get("mig_memory_mib") is not None:
             return attrs  # parts of GPUs: of any model unless one is given (services.devices)
         if not attrs.get("gpus") and not attrs.get("gpu_model"):
             raise serializers.ValidationError({"gpu_model": ["Give gpu_model (with gpu_count) or gpus."]})

@@ -98,6 +98,7 @@ class ReservationListCreateView(ScopedListAPIView):
             note=data.get("note", ""),
             mig_profile=data.get("mig_profile") or None,
             gpu_share=data.get("gpu_share"),
+            mig_memory_mib=data.get("mig_memory_mib"),
         )
         return Response(booking_created_payload(result), status=status.HTTP_201_CREATED)
 

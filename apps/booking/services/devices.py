@@ -53,6 +53,41 @@ ORDER BY n.name, p."index", u."index"
 )
 
 
+# The MIG profiles of live instances with at least %(min)s MiB of memory (of the model or GPUs asked), smallest first:
+# "any instance with at least N MiB" tries them in this order, so a small job takes a small instance.
+_PROFILES_SQL = """
+SELECT u.mig_profile FROM fleet_gpu u JOIN fleet_gpu p ON p.id = u.parent_id
+WHERE u.kind = 'mig' AND u.retired_at IS NULL AND p.retired_at IS NULL AND p.mig_mode AND u.memory_mib >= %(min)s
+  AND (%(model)s::bigint IS NULL OR p.model_id = %(model)s::bigint)
+  AND (cardinality(%(uuids)s::text[]) = 0 OR p.uuid = ANY(%(uuids)s::text[]) OR u.uuid = ANY(%(uuids)s::text[]))
+GROUP BY u.mig_profile ORDER BY MIN(u.memory_mib), u.mig_profile
+"""
+MAX_INSTANCE_MEMORY_MIB = 1 << 24  # 16 TiB: far above any GPU, low enough to stay an int everywhere
+
+
+def parse_memory(value: Any) -> int:
+    """A `mig_memory_mib` (the least memory an instance must have) as a positive int; 400 otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INSTANCE_MEMORY_MIB:
+        raise ValidationFailed(
+            "mig_memory_mib is the least memory of the MIG instance, in MiB: a positive whole number.",
+            fields={"mig_memory_mib": [f"1 to {MAX_INSTANCE_MEMORY_MIB}."]},
+        )
+    return value
+
+
+def profiles_with_memory(min_mib: int, *, model_id: int | None = None, uuids: Sequence[str] = ()) -> list[str]:
+    """The profiles of the fleet's MIG instances with at least `min_mib` MiB, smallest first; 400 when none has."""
+    with connection.cursor() as cursor:
+        cursor.execute(_PROFILES_SQL, {"min": min_mib, "model": model_id, "uuids": list(uuids)})
+        found = [str(r[0]) for r in cursor.fetchall()]
+    if not found:
+        raise ValidationFailed(
+            f"No MIG instance in the fleet has {min_mib} MiB of memory or more.",
+            fields={"mig_memory_mib": ["More than any MIG instance has."]},
+        )
+    return found
+
+
 def parse_share(value: Any) -> Decimal:
     """A `gpu_share` as a Decimal in (0, 1]; 400 otherwise."""
     try:
@@ -147,26 +182,42 @@ def place_parts_locked(
     start: datetime,
     end: datetime,
     include_offline: bool = False,
+    mig_memory_mib: int | None = None,
 ) -> list[GpuInfo]:
-    """The parts a booking of `count` instances of `mig_profile`, or of `gpu_share` of one GPU, takes (inside the
-    caller's transaction, under the placement locks of the models involved); 409 `conflict` when none fit."""
-    for model_id in _model_ids(model, uuids):
-        lock_model(model_id)
-    kind = DeviceKind.MIG if mig_profile else DeviceKind.SHARE
-    rows = _units(
-        kind=kind,
-        profile=mig_profile or "",
-        model_id=model.pk if model is not None else None,
-        uuids=uuids,
-        start=start,
-        end=end,
-        include_offline=include_offline,
-    )
-    free = [(info, parent) for info, parent, _, taken in rows if not taken]
-    units = [FreeUnit(info.id, parent, info.node, info.index) for info, parent in free]
-    if mig_profile:
+    """The parts a booking of `count` instances of `mig_profile` (or, with `mig_memory_mib`, of the smallest profile
+    with that much memory that has them free), or of `gpu_share` of one GPU, takes (inside the caller's transaction,
+    under the placement locks of the models involved); 409 `conflict` when none fit."""
+    for locked in _model_ids(model, uuids):
+        lock_model(locked)
+    model_id = model.pk if model is not None else None
+    if mig_memory_mib is not None:
+        profiles = profiles_with_memory(mig_memory_mib, model_id=model_id, uuids=uuids)
+    else:
+        profiles = [mig_profile] if mig_profile else []
+    kind = DeviceKind.MIG if profiles else DeviceKind.SHARE
+    rows: list[tuple[GpuInfo, int, int, bool]] = []
+    seen: list[tuple[GpuInfo, int, int, bool]] = []  # every profile tried, for the refusal's conflicts
+    picked: list[int] | None = None
+    for profile in profiles or [""]:
+        rows = _units(
+            kind=kind,
+            profile=profile,
+            model_id=model_id,
+            uuids=uuids,
+            start=start,
+            end=end,
+            include_offline=include_offline,
+        )
+        seen.extend(rows)
+        free = [(info, parent) for info, parent, _, taken in rows if not taken]
+        units = [FreeUnit(info.id, parent, info.node, info.index) for info, parent in free]
+        if not profiles:
+            break
         picked = place_instances(units, count)
-        what = f"{count} free {mig_profile} instance(s)"
+        if picked is not None:
+            break
+    if profiles:
+        what = f"{count} free {'/'.join(profiles)} instance(s)"
     else:
         assert gpu_share is not None
         picked = None
@@ -190,7 +241,7 @@ def place_parts_locked(
             )
         what = f"{gpu_share} of a shared GPU"
     if picked is None:
-        found = clashes([info.id for info, _, _, _ in rows], start, end)
+        found = clashes([info.id for info, _, _, _ in seen], start, end)
         raise Conflict(
             f"Nothing fitting is free in that time ({what} asked, {len(free)} part(s) free).",
             extra={"conflicts": describe_slots(found, team_id=team.pk, viewer=user), "free": len(free)},

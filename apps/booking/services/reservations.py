@@ -24,7 +24,7 @@ from apps.booking.services.agents import emit_ended, send_holds
 from apps.booking.services.allocations import allocation_end, allocation_rows
 from apps.booking.services.booking_write import BookingRows, booking_write
 from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso
-from apps.booking.services.devices import check_profile, parse_share, place_parts_locked, whole_gpus
+from apps.booking.services.devices import check_profile, parse_memory, parse_share, place_parts_locked, whole_gpus
 from apps.booking.services.events import publish_reservation
 from apps.booking.services.gpus import GpuInfo, place_locked, precheck, resolve_gpus, resolve_model
 from apps.booking.services.quotas import (
@@ -221,6 +221,7 @@ def reservation_create(
     include_offline: bool = False,
     mig_profile: str | None = None,
     gpu_share: Decimal | float | str | None = None,
+    mig_memory_mib: int | None = None,
 ) -> BookingResult:
     """Book `gpu_count` GPUs of `gpu_model` (placed: one node where possible, best fit) or exactly `gpus`
     (uuids) for `team` over [start, end).
@@ -235,7 +236,8 @@ def reservation_create(
     before the node agent connects.
     `mig_profile` (with `gpu_count` instances) or `gpu_share` (a fraction of one shared GPU) book parts of GPUs
     instead (services.devices), optionally of `gpu_model` or of the GPUs or instances named in `gpus`; 400 for a
-    profile or share that does not exist, 409 when nothing fitting is free.
+    profile or share that does not exist, 409 when nothing fitting is free. `mig_memory_mib` instead of a profile:
+    instances of the smallest profile with at least that much memory that has `gpu_count` free.
     """
     now = timezone.now()
     policy = selectors.booking_policy()
@@ -253,11 +255,15 @@ def reservation_create(
     model: GpuModel | None = None
     share: Decimal | None = None
     named = [g.uuid if isinstance(g, Gpu) else str(g) for g in gpus or ()]
-    parts = bool(mig_profile) or gpu_share is not None
+    parts = bool(mig_profile) or gpu_share is not None or mig_memory_mib is not None
     if parts:
-        if mig_profile and gpu_share is not None:
-            raise ValidationFailed("Give mig_profile or gpu_share, not both.", fields={"gpu_share": ["Not both."]})
-        if mig_profile:
+        if sum((bool(mig_profile), gpu_share is not None, mig_memory_mib is not None)) > 1:
+            raise ValidationFailed(
+                "Give one of mig_profile, mig_memory_mib and gpu_share.", fields={"gpu_share": ["Only one."]}
+            )
+        if mig_memory_mib is not None:
+            parse_memory(mig_memory_mib)
+        elif mig_profile:
             check_profile(mig_profile)
         else:
             share = parse_share(gpu_share)
@@ -319,6 +325,7 @@ def reservation_create(
                         model=model,
                         uuids=named,
                         mig_profile=mig_profile,
+                        mig_memory_mib=mig_memory_mib,
                         gpu_share=share,
                         count=count,
                         start=start,

@@ -100,6 +100,9 @@ class JobInput(serializers.Serializer[Any]):
     gpu_models = ModelsField(required=False, help_text="acceptable models (alternative spelling)")
     mig_profile = StrValueField(required=False, help_text="a MIG instance of this profile (e.g. 1g.10gb)")
     gpu_share = NumberValueField(required=False, help_text="this fraction of one shared GPU (e.g. 0.25)")
+    mig_memory_mib = IntValueField(
+        required=False, help_text="any MIG instance with at least this much memory (the smallest profile free)"
+    )
     pool = serializers.CharField(
         required=False, help_text="a pool's name (GET /api/v1/pools/): that pool's scheduler chooses its GPUs"
     )
@@ -150,6 +153,7 @@ class JobOutput(FastOutputMixin, serializers.ModelSerializer[Job]):
             "gpu_models",
             "mig_profile",
             "gpu_share",
+            "mig_memory_mib",
             "cpus",
             "memory_mib",
             "max_duration_s",

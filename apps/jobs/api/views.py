@@ -100,6 +100,7 @@ class JobListCreateView(ScopedListAPIView):
             gpu_models=v.get("gpu_models"),
             mig_profile=v.get("mig_profile"),
             gpu_share=v.get("gpu_share"),
+            mig_memory_mib=v.get("mig_memory_mib"),
             pool=v.get("pool"),
             cpus=v.get("cpus"),
             memory_mib=v.get("memory_mib"),

@@ -43,7 +43,8 @@ def _runs_here(job: Job, gpus: list[Gpu]) -> bool:
 
 
 def is_part_job(job: Job) -> bool:
-    return bool(job.mig_profile) or job.gpu_share is not None
+    """Does the job ask for a MIG instance (by profile or by memory) or a share of a GPU?"""
+    return job.on_part()
 
 
 def in_policy_order(jobs: list[Job], snapshot: Snapshot, policy: Policy) -> list[Job]:
@@ -90,11 +91,16 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
                     model=model,
                     uuids=[],
                     mig_profile=job.mig_profile or None,
+                    mig_memory_mib=job.mig_memory_mib if not job.mig_profile else None,
                     gpu_share=job.gpu_share,
                     count=1 if job.gpu_share is not None else job.gpu_count,
                     start=now,
                     end=end,
                 )
+                if not job.mig_profile and chosen[0].profile:
+                    # Asked by memory: from now on it is a job on an instance of the profile it got.
+                    job.mig_profile = chosen[0].profile
+                    Job.objects.filter(pk=job.pk).update(mig_profile=job.mig_profile)
                 gpus = list(
                     Gpu.devices.select_related("model", "node__pool", "parent").filter(pk__in=[g.id for g in chosen])
                 )

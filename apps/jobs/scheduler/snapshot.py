@@ -276,8 +276,8 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
     pending_rows = _pending_jobs()
     ctx.pending = {str(j.pk): j for j in pending_rows}
     # Jobs on parts of GPUs are started by scheduler.parts, never on whole GPUs by the core.
-    ctx.part_jobs = [j for j in pending_rows if j.mig_profile or j.gpu_share is not None]
-    pending_rows = [j for j in pending_rows if not (j.mig_profile or j.gpu_share is not None)]
+    ctx.part_jobs = [j for j in pending_rows if j.on_part()]
+    pending_rows = [j for j in pending_rows if not j.on_part()]
     pending = [
         CorePending(
             id=str(j.pk),

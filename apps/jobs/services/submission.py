@@ -20,7 +20,7 @@ from apps.accounts.types import User
 from apps.booking import quota as quota_math
 from apps.booking import selectors as booking_selectors
 from apps.booking.selectors import local_tz
-from apps.booking.services.devices import check_profile, parse_share
+from apps.booking.services.devices import check_profile, parse_memory, parse_share, profiles_with_memory
 from apps.core.errors import ApplicationError, Forbidden, NotFound, ValidationFailed
 from apps.core.ttlcache import TTLCache
 from apps.fleet.models import Gpu, GpuModel
@@ -163,17 +163,24 @@ def _check_reservation(
     return reservation
 
 
-def _check_part(mig_profile: Any, gpu_share: Any, gpu_count: int) -> Decimal | None:
-    """A job on a part of a GPU: a known MIG profile or a share in (0, 1], one GPU. Returns the share (None for
-    whole GPUs or a MIG instance); 400 otherwise."""
-    if not mig_profile and gpu_share is None:
+def _check_part(
+    mig_profile: Any, gpu_share: Any, gpu_count: int, mig_memory_mib: Any = None, *, check_fleet: bool = True
+) -> Decimal | None:
+    """A job on a part of a GPU: a known MIG profile, any instance with at least `mig_memory_mib` (one the fleet
+    has), or a share in (0, 1]; one GPU. Returns the share (None for whole GPUs or a MIG instance); 400 otherwise."""
+    if not mig_profile and gpu_share is None and mig_memory_mib is None:
         return None
     if mig_profile is not None and not isinstance(mig_profile, str):
         raise _field_error("mig_profile", "mig_profile is a profile name, e.g. 1g.10gb.")
-    if mig_profile and gpu_share is not None:
-        raise _field_error("gpu_share", "Give mig_profile or gpu_share, not both.")
+    if sum((bool(mig_profile), gpu_share is not None, mig_memory_mib is not None)) > 1:
+        raise _field_error("gpu_share", "Give one of mig_profile, mig_memory_mib and gpu_share.")
     if gpu_count != 1:
         raise _field_error("gpu_count", "A MIG instance or a share is one GPU's part: gpu_count 1.")
+    if mig_memory_mib is not None:
+        parse_memory(mig_memory_mib)
+        if check_fleet:
+            profiles_with_memory(mig_memory_mib)
+        return None
     if mig_profile:
         check_profile(mig_profile)
         return None
@@ -228,6 +235,7 @@ def job_submit(
     mig_profile: str | None = None,
     gpu_share: Any = None,
     pool: Any = None,
+    mig_memory_mib: Any = None,
 ) -> Job:
     """Validate, authorize and queue a job; counts its max duration against the team's quota.
 
@@ -262,7 +270,7 @@ def job_submit(
             raise _field_error("pool", "pool must be a pool's name.")
         # The job runs where the pool's scheduler puts it: narrowed to the pool's models, which routes it there.
         models = pools_selectors.models_for_pool(pool, models)
-    share = _check_part(mig_profile, gpu_share, gpu_count)
+    share = _check_part(mig_profile, gpu_share, gpu_count, mig_memory_mib, check_fleet=check_fleet)
     cpus_value = _check_cpus(conf.DEFAULT_CPUS if cpus is None else cpus)
     memory = _check_int(
         "memory_mib", conf.DEFAULT_MEMORY_MIB if memory_mib is None else memory_mib, 16, conf.MAX_MEMORY_MIB
@@ -297,6 +305,8 @@ def job_submit(
         reservation = _check_reservation(
             reservation_id, user=user, team=team, gpu_count=gpu_count, max_duration_s=duration
         )
+        if mig_memory_mib is not None:
+            raise _field_error("mig_memory_mib", "A job in a reservation runs on its parts: name none, or the profile.")
         mig_profile, share = _reserved_part(reservation, mig_profile or "", share, gpu_count)
 
     try:
@@ -319,6 +329,7 @@ def job_submit(
                 gpu_models=models,
                 mig_profile=mig_profile or "",
                 gpu_share=share,
+                mig_memory_mib=mig_memory_mib,
                 cpus=cpus_value,
                 memory_mib=memory,
                 max_duration_s=duration,
