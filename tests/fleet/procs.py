@@ -35,7 +35,11 @@ class Proc:
         self.argv = argv
         self.log = log
         self._fh = log.open("ab")
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=self._fh, stderr=subprocess.STDOUT)
+        # Its own session (process group), so a kill reaches what it started too: a Celery worker's embedded beat
+        # (-B) is a child that a SIGKILL of the worker alone would leave running after the suite.
+        self.proc = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     @property
     def pid(self) -> int:
@@ -44,19 +48,29 @@ class Proc:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+
     def kill(self) -> None:
+        """SIGKILL the process and everything it started (a crash, as the fault tests want it)."""
         if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
+            self._kill_group()
             self.proc.wait(10)
+        self._kill_group()
 
     def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM (a clean shutdown), SIGKILL after `timeout`; whatever it left behind in its group goes too."""
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._kill_group()
                 self.proc.wait(10)
+        self._kill_group()
         self._fh.close()
         return self.proc.returncode
 
