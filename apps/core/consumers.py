@@ -8,6 +8,7 @@ socket can show nothing its REST twin would refuse.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from datetime import UTC, datetime
 from typing import Any, Final, Generic, TypeVar
 
@@ -28,7 +29,7 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-class AuthorizedConsumer(AsyncWebsocketConsumer, Generic[T]):  # type: ignore[misc]  # Channels is untyped
+class AuthorizedConsumer(AsyncWebsocketConsumer, ABC, Generic[T]):  # type: ignore[misc]  # Channels is untyped
     """Refuses, with a close code a client can act on, anyone who may not watch what the URL names:
 
     - 4401: not signed in (no session; an unknown, revoked or expired token) or an inactive account;
@@ -58,9 +59,9 @@ class AuthorizedConsumer(AsyncWebsocketConsumer, Generic[T]):  # type: ignore[mi
             return
         await self.start(found)
 
+    @abstractmethod
     def authorize(self, user: User) -> T | None:
         """What this socket streams for `user` (read on a worker thread), or None: not found or not theirs."""
-        raise NotImplementedError
 
     async def start(self, found: T) -> None:
         await self.accept()

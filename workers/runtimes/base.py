@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -355,7 +356,7 @@ class WatchedJob:
 J = TypeVar("J", bound=WatchedJob)
 
 
-class WatcherRuntime(Generic[J]):
+class WatcherRuntime(ABC, Generic[J]):
     """The bookkeeping of the ``Runtime`` contract that both runtimes share: one record per launched or adopted
     job, stop requests (our cancel, our deadline), and exactly one ``on_exit`` per job.
 
@@ -384,20 +385,21 @@ class WatcherRuntime(Generic[J]):
 
     # -- what a runtime provides ----------------------------------------------------------------------------
 
+    @abstractmethod
     def _new_job(self, spec: LaunchSpec) -> J:
-        raise NotImplementedError
+        """The runtime's record of a job about to be launched."""
 
+    @abstractmethod
     def _run(self, job: J, spec: LaunchSpec) -> None:
         """Start the job, call ``_started`` once it runs, watch it, ``_finish`` it (launch errors too)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _adoption(self, job_id: int) -> tuple[J, Callable[[], None]] | None:
         """The record of a job found on the host and the watch to run for it on a new thread, or None."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _stop_job(self, job: J) -> None:
         """SIGTERM, ``job.stop_grace_s``, SIGKILL; may block that long."""
-        raise NotImplementedError
 
     def _left_behind(self, job_id: int) -> bool:
         """Whether the host has this job from before a restart (a launch must then adopt, not start it)."""
