@@ -66,11 +66,15 @@ def test_book_a_quarter_of_a_shared_gpu(api_as, alice, sharing_fleet):
 
 
 def test_whole_gpu_refused_while_a_share_is_held(api_as, alice, bob, sharing_fleet):
-    assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 201
+    assert api_as(alice).post(URL, body(gpu_share=0.75), format="json").status_code == 201  # three shares
     resp = api_as(bob).post(URL, body(gpus=["GPU-shared-0"]), format="json")
     assert resp.status_code == 409
     assert resp.json()["code"] == "conflict"
     assert resp.json()["detail"]
+    # Each held share is reported on its GPU: the physical GPU's node and index, whichever share it is.
+    conflicts = resp.json()["conflicts"]
+    assert len(conflicts) == 3
+    assert {(c["node"], c["gpu_index"]) for c in conflicts} == {("shared", 0)}
 
 
 def test_whole_gpu_of_a_free_shared_gpu_holds_every_share(api_as, alice, sharing_fleet):

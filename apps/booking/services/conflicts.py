@@ -63,10 +63,11 @@ def describe_slots(
 
 
 _CLASHES_SQL = """
-SELECT a.gpu_id, g.uuid, g."index", n.name, a.team_id, t.slug, a.start, a."end", a.kind, a.reservation_id, a.job_id,
-       u.username
+SELECT a.gpu_id, g.uuid, COALESCE(p."index", g."index"), n.name, a.team_id, t.slug, a.start, a."end", a.kind,
+       a.reservation_id, a.job_id, u.username
 FROM booking_allocation a
 JOIN fleet_gpu g ON g.id = a.gpu_id JOIN fleet_node n ON n.id = g.node_id JOIN accounts_team t ON t.id = a.team_id
+LEFT JOIN fleet_gpu p ON p.id = g.parent_id
 LEFT JOIN auth_user u ON u.id = a.user_id
 WHERE a.active AND a.gpu_id = ANY(%s) AND a.start < %s AND a."end" > %s
 ORDER BY a.gpu_id, a.start

@@ -200,7 +200,9 @@ def resolve_gpus(
 
 
 def _slot(gpu: GpuInfo, c: Clash) -> Slot:
-    return Slot(gpu.id, gpu.uuid, gpu.index, gpu.node, c.team_id, c.team, c.start, c.end, c.kind, c.reservation_id,
+    # A part (a share, a MIG instance) is reported at its physical GPU's index, as `conflicts.clashes` does.
+    index = gpu.parent_index if gpu.parent_index is not None else gpu.index
+    return Slot(gpu.id, gpu.uuid, index, gpu.node, c.team_id, c.team, c.start, c.end, c.kind, c.reservation_id,
                 c.job_id, c.user)  # fmt: skip
 
 
