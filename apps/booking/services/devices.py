@@ -11,7 +11,7 @@ a GPU in MIG mode is booked only by its instances.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -183,10 +183,12 @@ def place_parts_locked(
     end: datetime,
     include_offline: bool = False,
     mig_memory_mib: int | None = None,
+    exclude: Collection[int] = (),
 ) -> list[GpuInfo]:
     """The parts a booking of `count` instances of `mig_profile` (or, with `mig_memory_mib`, of the smallest profile
     with that much memory that has them free), or of `gpu_share` of one GPU, takes (inside the caller's transaction,
-    under the placement locks of the models involved); 409 `conflict` when none fit."""
+    under the placement locks of the models involved); 409 `conflict` when none fit. Parts in `exclude` count as
+    taken (the scheduler's plan for a job ahead in the queue)."""
     for locked in _model_ids(model, uuids):
         lock_model(locked)
     model_id = model.pk if model is not None else None
@@ -209,7 +211,7 @@ def place_parts_locked(
             include_offline=include_offline,
         )
         seen.extend(rows)
-        free = [(info, parent) for info, parent, _, taken in rows if not taken]
+        free = [(info, parent) for info, parent, _, taken in rows if not taken and info.id not in exclude]
         units = [FreeUnit(info.id, parent, info.node, info.index) for info, parent in free]
         if not profiles:
             break
@@ -297,3 +299,28 @@ def whole_gpus(explicit: list[GpuInfo], start: datetime, end: datetime) -> list[
                 )
             )
     return out
+
+
+# When parts of the kind asked (or their GPUs) may come free after %(start)s: the ends of the allocations and
+# maintenance windows that hold them, earliest first. The scheduler tries a waiting job at each (parts.py).
+_FREE_TIMES_SQL = """
+SELECT t FROM (
+  SELECT a."end" AS t FROM booking_allocation a JOIN fleet_gpu u ON a.gpu_id IN (u.id, u.parent_id)
+  WHERE a.active AND a."end" > %(start)s AND u.parent_id IS NOT NULL AND u.kind = %(kind)s AND u.retired_at IS NULL
+    AND (%(kind)s <> 'mig' OR u.mig_profile = ANY(%(profiles)s::text[]))
+    AND (%(model)s::bigint IS NULL OR u.model_id = %(model)s::bigint)
+  UNION
+  SELECT w."end" FROM booking_maintenancewindow w WHERE w."end" > %(start)s
+) ends GROUP BY t ORDER BY t LIMIT %(limit)s
+"""
+
+
+def part_free_times(
+    *, kind: str, profiles: Sequence[str], model_id: int | None, after: datetime, limit: int = 64
+) -> list[datetime]:
+    """The times after `after` at which parts of `kind` (of `profiles` for MIG, of `model_id` when given) or their
+    GPUs may come free, earliest first (at most `limit`)."""
+    params = {"kind": kind, "profiles": list(profiles), "model": model_id, "start": after, "limit": limit}
+    with connection.cursor() as cursor:
+        cursor.execute(_FREE_TIMES_SQL, params)
+        return [r[0] for r in cursor.fetchall()]

@@ -4,7 +4,7 @@ Why a package of its own: the ORM shell (apps.jobs) and the trace replay (bench/
 same code, and the core must be testable without a database. Import the public API from here.
 """
 
-from apps.jobs.scheduling.core import schedule
+from apps.jobs.scheduling.core import schedule, span
 from apps.jobs.scheduling.fairshare import DEFAULT_HALF_LIFE_S, UsageLedger, decayed_gpu_seconds, usage_ratios
 from apps.jobs.scheduling.model import (
     Decisions,
@@ -46,5 +46,6 @@ __all__ = [
     "offer_order",
     "policy_by_name",
     "schedule",
+    "span",
     "usage_ratios",
 ]

@@ -117,13 +117,13 @@ def _schedule_bound(
             reasons[job.id] = Reason(ReasonCode.RESERVATION_OTHER_TEAM, f"reservation {rid} belongs to another team")
         elif now < resv.start:
             reasons[job.id] = Reason(
-                ReasonCode.RESERVATION_NOT_STARTED, f"reservation {rid} starts in {_span(resv.start - now)}"
+                ReasonCode.RESERVATION_NOT_STARTED, f"reservation {rid} starts in {span(resv.start - now)}"
             )
         elif end > resv.end + EPS:
             reasons[job.id] = Reason(
                 ReasonCode.OUTSIDE_RESERVATION_WINDOW,
-                f"max duration {_span(job.max_duration_s)} does not fit: reservation {rid} ends in "
-                f"{_span(resv.end - now)}",
+                f"max duration {span(job.max_duration_s)} does not fit: reservation {rid} ends in "
+                f"{span(resv.end - now)}",
             )
         elif job.gpu_count > state.reservation_capacity(rid, job.models):
             reasons[job.id] = Reason(
@@ -239,7 +239,7 @@ def _schedule_general(
         planned = PlannedStart(job.id, node_names[n], tuple(gpu_ids[i] for i in gpus), t)
         reasons[job.id] = Reason(
             ReasonCode.NEXT_IN_LINE,
-            f"next in line: {count} GPU(s) on {node_names[n]} are planned for it in {_span(t - now)} at the latest",
+            f"next in line: {count} GPU(s) on {node_names[n]} are planned for it in {span(t - now)} at the latest",
         )
     return planned, evaluated
 
@@ -269,7 +269,7 @@ def _why_waiting(state: ClusterState, job: PendingJob, planned: PlannedStart | N
     if planned is not None and state.fits_relaxed(count, models, duration, portal=False):
         return Reason(
             ReasonCode.WOULD_DELAY_NEXT,
-            f"the free GPUs are planned for job {planned.job_id} in {_span(planned.start - state.now)}; "
+            f"the free GPUs are planned for job {planned.job_id} in {span(planned.start - state.now)}; "
             "this job would delay it",
         )
     if state.fits_relaxed(count, models, duration, portal=True):
@@ -286,7 +286,7 @@ def _models_text(models: frozenset[str] | None) -> str:
     return "model " + "|".join(sorted(models))
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
     """A short human duration ('45 s', '12 min', '3.5 h', '2.0 d')."""
     if seconds == INF:
         return "never"

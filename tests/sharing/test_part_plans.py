@@ -1,0 +1,94 @@
+"""Jobs on parts that do not fit get a planned start, and later jobs may take the planned parts only if they give
+them back in time (backfill for shares and MIG instances, as for whole GPUs)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.booking.models import Allocation
+from apps.booking.services import allocations_end_of_job
+from apps.jobs import scheduler, services
+from apps.jobs.models import Job, JobState
+from apps.jobs.scheduling import BACKFILL
+from tests.sharing.test_jobs import ready, sent  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(user: Any, team: Any, *, max_duration_s: int = 600, **fields: Any) -> Job:
+    return services.job_submit(
+        user=user,
+        team=team,
+        image="portal-test/busybox:latest",
+        command=["true"],
+        max_duration_s=max_duration_s,
+        **fields,
+    )
+
+
+def one_pass(now: Any = None) -> scheduler.PassResult:
+    # Arrival order (backfill), so the test decides who is ahead, not fair share's size penalty.
+    return scheduler.run_pass(token=1, leader="test", policy=BACKFILL, now=now)
+
+
+def test_a_half_waits_for_two_shares_and_later_quarters_do_not_take_them(alice, vision, ready, sent):  # noqa: F811
+    held = [submit(alice, vision, gpu_share=0.25, max_duration_s=600 * (i + 1)) for i in range(3)]
+    assert set(one_pass().started) == {j.pk for j in held}  # one share of four left
+    half = submit(alice, vision, gpu_share=0.5)
+    long_quarter = submit(alice, vision, gpu_share=0.25, max_duration_s=7200)
+    short_quarter = submit(alice, vision, gpu_share=0.25, max_duration_s=60)
+
+    started = one_pass().started
+    # The half is planned on the free share and the first one that ends; a quarter that would still hold the free
+    # share then waits, while one that ends before fills the gap.
+    assert half.pk not in started and long_quarter.pk not in started
+    assert started == [short_quarter.pk]
+    half.refresh_from_db()
+    assert half.pending_reason == "next_in_line"
+    assert "0.5 of a shared GPU on GPU 0 of shared is planned for it in 12 min at the latest" in half.pending_message
+    long_quarter.refresh_from_db()
+    assert long_quarter.state == JobState.QUEUED
+    # Its own plan comes after the half's: the share the second quarter holds.
+    assert long_quarter.pending_reason == "next_in_line"
+    assert "is planned for it in 22 min" in long_quarter.pending_message
+
+    # The first quarter and the short one end: the half starts on two shares; the long quarter waits for its plan.
+    allocations_end_of_job(job_id=held[0].pk, at=timezone.now())
+    allocations_end_of_job(job_id=short_quarter.pk, at=timezone.now())
+    assert one_pass().started == [half.pk]
+    assert Allocation.objects.filter(active=True, job_id=half.pk).count() == 2
+    assert Allocation.objects.filter(active=True, gpu__kind="share", end__gt=timezone.now()).count() == 4
+    allocations_end_of_job(job_id=held[1].pk, at=timezone.now())
+    assert one_pass().started == [long_quarter.pk]
+
+
+def test_without_a_plan_a_stream_of_quarters_would_starve_the_half(alice, vision, ready, sent):  # noqa: F811
+    """The same queue in passes: each time a share frees, the half (ahead in line) is the one that gets it."""
+    held = [submit(alice, vision, gpu_share=0.25, max_duration_s=3600) for _ in range(4)]
+    assert set(one_pass().started) == {j.pk for j in held}
+    half = submit(alice, vision, gpu_share=0.5)
+    later = [submit(alice, vision, gpu_share=0.25, max_duration_s=3600) for _ in range(3)]
+    for ended in held[:2]:
+        allocations_end_of_job(job_id=ended.pk, at=timezone.now())
+        started = one_pass().started
+        assert not set(started) & {j.pk for j in later}, "a later quarter took a share planned for the half"
+    assert Job.objects.get(pk=half.pk).state == JobState.STARTING
+
+
+def test_a_waiting_mig_job_is_told_when_and_where(alice, vision, ready, sent):  # noqa: F811
+    holders = [submit(alice, vision, mig_profile="1g.10gb", max_duration_s=3600) for _ in range(7)]
+    assert len(one_pass().started) == 7
+    waiting = submit(alice, vision, mig_profile="1g.10gb")
+    now = timezone.now()
+    assert one_pass(now).started == []
+    waiting.refresh_from_db()
+    assert waiting.pending_reason == "next_in_line"
+    assert "a 1g.10gb MIG instance on GPU 0 of mig is planned for it in 62 min at the latest" in (
+        waiting.pending_message
+    )
+    allocations_end_of_job(job_id=holders[0].pk, at=now + timedelta(seconds=1))
+    assert waiting.pk in one_pass(now + timedelta(seconds=2)).started
