@@ -163,6 +163,8 @@ def _model_ids(model: GpuModel | None, uuids: Sequence[str]) -> list[int]:
     """The placement locks to take: the model asked, or the models of the GPUs (or parts) named."""
     if model is not None:
         return [model.pk]
+    if not uuids:
+        return []  # any model: concurrent picks are settled by the allocation constraint (and the callers' retries)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT DISTINCT model_id FROM fleet_gpu WHERE uuid = ANY(%s::text[]) ORDER BY model_id", [list(uuids)]
@@ -184,11 +186,13 @@ def place_parts_locked(
     include_offline: bool = False,
     mig_memory_mib: int | None = None,
     exclude: Collection[int] = (),
+    explain: bool = True,
 ) -> list[GpuInfo]:
     """The parts a booking of `count` instances of `mig_profile` (or, with `mig_memory_mib`, of the smallest profile
     with that much memory that has them free), or of `gpu_share` of one GPU, takes (inside the caller's transaction,
     under the placement locks of the models involved); 409 `conflict` when none fit. Parts in `exclude` count as
-    taken (the scheduler's plan for a job ahead in the queue)."""
+    taken (the scheduler's plan for a job ahead in the queue). Without `explain` the 409 names no clashing slots
+    (the scheduler tries many windows and reads none of them; each costs a query)."""
     for locked in _model_ids(model, uuids):
         lock_model(locked)
     model_id = model.pk if model is not None else None
@@ -243,7 +247,7 @@ def place_parts_locked(
             )
         what = f"{gpu_share} of a shared GPU"
     if picked is None:
-        found = clashes([info.id for info, _, _, _ in seen], start, end)
+        found = clashes([info.id for info, _, _, _ in seen], start, end) if explain else []
         raise Conflict(
             f"Nothing fitting is free in that time ({what} asked, {len(free)} part(s) free).",
             extra={"conflicts": describe_slots(found, team_id=team.pk, viewer=user), "free": len(free)},

@@ -7,16 +7,13 @@ same as a booking of a part) and held by the job's allocation, so bookings and j
 a GPU. A job bound to a reservation of parts runs on one of the reservation's parts that none of its jobs uses.
 Shared GPUs and GPUs in MIG mode are not in the whole-GPU snapshot, so the two passes never meet on a GPU.
 
-A job that does not fit gets a planned start, as the head of the whole-GPU queue does (backfill): the earliest
-time its part (or, for half a GPU, its shares) comes free by the allocations' ends, and which parts. Jobs after it
-in the order may take those parts only if they end by then, so a stream of small later jobs cannot keep taking the
-shares a bigger or earlier one waits for. The job is told when, in its pending reason.
+A job that does not fit gets a planned start (`part_plans.py`): jobs after it in the order may take the parts
+planned for it only if they end by then, and the job's pending reason says when.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from math import inf as INF
@@ -25,18 +22,15 @@ from django.db import transaction
 
 from apps.booking.models import Reservation, ReservationStatus
 from apps.booking.selectors import reservation_parts
-from apps.booking.services.devices import part_free_times, place_parts_locked, profiles_with_memory
-from apps.booking.services.gpus import GpuInfo
+from apps.booking.services.devices import place_parts_locked
 from apps.core.errors import ApplicationError
-from apps.fleet.models import DeviceKind, Gpu, GpuModel, PoolBackend
+from apps.fleet.models import Gpu, GpuModel, PoolBackend
 from apps.jobs import conf
-from apps.jobs.models import ON_NODE_STATES, Job, JobState
-from apps.jobs.scheduling import PendingJob, Policy, ReasonCode, Snapshot, offer_order, span
+from apps.jobs.models import ON_NODE_STATES, Job
+from apps.jobs.scheduler.part_plans import PartPlanner
+from apps.jobs.scheduling import PendingJob, Policy, Snapshot, offer_order
 from apps.jobs.services import starting
 from apps.jobs.services.transitions import TransitionRefused
-
-MAX_PLANS = 8  # waiting jobs on parts given a planned start per pass; the rest wait behind them
-PLAN_HORIZON = 24  # the times at which parts come free that a plan tries
 
 
 class _Unsuitable(Exception):
@@ -82,20 +76,12 @@ def in_policy_order(jobs: list[Job], snapshot: Snapshot, policy: Policy) -> list
     return [by_id[p.id] for p in ordered]
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """Parts planned for a waiting job from `start` on: later jobs may take them only if they end by then."""
-
-    start: datetime
-    parts: frozenset[int]
-
-
 def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]) -> list[int]:
     """Start what fits of `jobs` (queued jobs on parts, in the order given); plan the others' starts (module
     docstring); returns the ids started. `claim`: called in each transaction first (the leader's fence), so a
     deposed leader starts nothing."""
     started: list[int] = []
-    plans: list[_Plan] = []
+    planner = PartPlanner(now=now, runs_here=_runs_here)
     failed: dict[tuple[object, ...], float] = {}  # shape -> shortest duration that did not fit: longer ones skip
     for job in jobs:
         if job.reservation_id is not None:
@@ -107,10 +93,10 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
         model = GpuModel.objects.filter(name=job.gpu_models[0]).first() if len(job.gpu_models) == 1 else None
         shape = (job.mig_profile, job.mig_memory_mib, job.gpu_share, tuple(job.gpu_models), job.gpu_count)
         if duration.total_seconds() >= failed.get(shape, INF):
-            _plan_or_wait(job, model, plans, now=now, duration=duration, detail=None)
+            planner.plan_or_wait(job, model, shape, duration=duration, detail=None)
             continue
         # Parts planned for jobs ahead of this one that it would still hold when they are due.
-        kept = {part for plan in plans if plan.start < end for part in plan.parts}
+        kept = planner.kept_until(end)
         try:
             with transaction.atomic():
                 claim()
@@ -126,6 +112,7 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
                     start=now,
                     end=end,
                     exclude=kept,
+                    explain=False,
                 )
                 if not job.mig_profile and chosen[0].profile:
                     # Asked by memory: from now on it is a job on an instance of the profile it got.
@@ -140,93 +127,12 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
         except ApplicationError as exc:
             # Nothing fitting free now (409), or no longer possible at all (400: the fleet changed): it stays queued.
             failed[shape] = min(failed.get(shape, INF), duration.total_seconds())
-            _plan_or_wait(job, model, plans, now=now, duration=duration, detail=exc.detail)
+            planner.plan_or_wait(job, model, shape, duration=duration, detail=exc.detail)
             continue
         except (TransitionRefused, _Unsuitable):
             continue  # the job moved meanwhile, or the part is not one this job can run on: it stays queued
         started.append(job.pk)
     return started
-
-
-def _plan_or_wait(
-    job: Job, model: GpuModel | None, plans: list[_Plan], *, now: datetime, duration: timedelta, detail: str | None
-) -> None:
-    """Plan the earliest start of a job that does not fit now, keeping its parts from the jobs after it, and tell
-    the job when; or, when no plan is found within the horizon (or enough jobs ahead already have one), why it
-    waits."""
-    what = _asked(job)
-    plan: tuple[datetime, GpuInfo] | None = None
-    if len(plans) < MAX_PLANS:
-        plan = _earliest(job, model, plans, now=now, duration=duration)
-    if plan is not None:
-        at, part = plan
-        code = ReasonCode.NEXT_IN_LINE
-        where = f"GPU {part.parent_index} of {part.node}"
-        when = span((at - now).total_seconds())
-        message = f"next in line: {what} on {where} is planned for it in {when} at the latest"
-    else:
-        code = ReasonCode.WAITING_FOR_GPUS
-        message = f"waiting for {what}: " + (detail or "none is free now, and jobs ahead of it wait for one too")
-    _say(job, code, message)
-
-
-def _earliest(
-    job: Job, model: GpuModel | None, plans: list[_Plan], *, now: datetime, duration: timedelta
-) -> tuple[datetime, GpuInfo] | None:
-    """The first time the job's part comes free (from the allocations' ends) for the job's whole duration, outside
-    the parts planned for jobs ahead; the plan is added to `plans`."""
-    kind = DeviceKind.SHARE if job.gpu_share is not None else DeviceKind.MIG
-    model_id = model.pk if model is not None else None
-    planned = {part for plan in plans for part in plan.parts}
-    with transaction.atomic():
-        try:
-            profiles = (
-                [job.mig_profile]
-                if job.mig_profile
-                else profiles_with_memory(job.mig_memory_mib, model_id=model_id)
-                if job.mig_memory_mib
-                else []
-            )
-            times = part_free_times(kind=kind, profiles=profiles, model_id=model_id, after=now, limit=PLAN_HORIZON)
-            for at in times:
-                try:
-                    chosen = place_parts_locked(
-                        team=job.team,
-                        user=job.user,
-                        model=model,
-                        uuids=[],
-                        mig_profile=job.mig_profile or None,
-                        mig_memory_mib=job.mig_memory_mib if not job.mig_profile else None,
-                        gpu_share=job.gpu_share,
-                        count=1 if job.gpu_share is not None else job.gpu_count,
-                        start=at,
-                        end=at + duration,
-                        exclude=planned,
-                    )
-                except ApplicationError:
-                    continue
-                gpus = list(Gpu.devices.select_related("model", "node__pool").filter(pk__in=[g.id for g in chosen]))
-                if _runs_here(job, gpus):
-                    plans.append(_Plan(at, frozenset(g.id for g in chosen)))
-                    return at, chosen[0]
-        except ApplicationError:
-            return None
-    return None
-
-
-def _asked(job: Job) -> str:
-    if job.gpu_share is not None:
-        return f"{job.gpu_share.normalize()} of a shared GPU"
-    if job.mig_profile:
-        return f"a {job.mig_profile} MIG instance"
-    return f"a MIG instance with {job.mig_memory_mib} MiB or more"
-
-
-def _say(job: Job, code: ReasonCode, message: str) -> None:
-    """Store why the job waits, only when it changed (most passes change nothing)."""
-    message = message[:300]
-    if job.pending_reason != code.value or job.pending_message != message:
-        Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(pending_reason=code.value, pending_message=message)
 
 
 def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None]) -> bool:
