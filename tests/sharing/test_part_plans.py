@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from apps.booking.models import Allocation
+from apps.booking.models import Allocation, MaintenanceWindow
 from apps.booking.services import allocations_end_of_job
 from apps.jobs import scheduler, services
 from apps.jobs.models import Job, JobState
@@ -92,3 +92,29 @@ def test_a_waiting_mig_job_is_told_when_and_where(alice, vision, ready, sent):  
     )
     allocations_end_of_job(job_id=holders[0].pk, at=now + timedelta(seconds=1))
     assert waiting.pk in one_pass(now + timedelta(seconds=2)).started
+
+
+def test_a_plan_waits_out_a_maintenance_window_of_the_node(alice, vision, ready, sent):  # noqa: F811
+    now = timezone.now()
+    shared = ready["shared"]
+    MaintenanceWindow.objects.create(node=shared.node, start=now - timedelta(minutes=1), end=now + timedelta(hours=2))
+    quarter = submit(alice, vision, gpu_share=0.25)
+    assert one_pass(now).started == []
+    quarter.refresh_from_db()
+    assert quarter.pending_reason == "next_in_line"
+    assert "0.25 of a shared GPU on GPU 0 of shared is planned for it in 2.0 h at the latest" in quarter.pending_message
+
+
+def test_a_plan_by_memory_takes_the_profile_that_frees_first(alice, vision, ready, sent):  # noqa: F811
+    holders = [submit(alice, vision, mig_profile="1g.10gb", max_duration_s=600 * (i + 1)) for i in range(7)]
+    assert len(one_pass().started) == 7
+    by_memory = submit(alice, vision, mig_memory_mib=9000)
+    assert one_pass().started == []
+    by_memory.refresh_from_db()
+    assert by_memory.pending_reason == "next_in_line"
+    assert (
+        "a MIG instance with 9000 MiB or more on GPU 0 of mig is planned for it in 12 min" in by_memory.pending_message
+    )
+    allocations_end_of_job(job_id=holders[0].pk, at=timezone.now())
+    assert one_pass().started == [by_memory.pk]
+    assert Job.objects.get(pk=by_memory.pk).mig_profile == "1g.10gb"

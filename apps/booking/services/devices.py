@@ -12,7 +12,7 @@ a GPU in MIG mode is booked only by its instances.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -305,26 +305,37 @@ def whole_gpus(explicit: list[GpuInfo], start: datetime, end: datetime) -> list[
     return out
 
 
-# When parts of the kind asked (or their GPUs) may come free after %(start)s: the ends of the allocations and
-# maintenance windows that hold them, earliest first. The scheduler tries a waiting job at each (parts.py).
-_FREE_TIMES_SQL = """
-SELECT t FROM (
-  SELECT a."end" AS t FROM booking_allocation a JOIN fleet_gpu u ON a.gpu_id IN (u.id, u.parent_id)
-  WHERE a.active AND a."end" > %(start)s AND u.parent_id IS NOT NULL AND u.kind = %(kind)s AND u.retired_at IS NULL
-    AND (%(kind)s <> 'mig' OR u.mig_profile = ANY(%(profiles)s::text[]))
-    AND (%(model)s::bigint IS NULL OR u.model_id = %(model)s::bigint)
-  UNION
-  SELECT w."end" FROM booking_maintenancewindow w WHERE w."end" > %(start)s
-) ends GROUP BY t ORDER BY t LIMIT %(limit)s
+# What holds parts (or their GPUs) after %(after)s: active allocations, and maintenance windows of a GPU, a node or
+# the fleet. The scheduler plans jobs on parts from these in memory (apps/jobs/scheduler/part_plans.py).
+_HOLDS_SQL = """
+SELECT a.gpu_id, NULL::bigint, a.start, a."end", TRUE FROM booking_allocation a
+WHERE a.active AND a."end" > %(after)s AND a.start < a."end" AND a.gpu_id = ANY(%(ids)s::bigint[])
+UNION ALL
+SELECT w.gpu_id, w.node_id, w.start, w."end", FALSE FROM booking_maintenancewindow w WHERE w."end" > %(after)s
 """
 
 
-def part_free_times(
-    *, kind: str, profiles: Sequence[str], model_id: int | None, after: datetime, limit: int = 64
-) -> list[datetime]:
-    """The times after `after` at which parts of `kind` (of `profiles` for MIG, of `model_id` when given) or their
-    GPUs may come free, earliest first (at most `limit`)."""
-    params = {"kind": kind, "profiles": list(profiles), "model": model_id, "start": after, "limit": limit}
+@dataclass(frozen=True)
+class Hold:
+    """An allocation of a GPU or part (`gpu_id`), or a maintenance window (of `gpu_id`, `node_id` or, with
+    neither, the fleet), over [start, end)."""
+
+    gpu_id: int | None
+    node_id: int | None
+    start: datetime
+    end: datetime
+    allocation: bool
+
+
+def live_parts(*, kind: str, profile: str, model_id: int | None, at: datetime) -> list[tuple[GpuInfo, int, int]]:
+    """The live parts of `kind` (of `profile` for MIG) on bookable GPUs, as placement sees them: (part, its GPU's
+    id, that GPU's number of shares)."""
+    rows = _units(kind=kind, profile=profile, model_id=model_id, uuids=[], start=at, end=at, include_offline=False)
+    return [(info, parent, shares) for info, parent, shares, _ in rows]
+
+
+def holds_after(after: datetime, gpu_ids: Collection[int]) -> list[Hold]:
+    """The allocations of `gpu_ids` and all maintenance windows that end after `after`."""
     with connection.cursor() as cursor:
-        cursor.execute(_FREE_TIMES_SQL, params)
-        return [r[0] for r in cursor.fetchall()]
+        cursor.execute(_HOLDS_SQL, {"after": after, "ids": sorted(gpu_ids)})
+        return [Hold(r[0], r[1], r[2], r[3], bool(r[4])) for r in cursor.fetchall()]

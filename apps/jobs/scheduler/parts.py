@@ -81,7 +81,7 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
     docstring); returns the ids started. `claim`: called in each transaction first (the leader's fence), so a
     deposed leader starts nothing."""
     started: list[int] = []
-    planner = PartPlanner(now=now, runs_here=_runs_here)
+    planner = PartPlanner(now=now)
     failed: dict[tuple[object, ...], float] = {}  # shape -> shortest duration that did not fit: longer ones skip
     for job in jobs:
         if job.reservation_id is not None:
