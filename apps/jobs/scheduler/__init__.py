@@ -3,7 +3,9 @@
 `python manage.py scheduler` runs `SchedulerLoop` (loop.py). One process at a time is the leader (leadership.py: a
 PostgreSQL advisory lock and a fencing token). A pass loads a snapshot (snapshot.py: GPUs of online nodes, running
 jobs, reservations and maintenance windows, queued jobs, decayed team usage), calls
-`apps.jobs.scheduling.schedule`, and applies the starts and stops in one fenced transaction (apply.py).
+`apps.jobs.scheduling.schedule`, and applies the starts and stops in one fenced transaction (apply.py). Jobs on
+parts of GPUs (MIG instances, shares) start after it, in the policy's order (parts.py); one that does not fit gets a
+planned start (part_plans.py).
 """
 
 from apps.jobs.scheduler.apply import PassResult, apply_decisions, claim_fence, run_pass
