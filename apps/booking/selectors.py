@@ -508,11 +508,13 @@ def calendar_feed_user(*, key: str) -> User | None:
 
 @dataclass(frozen=True)
 class ReservedPart:
-    """A MIG instance or a share of a GPU a reservation holds (jobs in the reservation run on one each)."""
+    """A MIG instance or a share of a GPU a reservation holds (a job in the reservation runs on one instance, or on
+    as many shares of one GPU as its `gpu_share` makes)."""
 
     gpu_id: int
     mig_profile: str  # "" for a share
     share: Decimal | None  # the share's fraction of its GPU; None for a MIG instance
+    parent_id: int = 0  # the physical GPU
 
     @property
     def label(self) -> str:
@@ -521,10 +523,28 @@ class ReservedPart:
         return f"{self.share.normalize():f} shares of a GPU"
 
     def matches(self, mig_profile: str, share: Decimal | None) -> bool:
-        """Is this the part a job asking for `mig_profile` or `share` runs on?"""
+        """Is this a part a job asking for `mig_profile`, or for `share` of a GPU, runs on (for a share: one of the
+        shares that make it, when it is a whole number of them)?"""
         if mig_profile:
             return mig_profile == self.mig_profile
-        return share is not None and self.share is not None and abs(self.share - share) < Decimal("0.0001")
+        return share is not None and self.share is not None and self.shares_for(share) is not None
+
+    def shares_for(self, share: Decimal) -> int | None:
+        """How many shares like this one make `share` of the GPU (None: not a whole number of them)."""
+        if self.share is None or self.share <= 0:
+            return None
+        need = share / self.share
+        whole = need.to_integral_value()
+        return int(whole) if whole >= 1 and abs(need - whole) < Decimal("0.001") else None
+
+
+def reserved_share_per_gpu(parts: list[ReservedPart]) -> dict[int, Decimal]:
+    """How much of each GPU a reservation's shares make (its parts from `reservation_parts`)."""
+    out: dict[int, Decimal] = {}
+    for part in parts:
+        if part.share is not None and not part.mig_profile:
+            out[part.parent_id] = out.get(part.parent_id, Decimal(0)) + part.share
+    return out
 
 
 def reservation_parts(*, reservation_id: int) -> list[ReservedPart]:
@@ -537,10 +557,10 @@ def reservation_parts(*, reservation_id: int) -> list[ReservedPart]:
             parent__isnull=False,
         )
         .order_by("id")
-        .values_list("id", "kind", "mig_profile", "capacity")
+        .values_list("id", "kind", "mig_profile", "capacity", "parent_id")
         .distinct()
     )
     return [
-        ReservedPart(gpu_id, profile or "", None if kind == DeviceKind.MIG else Decimal(capacity))
-        for gpu_id, kind, profile, capacity in rows
+        ReservedPart(gpu_id, profile or "", None if kind == DeviceKind.MIG else Decimal(capacity), parent_id)
+        for gpu_id, kind, profile, capacity, parent_id in rows
     ]

@@ -195,3 +195,30 @@ def test_a_job_in_a_reservation_must_ask_for_what_it_holds(alice, vision, ready)
         with pytest.raises(ValidationFailed) as refused:
             submit(alice, vision, **fields)
         assert field in (refused.value.fields or {}), (fields, refused.value.fields)
+
+
+def test_a_half_gpu_reservation_runs_a_half_or_two_quarters(
+    alice, vision, ready, sent, django_capture_on_commit_callbacks
+):
+    """A reservation of 0.5 of a GPU split in 4 holds two shares: a job naming no part gets both, and quarter jobs
+    run side by side; 0.75 is more than it holds."""
+    start, end = slot(hours=2)
+    half = reservation_create(user=alice, team=vision, start=start, end=end, gpu_share="0.5").reservation
+    assert half.allocations.count() == 2
+    inferred = submit(alice, vision, reservation_id=half.pk)
+    assert inferred.gpu_share == Decimal("0.5")
+    with pytest.raises(ValidationFailed) as refused:
+        submit(alice, vision, reservation_id=half.pk, gpu_share=0.75)
+    assert "0.5 of one GPU" in str(refused.value.detail)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert _pass_at(start + timedelta(minutes=1)).started == [inferred.pk]
+    launch = next(b for b in sent if b["job_id"] == inferred.pk)
+    assert launch["gpu_uuids"] == ["GPU-shared-0"] and launch["gpu_share"] == 0.5
+    assert launch["gpu_memory_mib"] == 81920 // 2
+    quarters = [submit(alice, vision, reservation_id=half.pk, gpu_share=0.25) for _ in range(2)]
+    assert _pass_at(start + timedelta(minutes=2)).started == []  # the half holds both shares
+    Job.objects.filter(pk=inferred.pk).update(state=JobState.SUCCEEDED)
+    assert sorted(_pass_at(start + timedelta(minutes=3)).started) == sorted(j.pk for j in quarters)
+    held = {gpu for job in quarters for gpu in Job.gpus.through.objects.filter(job_id=job.pk).values_list("gpu_id")}
+    assert len(held) == 2  # one share each

@@ -136,9 +136,10 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
 
 
 def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None]) -> bool:
-    """Start a job bound to a reservation of parts on one of its parts that no job of it uses, inside the window and
-    only if it can end by the reservation's end (the core stops it there, as a whole-GPU job in a reservation).
-    The reservation's allocation holds the part, so the job takes none of its own."""
+    """Start a job bound to a reservation of parts on parts of it that no job of it uses (one instance, or as many
+    shares of one GPU as its share makes), inside the window and only if it can end by the reservation's end (the
+    core stops it there, as a whole-GPU job in a reservation). The reservation's allocation holds the parts, so the
+    job takes none of its own."""
     assert job.reservation_id is not None
     resv = Reservation.objects.filter(pk=job.reservation_id).first()
     if resv is None or resv.status not in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE):
@@ -146,7 +147,9 @@ def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None])
     if now < resv.start or now + timedelta(seconds=job.max_duration_s) > resv.end:
         return False
     wanted = Decimal(job.gpu_share) if job.gpu_share is not None else None
-    ids = [p.gpu_id for p in reservation_parts(reservation_id=resv.pk) if p.matches(job.mig_profile, wanted)]
+    matching = [p for p in reservation_parts(reservation_id=resv.pk) if p.matches(job.mig_profile, wanted)]
+    need = {p.parent_id: (p.shares_for(wanted) or 1) if wanted is not None else 1 for p in matching}
+    ids = [p.gpu_id for p in matching]
     try:
         with transaction.atomic():
             claim()
@@ -160,10 +163,16 @@ def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None])
                 .filter(pk__in=[i for i in ids if i not in busy])
                 .order_by("id")
             )
-            part = next((g for g in free if _runs_here(job, [g])), None)
-            if part is None:
+            by_gpu: dict[int, list[Gpu]] = {}
+            for g in free:
+                if g.parent_id is not None and _runs_here(job, [g]):
+                    by_gpu.setdefault(g.parent_id, []).append(g)
+            fitting = [(len(gs) - need[gpu], gpu) for gpu, gs in by_gpu.items() if len(gs) >= need[gpu]]
+            if not fitting:
                 return False
-            starting.job_start(job=job, node=part.node, gpus=[part], now=now, savepoint=False)
+            gpu = min(fitting)[1]  # the GPU left with the fewest free reserved parts: best fit
+            chosen = sorted(by_gpu[gpu], key=lambda g: g.index)[: need[gpu]]
+            starting.job_start(job=job, node=chosen[0].node, gpus=chosen, now=now, savepoint=False)
     except (ApplicationError, TransitionRefused):
         return False
     return True

@@ -191,7 +191,8 @@ def _reserved_part(
     reservation: Reservation, mig_profile: str, share: Decimal | None, gpu_count: int
 ) -> tuple[str, Decimal | None]:
     """The part a job in `reservation` runs on, as (mig_profile, share): the one it names, which the reservation
-    must hold, or, naming none, the reservation's own when it holds parts of GPUs; 400 when they do not match."""
+    must hold (a share: as many of its shares of one GPU as make it), or, naming none, the reservation's own when it
+    holds parts of GPUs (all its shares of one GPU); 400 when they do not match."""
     parts = booking_selectors.reservation_parts(reservation_id=reservation.pk)
     if not parts:
         if mig_profile or share is not None:
@@ -199,15 +200,23 @@ def _reserved_part(
         return "", None
     if gpu_count != 1:
         raise _field_error("gpu_count", "That reservation holds parts of GPUs: a job in it runs on one, gpu_count 1.")
+    per_gpu = booking_selectors.reserved_share_per_gpu(parts)
     if mig_profile or share is not None:
-        if not any(p.matches(mig_profile, share) for p in parts):
+        fits = any(p.matches(mig_profile, share) for p in parts)
+        if fits and share is not None:
+            fits = any(total >= share - Decimal("0.0001") for total in per_gpu.values())
+        if not fits:
             held = ", ".join(sorted({p.label for p in parts}))
-            raise _field_error("reservation", f"That reservation holds {held}, not what this job asks for.")
+            most = max(per_gpu.values(), default=None)
+            of_one = f" ({most.normalize():f} of one GPU)" if most is not None else ""
+            raise _field_error("reservation", f"That reservation holds {held}{of_one}, not what this job asks for.")
         return mig_profile, share
     kinds = {(p.mig_profile, p.share) for p in parts}
     if len(kinds) != 1:
         raise _field_error("mig_profile", "That reservation holds different parts: name the one to run on.")
     profile, part_share = kinds.pop()
+    if part_share is not None:
+        part_share = max(per_gpu.values())  # all it holds of one GPU: a job in a half-GPU reservation gets the half
     return profile, part_share
 
 
