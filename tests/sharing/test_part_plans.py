@@ -118,3 +118,21 @@ def test_a_plan_by_memory_takes_the_profile_that_frees_first(alice, vision, read
     allocations_end_of_job(job_id=holders[0].pk, at=timezone.now())
     assert one_pass().started == [by_memory.pk]
     assert Job.objects.get(pk=by_memory.pk).mig_profile == "1g.10gb"
+
+
+def test_a_fault_in_a_plan_does_not_stop_the_pass(alice, vision, ready, sent, monkeypatch, caplog):  # noqa: F811
+    from apps.jobs.scheduler import part_plans
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("planner fault")
+
+    monkeypatch.setattr(part_plans.PartPlanner, "_earliest", broken)
+    holders = [submit(alice, vision, mig_profile="1g.10gb") for _ in range(7)]
+    assert len(one_pass().started) == 7
+    waiting = submit(alice, vision, mig_profile="1g.10gb")
+    quarter = submit(alice, vision, gpu_share=0.25)
+    assert one_pass().started == [quarter.pk]
+    waiting.refresh_from_db()
+    assert waiting.pending_reason == "waiting_for_gpus"
+    assert "planning the start of job" in caplog.text
+    assert len(holders) == 7

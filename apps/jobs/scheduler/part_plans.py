@@ -14,6 +14,7 @@ estimate: the start itself still goes through booking's placement and the alloca
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -25,6 +26,8 @@ from apps.core.errors import ApplicationError
 from apps.fleet.models import DeviceKind, GpuModel, Node, PoolBackend
 from apps.jobs.models import Job, JobState
 from apps.jobs.scheduling import ReasonCode, span
+
+logger = logging.getLogger(__name__)
 
 MAX_PLANS = 16  # waiting jobs on parts given a planned start per pass; the rest wait behind them
 PLAN_HORIZON = 256  # the times at which parts come free that a plan tries
@@ -71,7 +74,12 @@ class PartPlanner:
         """Plan the earliest start of a job that does not fit now and tell the job when; or, when no plan is found
         within the horizon (or enough jobs ahead already have one), tell it why it waits."""
         what = _asked(job)
-        found = self._earliest(job, model, shape, duration) if len(self.plans) < MAX_PLANS else None
+        found: tuple[datetime, GpuInfo] | None = None
+        if len(self.plans) < MAX_PLANS:
+            try:
+                found = self._earliest(job, model, shape, duration)
+            except Exception:  # a plan is advice: a fault in it must not stop the pass from starting jobs
+                logger.exception("planning the start of job %s failed", job.pk)
         if found is not None:
             at, part = found
             code = ReasonCode.NEXT_IN_LINE
