@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 
 @dataclass(frozen=True)
@@ -134,3 +135,16 @@ def place_instances(free: Sequence[FreeUnit], count: int) -> list[int] | None:
         chosen.extend(u.id for u in sorted(by_parent.pop(parent), key=lambda u: u.index)[:take])
         left -= take
     return chosen
+
+
+SHARE_TOLERANCE = Decimal("0.001")
+
+
+def shares_needed(share: Decimal, split: int) -> int | None:
+    """How many of a GPU's `split` shares make `share` of it (0.25 of a GPU in 4: 1), or None when it is not a
+    whole number of them (0.3 of a GPU in 4)."""
+    need = share * split
+    whole = need.to_integral_value()
+    if whole < 1 or abs(need - whole) > SHARE_TOLERANCE * split:
+        return None
+    return int(whole)

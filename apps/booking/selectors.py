@@ -28,6 +28,7 @@ from apps.booking.models import (
     Reservation,
     ReservationStatus,
 )
+from apps.booking.placement import shares_needed
 from apps.core.ttlcache import TTLCache
 from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, NodeStatus
 
@@ -533,9 +534,7 @@ class ReservedPart:
         """How many shares like this one make `share` of the GPU (None: not a whole number of them)."""
         if self.share is None or self.share <= 0:
             return None
-        need = share / self.share
-        whole = need.to_integral_value()
-        return int(whole) if whole >= 1 and abs(need - whole) < Decimal("0.001") else None
+        return shares_needed(share, round(1 / self.share))  # a share is 1/N of its GPU (capacity, 6 places)
 
 
 def reserved_share_per_gpu(parts: list[ReservedPart]) -> dict[int, Decimal]:

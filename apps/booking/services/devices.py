@@ -21,15 +21,13 @@ from django.db import connection
 
 from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
-from apps.booking.placement import FreeUnit, place_instances, place_share
+from apps.booking.placement import FreeUnit, place_instances, place_share, shares_needed
 from apps.booking.services.conflicts import clashes, describe_slots, held_sql
 from apps.booking.services.gpus import GpuInfo, gpus_by_uuid
 from apps.booking.services.locks import lock_model
 from apps.core.errors import Conflict, ValidationFailed
 from apps.fleet.models import DeviceKind, GpuModel, GpuStatus, NodeStatus
 from workers.gpu.mig import all_profile_names
-
-SHARE_TOLERANCE = Decimal("0.001")
 
 # Every live part of the kind asked, of GPUs that can be booked, with whether it is taken in [start, end): the part
 # held, its GPU held whole, or a maintenance window on the GPU, its node or the fleet.
@@ -99,16 +97,6 @@ def parse_share(value: Any) -> Decimal:
             "gpu_share is a fraction of one GPU, above 0 and at most 1.", fields={"gpu_share": ["0 < share <= 1."]}
         )
     return share
-
-
-def shares_needed(share: Decimal, split: int) -> int | None:
-    """How many of a GPU's `split` shares make `share` of it (0.25 of a GPU in 4: 1), or None when it is not a
-    whole number of them (0.3 of a GPU in 4)."""
-    need = share * split
-    whole = need.to_integral_value()
-    if whole < 1 or abs(need - whole) > SHARE_TOLERANCE * split:
-        return None
-    return int(whole)
 
 
 def check_profile(profile: str) -> None:

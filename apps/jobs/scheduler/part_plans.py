@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from apps.booking.placement import FreeUnit, place_instances, place_share
-from apps.booking.services.devices import Hold, holds_after, live_parts, profiles_with_memory, shares_needed
+from apps.booking.placement import FreeUnit, place_instances, place_share, shares_needed
+from apps.booking.services.devices import Hold, holds_after, live_parts, profiles_with_memory
 from apps.booking.services.gpus import GpuInfo
 from apps.core.errors import ApplicationError
 from apps.fleet.models import DeviceKind, GpuModel, Node, PoolBackend
