@@ -167,6 +167,11 @@ def test_jobs_in_a_reservation_of_an_instance_run_on_it_one_at_a_time(
     assert (first.mig_profile, first.gpu_share) == ("1g.10gb", None)
 
     assert _pass_at(start - timedelta(minutes=5)).started == []  # not before the window
+    first.refresh_from_db()
+    assert (first.pending_reason, first.pending_message) == (
+        "reservation_not_started",
+        f"reservation {booked.reservation.pk} starts in 5 min",
+    )
     with django_capture_on_commit_callbacks(execute=True):
         started = _pass_at(start + timedelta(minutes=1)).started
     assert started == [first.pk]
@@ -175,6 +180,11 @@ def test_jobs_in_a_reservation_of_an_instance_run_on_it_one_at_a_time(
     assert next(b for b in sent if b["job_id"] == first.pk)["gpu_uuids"] == [instance.uuid]
     # One instance, one job: the second waits for it, then runs on it.
     assert second.pk not in _pass_at(start + timedelta(minutes=2)).started
+    second.refresh_from_db()
+    assert second.pending_reason == "waiting_for_reserved_gpus"
+    assert second.pending_message == (
+        f"waiting for a 1g.10gb MIG instance of reservation {booked.reservation.pk} (in use by job {first.pk})"
+    )
     Job.objects.filter(pk=first.pk).update(state=JobState.SUCCEEDED)
     assert _pass_at(start + timedelta(minutes=3)).started == [second.pk]
 

@@ -73,7 +73,7 @@ class PartPlanner:
     ) -> None:
         """Plan the earliest start of a job that does not fit now and tell the job when; or, when no plan is found
         within the horizon (or enough jobs ahead already have one), tell it why it waits."""
-        what = _asked(job)
+        what = asked(job)
         found: tuple[datetime, GpuInfo] | None = None
         if len(self.plans) < MAX_PLANS:
             try:
@@ -89,7 +89,7 @@ class PartPlanner:
         else:
             code = ReasonCode.WAITING_FOR_GPUS
             message = f"waiting for {what}: " + (detail or "none is free now, and jobs ahead of it wait for one too")
-        _say(job, code, message)
+        say(job, code, message)
 
     def _earliest(
         self, job: Job, model: GpuModel | None, shape: Shape, duration: timedelta
@@ -192,7 +192,8 @@ def _place(job: Job, free: list[tuple[GpuInfo, int, int]]) -> list[int] | None:
     return None
 
 
-def _asked(job: Job) -> str:
+def asked(job: Job) -> str:
+    """What a job on a part asks for, in words."""
     if job.gpu_share is not None:
         return f"{job.gpu_share.normalize()} of a shared GPU"
     if job.mig_profile:
@@ -200,7 +201,7 @@ def _asked(job: Job) -> str:
     return f"a MIG instance with {job.mig_memory_mib} MiB or more"
 
 
-def _say(job: Job, code: ReasonCode, message: str) -> None:
+def say(job: Job, code: ReasonCode, message: str) -> None:
     """Store why the job waits, only when it changed (most passes change nothing)."""
     message = message[:300]
     if job.pending_reason != code.value or job.pending_message != message:

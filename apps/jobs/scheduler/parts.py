@@ -27,8 +27,8 @@ from apps.core.errors import ApplicationError
 from apps.fleet.models import Gpu, GpuModel, PoolBackend
 from apps.jobs import conf
 from apps.jobs.models import ON_NODE_STATES, Job
-from apps.jobs.scheduler.part_plans import PartPlanner
-from apps.jobs.scheduling import PendingJob, Policy, Snapshot, offer_order
+from apps.jobs.scheduler.part_plans import PartPlanner, asked, say
+from apps.jobs.scheduling import PendingJob, Policy, ReasonCode, Snapshot, offer_order, span
 from apps.jobs.services import starting
 from apps.jobs.services.transitions import TransitionRefused
 
@@ -140,11 +140,23 @@ def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None])
     shares of one GPU as its share makes), inside the window and only if it can end by the reservation's end (the
     core stops it there, as a whole-GPU job in a reservation). The reservation's allocation holds the parts, so the
     job takes none of its own."""
-    assert job.reservation_id is not None
-    resv = Reservation.objects.filter(pk=job.reservation_id).first()
+    rid = job.reservation_id
+    assert rid is not None
+    resv = Reservation.objects.filter(pk=rid).first()
     if resv is None or resv.status not in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE):
+        say(job, ReasonCode.RESERVATION_UNKNOWN, f"reservation {rid} is not booked or has ended")
         return False
-    if now < resv.start or now + timedelta(seconds=job.max_duration_s) > resv.end:
+    if now < resv.start:
+        when = span((resv.start - now).total_seconds())
+        say(job, ReasonCode.RESERVATION_NOT_STARTED, f"reservation {rid} starts in {when}")
+        return False
+    if now + timedelta(seconds=job.max_duration_s) > resv.end:
+        left = span((resv.end - now).total_seconds())
+        say(
+            job,
+            ReasonCode.OUTSIDE_RESERVATION_WINDOW,
+            f"max duration {span(job.max_duration_s)} does not fit: reservation {rid} ends in {left}",
+        )
         return False
     wanted = Decimal(job.gpu_share) if job.gpu_share is not None else None
     matching = [p for p in reservation_parts(reservation_id=resv.pk) if p.matches(job.mig_profile, wanted)]
@@ -169,6 +181,15 @@ def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None])
                     by_gpu.setdefault(g.parent_id, []).append(g)
             fitting = [(len(gs) - need[gpu], gpu) for gpu, gs in by_gpu.items() if len(gs) >= need[gpu]]
             if not fitting:
+                users = sorted(
+                    Job.objects.filter(reservation_id=rid, state__in=ON_NODE_STATES).values_list("pk", flat=True)
+                )
+                held = f" (in use by job {', '.join(map(str, users))})" if users else ""
+                say(
+                    job,
+                    ReasonCode.WAITING_FOR_RESERVED_GPUS,
+                    f"waiting for {asked(job)} of reservation {rid}{held}",
+                )
                 return False
             gpu = min(fitting)[1]  # the GPU left with the fewest free reserved parts: best fit
             chosen = sorted(by_gpu[gpu], key=lambda g: g.index)[: need[gpu]]
