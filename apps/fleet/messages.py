@@ -248,6 +248,31 @@ class TelemetryRow:
     # Device counters for /metrics: the `"x"` positions named by COUNTER_KEYS (ptx/prx in KB/s) plus the health counters
     # `last_xid`, `remap_cor`, `remap_unc`, `remap_fail` (0/1); only those the row carries, each an int >= 0.
     counters: dict[str, int] = field(default_factory=dict)
+    # MIG mode: memory used (MiB) per MIG instance uuid, from the `"m"` list; empty when the row carries none.
+    mig_memory: dict[str, int] = field(default_factory=dict)
+
+
+# A GPU has at most 7 MIG instances today; the bound keeps a broken agent from growing the latest sample.
+MAX_MIG_INSTANCES = 16
+
+
+def _mig_memory(extra: dict[str, Any], mem_total: int | None) -> dict[str, int]:
+    """The row's per-instance memory. Like the counters, an entry that is not `[uuid, MiB]` with a sane value is
+    left out alone, and so is the whole list when it is not a list."""
+    raw = extra.get("m", [])
+    out: dict[str, int] = {}
+    if not isinstance(raw, list):
+        return out
+    limit = MEM_MIB_RANGE[1] if mem_total is None else mem_total
+    for item in raw[:MAX_MIG_INSTANCES]:
+        if not (isinstance(item, list) and len(item) == 2):
+            continue
+        uuid, mib = item
+        if not (isinstance(uuid, str) and GPU_UUID_RE.match(uuid)):
+            continue
+        if isinstance(mib, int) and not isinstance(mib, bool) and 0 <= mib <= limit:
+            out[uuid] = mib
+    return out
 
 
 # workers.gpu.base.COUNTER_KEYS and the health keys that are counters (repeated, not imported, as above).
@@ -291,6 +316,7 @@ def check_row(row: Any) -> TelemetryRow:
         _require(mem <= mem_total, "out_of_range", f"mem {mem} above mem_total {mem_total}")
     lost = False
     counters: dict[str, int] = {}
+    mig_memory: dict[str, int] = {}
     if len(row) == n + 1:
         extra = row[n]
         _require(isinstance(extra, dict), "malformed", "9th column must be an object")
@@ -298,6 +324,7 @@ def check_row(row: Any) -> TelemetryRow:
         _require(isinstance(health, dict), "malformed", "health must be an object")
         lost = health.get("lost") is True
         counters = _counters(extra, health)
+        mig_memory = _mig_memory(extra, mem_total)
     return TelemetryRow(
         uuid=uuid,
         util=check_int(row[1], "util", *UTIL_RANGE, nullable=True),
@@ -309,6 +336,7 @@ def check_row(row: Any) -> TelemetryRow:
         tensor=check_float(row[7], "tensor", *TENSOR_RANGE, nullable=True),
         lost=lost,
         counters=counters,
+        mig_memory=mig_memory,
     )
 
 

@@ -176,6 +176,8 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
         }
         if row.counters:
             latest["counters"] = row.counters
+        if row.mig_memory:
+            latest["mig_mem"] = row.mig_memory
         argv += [
             row.uuid,
             json.dumps(latest, separators=(",", ":")),

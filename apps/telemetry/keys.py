@@ -95,13 +95,16 @@ class LatestSample(TypedDict):
     # Device counters for /metrics (apps.fleet.messages.TelemetryRow.counters: mt, mc, en, ptx/prx KB/s, prc, nvl,
     # last_xid, remap_cor, remap_unc, remap_fail), only those the GPU reported; absent when it reported none.
     counters: NotRequired[dict[str, int]]
+    # A GPU in MIG mode: memory used (MiB) by each MIG instance, by its `MIG-` uuid; absent otherwise.
+    mig_mem: NotRequired[dict[str, int]]
 
 
 # Holder fields everyone may see (the fleet websocket and GET /api/v1/gpus/ alike); anything else (user,
 # reservation/job id, until, future fields) only the holder's own team and admins. A whitelist, so a field the
 # publisher adds later is private until someone decides otherwise. Team names are public: the Book page shows
-# other teams' bookings by team name.
-PUBLIC_HOLDER_FIELDS: Final = ("kind", "team")
+# other teams' bookings by team name. What part of a GPU is held ("part", "mem") and the memory a MIG instance uses
+# ("used") are the GPU's, as public as its profile list and its own memory reading.
+PUBLIC_HOLDER_FIELDS: Final = ("kind", "team", "part", "mem", "used")
 
 
 class Holder(TypedDict, total=False):
@@ -113,6 +116,10 @@ class Holder(TypedDict, total=False):
     team_id: int
     user: str
     until: str | None  # ISO 8601
+    # On the holders of a GPU's parts in a snapshot (SnapshotGpu.holder as a list): the part, its memory, its use.
+    part: str
+    mem: int
+    used: int | None
 
 
 class SnapshotGpu(LatestSample, total=False):
@@ -121,8 +128,9 @@ class SnapshotGpu(LatestSample, total=False):
     status: str  # GPU status: ok | degraded | lost | offline
     node_status: str  # online | draining | offline
     stale: bool  # no sample in the last STALE_AFTER_S seconds
-    # A GPU in MIG mode or split in shares: one holder per held part (with "part", its profile or share, and
-    # "mem", its memory in MiB), and "parts": {"kind": "mig" | "share", "total": n, "free": n free now}.
+    # A GPU in MIG mode or split in shares: one holder per held part (with "part", its profile or share, "mem",
+    # its memory in MiB, and "used", the MiB a MIG instance uses now, null for a share or when unknown), and
+    # "parts": {"kind": "mig" | "share", "total": n, "free": n free now}.
     holder: Holder | list[dict[str, Any]] | None
     parts: dict[str, Any]
 

@@ -187,6 +187,7 @@ def gpu_series(*, now: float, node: str | None = None) -> list[tuple[list[str], 
 MIG_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_ID", "GPU_I_PROFILE", "instance")
 MIG_SERIES = (
     ("gpuportal_mig_instance_memory_mib", "MIG instance memory (in MiB), as its profile gives it."),
+    ("gpuportal_mig_instance_memory_used_mib", "MIG instance memory used (in MiB), from its GPU's latest sample."),
     ("gpuportal_mig_instance_allocated", "1 while a reservation or job holds the MIG instance."),
 )
 
@@ -194,7 +195,8 @@ MIG_SERIES = (
 def mig_text(*, node: str | None = None) -> str:
     """MIG instances under dcgm-exporter's convention: the GPU's `gpu`, `UUID` and `device` labels with `GPU_I_ID`
     and `GPU_I_PROFILE`, so dashboards can join them to the GPU's series. What the portal knows of an instance (its
-    memory, whether it is held); per-instance activity needs DCGM's profiling fields, which NVML does not give."""
+    memory, what it uses when its GPU's sample is fresh, whether it is held); per-instance activity needs DCGM's
+    profiling fields, which NVML does not give."""
     parts = Gpu.devices.filter(kind=DeviceKind.MIG, retired_at__isnull=True, parent__retired_at__isnull=True)
     if node is not None:
         parts = parts.filter(parent__node__name=node)
@@ -207,6 +209,7 @@ def mig_text(*, node: str | None = None) -> str:
     if not rows:
         return ""
     held = gpu_holders()
+    used = _mig_memory_used({row[2] for row in rows}, now=time.time())
     lines: list[str] = []
     for name, help_text in MIG_SERIES:
         lines.append(f"# HELP {name} {help_text}")
@@ -223,9 +226,28 @@ def mig_text(*, node: str | None = None) -> str:
                 host,
             ]
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in zip(MIG_LABELS, values, strict=True))
-            value = memory if name.endswith("memory_mib") else int(uuid in held)
+            if name.endswith("used_mib"):
+                value = used.get(uuid)
+                if value is None:  # no fresh reading: no series, not a fake zero
+                    continue
+            else:
+                value = memory if name.endswith("memory_mib") else int(uuid in held)
             lines.append(f"{name}{{{labels}}} {value}")
     return "\n".join(lines) + "\n"
+
+
+def _mig_memory_used(gpu_uuids: set[str], *, now: float) -> dict[str, int]:
+    """MiB used per MIG instance uuid, from the fresh latest samples of these GPUs; empty when Redis is down."""
+    try:
+        latest = all_latest_samples()
+    except Exception:
+        return {}
+    out: dict[str, int] = {}
+    for uuid in gpu_uuids:
+        sample = latest.get(uuid)
+        if sample is not None and not is_stale(sample, now=now):
+            out.update(sample.get("mig_mem", {}))
+    return out
 
 
 class PortalCollector:

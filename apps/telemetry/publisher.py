@@ -87,8 +87,10 @@ class FleetPublisher:
             entry["holder"] = holders.get(row["uuid"])
             parts = self._parts.get(row["uuid"])
             if parts:
+                # What each MIG instance uses, from the GPU's latest sample (shares have no memory of their own).
+                used = {} if sample is None or entry["stale"] else sample.get("mig_mem", {})
                 held = [
-                    {**holders[p["uuid"]], "part": p["label"], "mem": p["memory_mib"]}
+                    {**holders[p["uuid"]], "part": p["label"], "mem": p["memory_mib"], "used": used.get(p["uuid"])}
                     for p in parts
                     if p["uuid"] in holders
                 ]

@@ -255,6 +255,47 @@ def test_fleet_page_values_change_live_and_filters_work(
 @pytest.mark.browser
 @pytest.mark.slow
 @needs_chromium
+def test_fleet_page_shows_parts_with_their_holders_and_instance_memory(
+    live_portal: Any, bob: Any, charlie: Any, publisher_for: Callable[..., SyntheticPublisher]
+) -> None:
+    fleet = synthetic_fleet(4, per_node=4, prefix="parts")
+    mig, shared = fleet[0]["uuid"], fleet[1]["uuid"]
+    vision = {"kind": "job", "id": 5, "team": "vision", "team_id": 1, "user": "alice", "until": None}
+
+    def make(seq: int, t: float) -> dict[str, Any]:
+        snap = synthetic_snapshot(fleet, seq, t=t)
+        for gpu in snap["gpus"]:
+            if gpu["uuid"] == mig:  # a 1g.10gb instance in use, as the agent reported it, and one not yet read
+                gpu["holder"] = [
+                    {**vision, "part": "1g.10gb", "mem": 9728, "used": 5120},
+                    {**vision, "id": 6, "part": "1g.10gb", "mem": 9728, "used": None},
+                ]
+                gpu["parts"] = {"kind": "mig", "total": 7, "free": 5}
+            elif gpu["uuid"] == shared:
+                gpu["holder"] = [{**vision, "part": "share 1/4", "mem": 20480, "used": None}]
+                gpu["parts"] = {"kind": "share", "total": 4, "free": 3}
+        return snap
+
+    publisher_for(make)
+    with _browser_page(live_portal, bob) as page:
+        page.goto(live_portal.url + "/fleet/")
+        page.wait_for_function("window.__fleet.stats.messages >= 1")
+        holder_of = lambda uuid: page.locator(f'.fleet-item[data-uuid="{uuid}"] .fleet-holder').inner_text()  # noqa: E731
+        assert holder_of(mig) == (
+            "5/7 MIG instances free · 1g.10gb 5.0 / 9.5 GiB: alice · vision · 1g.10gb 9.5 GiB: alice · vision"
+        )
+        assert holder_of(shared) == "3/4 shares (shared, no memory isolation) free · share 1/4 20 GiB: alice · vision"
+    # Another team sees which parts are held and what they use, not by whom.
+    with _browser_page(live_portal, charlie) as page:
+        page.goto(live_portal.url + "/fleet/")
+        page.wait_for_function("window.__fleet.stats.messages >= 1")
+        text = page.locator(f'.fleet-item[data-uuid="{mig}"] .fleet-holder').inner_text()
+        assert text == "5/7 MIG instances free · 1g.10gb 5.0 / 9.5 GiB: vision · 1g.10gb 9.5 GiB: vision"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@needs_chromium
 def test_fleet_page_is_complete_before_any_websocket_message(live_portal: Any, bob: Any) -> None:
     gpus = _db_fleet(2)
     _write_latest(gpus[0].uuid, "pg-node", 0, 42)

@@ -206,3 +206,27 @@ def test_gpu_shares_command(sharing_fleet):
     assert Gpu.objects.get(uuid="GPU-shared-1").shares == 2
     with pytest.raises(CommandError):
         call_command("gpu_shares", "GPU-mig-0", "4")
+
+
+def test_simulated_jobs_on_mig_instances_use_their_instances_memory():
+    sim = SimulatedBackend("n1", ["A100-80GB:mig=3g.40gb+1g.10gb*4", "A100-80GB"], seed=3)
+    mig, _ = sim.discover()
+    big = next(d for d in mig.mig_devices if d.profile == "3g.40gb")
+    small = next(d for d in mig.mig_devices if d.profile == "1g.10gb")
+    idle = sim.sample(1000.0)[0]
+    assert idle.mig_memory is not None and set(idle.mig_memory) == {d.uuid for d in mig.mig_devices}
+    assert all(0 < mib < 20 for mib in idle.mig_memory.values())  # an instance's own context
+    sim.assign(big.uuid, "job-1", "const:80:0.5")
+    sim.assign(small.uuid, "job-2", "const:80:0.5")
+    assert sim.assignment(big.uuid) == ("job-1", "const:80:0.5")
+    busy = sim.sample(1001.0)[0]
+    assert busy.mig_memory is not None
+    # Half of each instance, whatever its size; the GPU adds up the instances (3/7 + 1/7 of 80% busy).
+    assert busy.mig_memory[big.uuid] == pytest.approx(big.memory_mib / 2, rel=0.01)
+    assert busy.mig_memory[small.uuid] == pytest.approx(small.memory_mib / 2, rel=0.01)
+    assert busy.utilization_pct == round(80 * 4 / 7)
+    assert busy.memory_used_mib == sum(busy.mig_memory.values())
+    assert sim.sample(1002.0)[1].mig_memory is None  # the GPU that is not in MIG mode
+    sim.release(small.uuid)
+    assert sim.assignment(small.uuid) is None
+    assert sim.sample(1003.0)[0].mig_memory[small.uuid] < 20  # type: ignore[index]

@@ -34,6 +34,9 @@ PATCHED = (
     "nvmlDeviceGetName",
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetTemperature",
     "nvmlDeviceGetPowerUsage",
@@ -84,6 +87,20 @@ class FakeGpu:
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corrected, uncorrected, pending, failure
     # NVML function name -> error code it raises for this GPU (e.g. NOT_SUPPORTED for power on some boards)
     errors: dict[str, int] = field(default_factory=dict)
+    # MIG mode: the device slots, each an instance or None (empty slot: NOT_FOUND, as the driver answers)
+    mig_slots: list[FakeMig | None] = field(default_factory=list)
+
+
+@dataclass
+class FakeMig:
+    """One MIG instance of a FakeGpu; `error`, when set, is what reading its memory raises."""
+
+    uuid: str
+    profile: str = "1g.10gb"
+    memory_total_mib: int = 9_728
+    memory_used_mib: int = 13
+    gi_id: int = 7
+    error: int | None = None
 
 
 class FakeNvml:
@@ -100,6 +117,8 @@ class FakeNvml:
         self._event_sets: dict[int, tuple[Any, int, set[int]]] = {}  # address -> (struct, mask, gpu indices)
         self._pending_events: deque[tuple[int, int]] = deque()  # (gpu index, xid)
         self._gpm_buffers: dict[int, tuple[Any, int | None, float | None]] = {}  # address -> (struct, gpu, pct)
+        # MIG device handles are real c_nvmlDevice_t pointers too, one struct per (GPU, slot), kept alive here.
+        self._mig_structs: dict[tuple[int, int], Any] = {}
 
     # -- test helpers ----------------------------------------------------------------------------------------
 
@@ -152,6 +171,19 @@ class FakeNvml:
         assert gpu is not None
         return gpu
 
+    def _mig(self, function: str, handle: Any) -> FakeMig | None:
+        """The instance behind a MIG device handle (its parent's loss and errors apply), None for a GPU handle."""
+        if not isinstance(handle, pynvml.c_nvmlDevice_t) or not handle:
+            return None
+        address = ctypes.addressof(handle.contents)
+        for (index, slot), struct in self._mig_structs.items():
+            if ctypes.addressof(struct) == address:
+                self._enter(function, index)
+                mig = self.gpus[index].mig_slots[slot]
+                assert mig is not None
+                return mig
+        return None
+
     # -- library lifecycle -----------------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
@@ -181,9 +213,13 @@ class FakeNvml:
         return self._handles[index]
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        return self._gpu("nvmlDeviceGetUUID", handle).uuid
+        mig = self._mig("nvmlDeviceGetUUID", handle)
+        return mig.uuid if mig else self._gpu("nvmlDeviceGetUUID", handle).uuid
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
+        mig = self._mig("nvmlDeviceGetName", handle)
+        if mig is not None:
+            return f"NVIDIA A100-SXM4-80GB MIG {mig.profile}"
         return self._gpu("nvmlDeviceGetName", handle).name
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
@@ -191,9 +227,35 @@ class FakeNvml:
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
 
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetMaxMigDeviceCount", device)
+        return len(gpu.mig_slots) if gpu.mig_enabled else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        parent = self._index(device)
+        gpu = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if not gpu.mig_enabled or not 0 <= index < len(gpu.mig_slots):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.mig_slots[index] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        struct = self._mig_structs.setdefault((parent, index), pynvml.struct_c_nvmlDevice_t())
+        return pynvml.c_nvmlDevice_t(struct)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        mig = self._mig("nvmlDeviceGetGpuInstanceId", device)
+        if mig is None:  # a GPU handle: the driver answers INVALID_ARGUMENT
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return mig.gi_id
+
     # -- metrics ---------------------------------------------------------------------------------------------
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        mig = self._mig("nvmlDeviceGetMemoryInfo", handle)
+        if mig is not None:
+            if mig.error is not None:
+                raise pynvml.NVMLError(mig.error)
+            total, used = mig.memory_total_mib * MIB, mig.memory_used_mib * MIB
+            return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
         gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
         total, used = gpu.memory_total_mib * MIB, gpu.memory_used_mib * MIB
         return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)

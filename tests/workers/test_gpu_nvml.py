@@ -8,7 +8,7 @@ import logging
 import pynvml
 import pytest
 
-from tests.workers.fake_nvml import FakeGpu, FakeNvml
+from tests.workers.fake_nvml import FakeGpu, FakeMig, FakeNvml
 from workers.gpu import open_backend
 from workers.gpu.base import HEALTH_OK, GpuBackend, build_message, parse_message
 from workers.gpu.nvml import NvmlBackend, NvmlUnavailable
@@ -88,6 +88,46 @@ def test_mig_mode_is_reported_and_disables_gpm(monkeypatch: pytest.MonkeyPatch) 
     assert infos[0].extra["tensor_active_source"] is None
     assert backend.sample(1000.0)[0].tensor_active is None
     assert fake.total("nvmlGpmSampleGet") == 0
+    backend.close()
+
+
+def test_mig_instances_are_discovered_and_their_memory_read_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = two_gpus()
+    gpus[0].mig_enabled = True
+    gpus[0].mig_slots = [
+        FakeMig("MIG-aaaa", profile="3g.40gb", memory_total_mib=40_192, memory_used_mib=31_000, gi_id=1),
+        None,  # an empty slot: skipped
+        FakeMig("MIG-bbbb", memory_used_mib=13, gi_id=9),
+    ]
+    fake = FakeNvml(gpus).install(monkeypatch)
+    backend = NvmlBackend()
+    info = backend.discover()[0]
+    assert [(d.uuid, d.profile, d.memory_mib, d.gi_id) for d in info.mig_devices] == [
+        ("MIG-aaaa", "3g.40gb", 40_192, 1),
+        ("MIG-bbbb", "1g.10gb", 9_728, 9),
+    ]
+    first, whole = backend.sample(1000.0)
+    assert first.mig_memory == {"MIG-aaaa": 31_000, "MIG-bbbb": 13}
+    assert whole.mig_memory is None  # not in MIG mode: nothing to read
+    # Read again on the next tick, through the handles kept from discovery (no new walk of the slots).
+    walks = fake.total("nvmlDeviceGetMigDeviceHandleByIndex")
+    gpus[0].mig_slots[2].memory_used_mib = 9_000  # type: ignore[union-attr]
+    second = backend.sample(1001.0)[0]
+    assert second.mig_memory == {"MIG-aaaa": 31_000, "MIG-bbbb": 9_000}
+    assert fake.total("nvmlDeviceGetMigDeviceHandleByIndex") == walks
+    # One instance that cannot be read is left out (unknown is not zero) and named in the error; the rest stay.
+    gpus[0].mig_slots[0].error = pynvml.NVML_ERROR_UNKNOWN  # type: ignore[union-attr]
+    third = backend.sample(1002.0)[0]
+    assert third.mig_memory == {"MIG-bbbb": 9_000}
+    assert third.error is not None and "MIG-aaaa" in third.error
+    # It travels in the telemetry message and comes back the same.
+    (_, _, _, decoded) = parse_message(json.loads(json.dumps(build_message("n", [second], ts=1001.0, seq=1))))
+    assert decoded[0].mig_memory == second.mig_memory
+    # A GPU that is lost while its instances are read is lost, as for any read.
+    gpus[0].mig_slots[2].error = pynvml.NVML_ERROR_GPU_IS_LOST  # type: ignore[union-attr]
+    gpus[0].mig_slots[0].error = None  # type: ignore[union-attr]
+    lost = backend.sample(1003.0)[0]
+    assert lost.health["lost"] is True and lost.mig_memory is None
     backend.close()
 
 

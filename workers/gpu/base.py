@@ -27,6 +27,8 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   `null` where the GPU has none, trailing nulls cut): `COUNTER_KEYS` = `mt` memory temperature °C, `mc` memory
   clock MHz, `en` energy since the driver loaded (mJ), `ptx` / `prx` PCIe throughput (KB/s, as NVML reports it),
   `prc` PCIe replays (count), `nvl` NVLink traffic over all links (KiB, cumulative); ~45 bytes a row;
+  `"m"`: on a GPU in MIG mode, the memory each MIG instance uses, `[["MIG-...", used_mib], ...]` (an instance
+  whose read failed is left out); the row's own `mem` is then the sum over the GPU;
   `"e"`: an error text for this GPU this tick.
 """
 
@@ -99,6 +101,7 @@ class GpuSample:
     health: dict[str, Any] = field(default_factory=lambda: dict(HEALTH_OK))
     error: str | None = None
     counters: dict[str, int] = field(default_factory=dict)  # COUNTER_KEYS the GPU has; missing: not readable
+    mig_memory: dict[str, int] | None = None  # MIG mode: MiB used per instance uuid; None: not a MIG GPU or unread
 
 
 @runtime_checkable
@@ -146,6 +149,8 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
         counters.pop()
     if counters:
         extra["x"] = counters
+    if sample.mig_memory:
+        extra["m"] = [[uuid, mib] for uuid, mib in sample.mig_memory.items()]
     if sample.error:
         extra["e"] = sample.error
     if extra:
@@ -176,6 +181,7 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         health=health,
         error=extra.get("e"),
         counters={k: v for k, v in zip(COUNTER_KEYS, extra.get("x", []), strict=False) if v is not None},
+        mig_memory={str(uuid): int(mib) for uuid, mib in extra["m"]} if "m" in extra else None,
     )
 
 

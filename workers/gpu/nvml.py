@@ -41,7 +41,7 @@ from typing import Any
 
 from workers.gpu.base import HEALTH_OK, GpuInfo, GpuSample
 from workers.gpu.mig import MigDevice
-from workers.gpu.nvml_mig import discover_mig_devices
+from workers.gpu.nvml_mig import discover_mig_handles, read_mig_memory
 from workers.gpu.specs import model_key_for
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ PCIE_TX = "pcie_tx"
 PCIE_RX = "pcie_rx"
 PCIE_REPLAY = "pcie_replay"
 REMAP = "remapped_rows"
+MIG_MEMORY = "mig_memory"
 
 
 class NvmlUnavailable(RuntimeError):
@@ -92,6 +93,7 @@ class _Gpu:
         self.gpm_turn = 0
         self.gpm_primed = False
         self.counters: dict[str, int] = {}  # base.COUNTER_KEYS, slow ones kept between their reads
+        self.mig_handles: list[tuple[MigDevice, Any]] = []  # its MIG instances and their handles (MIG mode)
 
 
 def _field_value(nv: Any, field: Any) -> float | None:
@@ -177,10 +179,10 @@ class NvmlBackend:
             except nv.NVMLError as exc:
                 if exc.value != nv.NVML_ERROR_NOT_SUPPORTED:  # pre-Ampere boards have no MIG: not news
                     logger.warning("GPU %d: reading MIG mode failed: %s", index, exc)
-            mig_devices: tuple[MigDevice, ...] = ()
+            mig_handles: list[tuple[MigDevice, Any]] = []
             if mig:
                 try:
-                    mig_devices = discover_mig_devices(nv, handle)
+                    mig_handles = discover_mig_handles(nv, handle)
                 except nv.NVMLError as exc:
                     logger.warning("GPU %d: reading its MIG instances failed: %s", index, exc)
             gpm = self._want_tensor and not mig and self._gpm_supported(handle)
@@ -191,10 +193,11 @@ class NvmlBackend:
                 model=model_key_for(name, memory_mib),
                 memory_mib=memory_mib,
                 mig_mode=mig,
-                mig_devices=mig_devices,
+                mig_devices=tuple(device for device, _ in mig_handles),
                 extra={"driver_version": driver, "tensor_active_source": "gpm" if gpm else None},
             )
             gpu = _Gpu(info, handle)
+            gpu.mig_handles = mig_handles
             if gpm:
                 gpu.gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
             else:
@@ -282,6 +285,7 @@ class NvmlBackend:
             health=dict(gpu.health),
             error="; ".join(errors) or None,
             counters=dict(gpu.counters),
+            mig_memory=values.get(MIG_MEMORY),
         )
 
     def _read_all(self, gpu: _Gpu, slow: bool, values: dict[str, Any], errors: list[str]) -> None:
@@ -295,6 +299,8 @@ class NvmlBackend:
         self._read(gpu, POWER, lambda: round(nv.nvmlDeviceGetPowerUsage(h) / 1000.0, 1), values, errors)
         self._read(gpu, SM_CLOCK, lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)), values, errors)
         self._read(gpu, TENSOR, lambda: self._read_gpm(gpu), values, errors)
+        if gpu.mig_handles:
+            self._read(gpu, MIG_MEMORY, lambda: self._read_mig_memory(gpu, errors), values, errors)
         if slow:
             self._read(gpu, PROCESSES, lambda: self._read_processes(h), values, errors)
             ecc = self._read(
@@ -338,6 +344,11 @@ class NvmlBackend:
         if remap is not None:
             corrected, uncorrected, _pending, failed = remap
             gpu.health.update(remap_cor=int(corrected), remap_unc=int(uncorrected), remap_fail=bool(failed))
+
+    def _read_mig_memory(self, gpu: _Gpu, errors: list[str]) -> dict[str, int]:
+        used, failed = read_mig_memory(self._nv, gpu.mig_handles)
+        errors.extend(f"{MIG_MEMORY} {text}" for text in failed)
+        return used
 
     def _read_fields(self, handle: Any) -> dict[str, int]:
         """Memory temperature and NVLink traffic in one call; each field has its own status (no HBM sensor, no

@@ -5,8 +5,10 @@ The calls, as NVIDIA documents them: `nvmlDeviceGetMigMode(handle)` -> (current,
 `nvmlDeviceGetMigDeviceHandleByIndex(handle, i)` -> a MIG device handle, or NVMLError NOT_FOUND for an empty slot
 (INVALID_ARGUMENT on some drivers), both skipped; on the MIG handle `nvmlDeviceGetUUID` -> "MIG-...",
 `nvmlDeviceGetName` -> "NVIDIA A100-SXM4-80GB MIG 1g.10gb" (the profile), `nvmlDeviceGetMemoryInfo` -> its memory,
-`nvmlDeviceGetGpuInstanceId` -> the GPU instance id. Takes the `pynvml` module as an argument so tests can give it
-a stand-in with the same call shapes and error classes.
+`nvmlDeviceGetGpuInstanceId` -> the GPU instance id. Each tick the agent reads `nvmlDeviceGetMemoryInfo` on every
+instance's handle for the memory it uses: the one per-instance reading NVML gives (utilization and the other
+counters are the whole GPU's, or need DCGM's profiling fields). Takes the `pynvml` module as an argument so tests
+can give it a stand-in with the same call shapes and error classes.
 """
 
 from __future__ import annotations
@@ -46,7 +48,12 @@ def _profile(nv: Any, mig: Any, memory_mib: int) -> str:
 def discover_mig_devices(nv: Any, handle: Any) -> tuple[MigDevice, ...]:
     """The MIG instances of one GPU in MIG mode, in slot order. A slot without an instance is skipped; any other
     NVML error is raised (the caller decides whether the GPU is usable)."""
-    out: list[MigDevice] = []
+    return tuple(device for device, _ in discover_mig_handles(nv, handle))
+
+
+def discover_mig_handles(nv: Any, handle: Any) -> list[tuple[MigDevice, Any]]:
+    """`discover_mig_devices` with each instance's NVML handle, which the agent keeps to read its memory."""
+    out: list[tuple[MigDevice, Any]] = []
     for i in range(int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))):
         try:
             mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
@@ -56,12 +63,26 @@ def discover_mig_devices(nv: Any, handle: Any) -> tuple[MigDevice, ...]:
             raise
         uuid = nv.nvmlDeviceGetUUID(mig)
         memory_mib = int(nv.nvmlDeviceGetMemoryInfo(mig).total // _MIB)
-        out.append(
-            MigDevice(
-                uuid=uuid if isinstance(uuid, str) else uuid.decode(),
-                profile=_profile(nv, mig, memory_mib),
-                memory_mib=memory_mib,
-                gi_id=int(nv.nvmlDeviceGetGpuInstanceId(mig)),
-            )
+        device = MigDevice(
+            uuid=uuid if isinstance(uuid, str) else uuid.decode(),
+            profile=_profile(nv, mig, memory_mib),
+            memory_mib=memory_mib,
+            gi_id=int(nv.nvmlDeviceGetGpuInstanceId(mig)),
         )
-    return tuple(out)
+        out.append((device, mig))
+    return out
+
+
+def read_mig_memory(nv: Any, instances: list[tuple[MigDevice, Any]]) -> tuple[dict[str, int], list[str]]:
+    """Memory used (MiB) by each instance, by its `MIG-` uuid, and an error text per instance that could not be
+    read (left out of the map: unknown is not zero). GPU_IS_LOST is raised, as for any read of the GPU."""
+    used: dict[str, int] = {}
+    errors: list[str] = []
+    for device, mig in instances:
+        try:
+            used[device.uuid] = int(nv.nvmlDeviceGetMemoryInfo(mig).used // _MIB)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) in (nv.NVML_ERROR_GPU_IS_LOST, nv.NVML_ERROR_RESET_REQUIRED):
+                raise
+            errors.append(f"{device.uuid}: {exc}")
+    return used, errors

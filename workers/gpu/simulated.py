@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.gpu.base import HEALTH_OK, GpuInfo, GpuSample
-from workers.gpu.mig import simulated_mig_devices, split_model_spec
+from workers.gpu.mig import profile_fraction, simulated_mig_devices, split_model_spec
 from workers.gpu.specs import GpuSpec, get_spec
 
 PROFILE_FILE = Path(__file__).resolve().parent / "profiles" / "alibaba_genai_2026.json"
@@ -160,6 +160,7 @@ class _SimGpu:
         self.ambient_drift_c = 0.0
         self.temp_c = ambient_c + spec.idle_w / spec.tdp_w * _TEMP_RISE_AT_TDP_C
         self.idle_mem_mib = 1 + rng.randrange(4)  # driver context, persistence mode: a few MiB on a free GPU
+        self.mig_runs: dict[str, _Run] = {}  # MIG mode: the job on each instance, by the instance's uuid
         self.last_busy: float = -math.inf
         self.health: dict[str, Any] = dict(HEALTH_OK)
         # Device counters (base.COUNTER_KEYS) that accumulate; derived from the state above, never from `rng`, so
@@ -211,6 +212,7 @@ class SimulatedBackend:
                 gpu.idle_run = self._new_run("idle-replay", self._idle_profile, info.uuid)
             self._gpus.append(gpu)
         self._by_uuid = {g.info.uuid: g for g in self._gpus}
+        self._by_instance = {d.uuid: g for g in self._gpus for d in g.info.mig_devices}
 
     # -- GpuBackend ------------------------------------------------------------------------------------------
 
@@ -229,21 +231,32 @@ class SimulatedBackend:
     # -- control ---------------------------------------------------------------------------------------------
 
     def assign(self, uuid: str, job_key: str, profile: str | None = None) -> None:
-        """Start a job on a GPU. Without a profile one of the trace's work profiles is chosen from the job key,
-        so all GPUs of one job follow the same profile in step (as data-parallel training does)."""
-        gpu = self._gpu(uuid)
+        """Start a job on a GPU or on a MIG instance (a `MIG-` uuid). Without a profile one of the trace's work
+        profiles is chosen from the job key, so all GPUs of one job follow the same profile in step (as
+        data-parallel training does)."""
         if profile is None:
             names = job_profiles()
             profile = names[_stable_int(self.seed, job_key, "profile") % len(names)]
-        gpu.run = self._new_run(job_key, parse_profile(profile), job_key)
+        run = self._new_run(job_key, parse_profile(profile), job_key)
+        parent = self._by_instance.get(uuid)
+        if parent is not None:
+            parent.mig_runs[uuid] = run
+        else:
+            self._gpu(uuid).run = run
 
     def release(self, uuid: str) -> None:
-        """The job on this GPU ended; it goes back to idle (power and temperature decay with their lag)."""
-        self._gpu(uuid).run = None
+        """The job on this GPU or instance ended; it goes back to idle (power and temperature decay with their
+        lag)."""
+        parent = self._by_instance.get(uuid)
+        if parent is not None:
+            parent.mig_runs.pop(uuid, None)
+        else:
+            self._gpu(uuid).run = None
 
     def assignment(self, uuid: str) -> tuple[str, str] | None:
-        """(job key, profile name) of the job on this GPU, or None when it is free."""
-        run = self._gpu(uuid).run
+        """(job key, profile name) of the job on this GPU or instance, or None when it is free."""
+        parent = self._by_instance.get(uuid)
+        run = parent.mig_runs.get(uuid) if parent is not None else self._gpu(uuid).run
         return (run.job_key, run.profile.name) if run else None
 
     def inject(
@@ -325,6 +338,10 @@ class SimulatedBackend:
             mem_noise = rng.gauss(0.0, 1.0)
             mem = max(mem, base_mem * (1.0 + 0.0005 * mem_noise))
             tensor_ratio = run.profile.tensor_ratio
+        mig_memory: dict[str, int] | None = None
+        mig_processes: list[tuple[int, int]] = []
+        if gpu.info.mig_devices:
+            util, mem, tensor_ratio, mig_memory, mig_processes = self._mig_load(gpu, now, util, mem, tensor_ratio)
         util = max(0.0, min(100.0, util))
         util_pct = round(util)
         mem_used = int(min(mem, spec.memory_mib * 0.97))
@@ -358,6 +375,7 @@ class SimulatedBackend:
         processes: list[tuple[int, int]] | None = None
         if slow:
             processes = [] if run is None else [(run.pid, max(0, mem_used - gpu.idle_mem_mib))]
+            processes += mig_processes
         counters = self._counters(gpu, util / 100.0, tensor_ratio, dt)
         return GpuSample(
             uuid=gpu.info.uuid,
@@ -373,7 +391,38 @@ class SimulatedBackend:
             health=dict(gpu.health),
             error=None,
             counters=counters,
+            mig_memory=mig_memory,
         )
+
+    @staticmethod
+    def _mig_load(
+        gpu: _SimGpu, now: float, util: float, mem: float, tensor_ratio: float
+    ) -> tuple[float, float, float, dict[str, int], list[tuple[int, int]]]:
+        """A GPU in MIG mode: each instance holds what its job's profile asks of a GPU of the instance's size;
+        the GPU's utilization adds up the instances' by their compute fraction (1g = 1/7), its memory is their
+        sum. Returns (util, mem, tensor ratio, MiB used per instance, processes as (pid, MiB))."""
+        per_instance: dict[str, int] = {}
+        processes: list[tuple[int, int]] = []
+        for device in gpu.info.mig_devices:
+            # A MIG instance's own context: about a dozen MiB even with nothing running, as nvidia-smi shows.
+            used = float(12 + _stable_int(device.uuid, "idle") % 4)
+            run = gpu.mig_runs.get(device.uuid)
+            if run is not None:
+                if run.started_at is None:
+                    run.started_at = now
+                base_util, base_mem = run.profile.at(now - run.started_at + run.offset_s)
+                fraction = run.profile.mem_fraction_of_device
+                if fraction is None:
+                    fraction = base_mem / gpu.spec.memory_mib
+                job_mib = min(
+                    fraction * device.memory_mib * (1.0 + 0.0005 * gpu.rng.gauss(0.0, 1.0)), 0.97 * device.memory_mib
+                )
+                used = max(used, job_mib)
+                util += base_util * float(profile_fraction(device.profile))
+                tensor_ratio = max(tensor_ratio, run.profile.tensor_ratio)
+                processes.append((run.pid, int(used)))
+            per_instance[device.uuid] = int(used)
+        return util, max(mem, float(sum(per_instance.values()))), tensor_ratio, per_instance, processes
 
     @staticmethod
     def _counters(gpu: _SimGpu, load: float, tensor_ratio: float, dt: float) -> dict[str, int]:

@@ -75,7 +75,9 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
     holder = serializers.SerializerMethodField()
     shares = serializers.IntegerField(help_text="1: exclusive; N: split in N equal shares")
     shares_free = serializers.SerializerMethodField(help_text="shares nobody holds now (a whole GPU: 1 or 0)")
-    mig_devices = serializers.SerializerMethodField(help_text="MIG instances: uuid, profile, memory_mib, holder")
+    mig_devices = serializers.SerializerMethodField(
+        help_text="MIG instances: uuid, profile, memory_mib, gi_id, memory_used_mib (null: unknown), holder"
+    )
 
     def _parts(self, gpu: Gpu) -> list[Gpu]:
         parts: Mapping[int, list[Gpu]] | None = self.context.get("parts")
@@ -93,9 +95,11 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
     def get_mig_devices(self, gpu: Gpu) -> list[dict[str, Any]]:
         if not gpu.mig_mode:
             return []
+        sample = self._sample(gpu)
+        used: Mapping[str, int] = {} if sample is None else sample.get("mig_mem", {})
         return [
             {"uuid": p.uuid, "profile": p.mig_profile, "memory_mib": p.memory_mib, "gi_id": p.gi_id,
-             "holder": self.get_holder(p)}
+             "memory_used_mib": used.get(p.uuid), "holder": self.get_holder(p)}
             for p in self._parts(gpu)
             if p.kind == DeviceKind.MIG
         ]  # fmt: skip

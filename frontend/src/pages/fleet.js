@@ -194,13 +194,18 @@ const tempText = (g) => (g.temp == null ? "—" : `${g.temp} °C`);
 const powerText = (g) => (g.power == null ? "—" : `${Math.round(g.power)} W`);
 const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
 
-// A GPU in MIG mode or split in shares: how many parts are free, then each held part's holder. Shares are
-// time-sliced unless the node runs MPS, so the page says so.
+// A GPU in MIG mode or split in shares: how many parts are free, then each held part's holder, with the memory a
+// MIG instance uses when the agent reported it. Shares are time-sliced unless the node runs MPS, so the page says so.
+function partMem(h) {
+  if (!h.mem) return "";
+  return h.used == null ? ` ${gib(h.mem)} GiB` : ` ${gib(h.used)} / ${gib(h.mem)} GiB`;
+}
+
 function partsText(g) {
   const p = g.parts;
   const what = p.kind === "mig" ? "MIG instances" : "shares (shared, no memory isolation)";
   const held = (Array.isArray(g.holder) ? g.holder : []).map((h) => {
-    const part = h.part ? `${h.part}${h.mem ? ` ${gib(h.mem)} GiB` : ""}: ` : "";
+    const part = h.part ? `${h.part}${partMem(h)}: ` : "";
     return part + (h.user ? `${h.user} · ${h.team}` : h.team || "in use");
   });
   return [`${p.free}/${p.total} ${what} free`, ...held].join(" · ");

@@ -1,0 +1,95 @@
+"""Memory used per MIG instance: the agent's `"m"` list in a telemetry row, through ingest, to the GPU API, the
+Fleet snapshot (the holder of each instance) and /metrics. Bad entries are dropped alone, like bad counters."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.fleet import services
+from apps.fleet.messages import MAX_MIG_INSTANCES, check_row
+from apps.telemetry import metrics
+from apps.telemetry.ingest import telemetry_ingest
+from apps.telemetry.metrics import render as render_metrics
+from apps.telemetry.publisher import FleetPublisher
+from tests.fleet.util import row, telemetry
+
+URL = "/api/v1/reservations/"
+FIRST, SECOND = "MIG-mig-0-7", "MIG-mig-0-8"  # two of the seven 1g.10gb instances of GPU-mig-0 (conftest)
+
+
+def _report(used: list[Any], *, mem: int = 7_000) -> None:
+    _, token = services.node_token_issue(node_name="mig")
+    result = telemetry_ingest(telemetry("mig", token, [row("GPU-mig-0", mem=mem, extra={"m": used})]))
+    assert result.accepted == 1
+
+
+def _book_instance(api_as: Any, alice: Any) -> str:
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    held = {"team": "vision", "start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
+    resp = api_as(alice).post(URL, {**held, "mig_profile": "1g.10gb"}, format="json")
+    assert resp.status_code == 201, resp.content
+    uuid: str = resp.json()["gpus"][0]["uuid"]
+    return uuid
+
+
+def test_a_row_keeps_good_instance_readings_and_drops_bad_ones_alone():
+    good = row("GPU-x", mem=9_000, mem_total=81_920, extra={"m": [[FIRST, 5_000], [SECOND, 0]]})
+    assert check_row(good).mig_memory == {FIRST: 5_000, SECOND: 0}
+    bad_entries = [
+        [FIRST, 5_000],
+        [SECOND, -1],  # negative
+        ["MIG-c", 90_000],  # above the GPU's memory
+        ["MIG-d", True],  # not a number
+        ["MIG-e", 1.5],
+        ["bad uuid!", 10],
+        ["MIG-f"],
+        "MIG-g",
+    ]
+    parsed = check_row(row("GPU-x", extra={"m": bad_entries}))
+    assert parsed.mig_memory == {FIRST: 5_000}
+    assert parsed.util == 50  # the rest of the row is untouched
+    assert check_row(row("GPU-x", extra={"m": {"MIG-a": 1}})).mig_memory == {}
+    many = [[f"MIG-{i}", i] for i in range(MAX_MIG_INSTANCES + 5)]
+    assert len(check_row(row("GPU-x", extra={"m": many})).mig_memory) == MAX_MIG_INSTANCES
+    assert check_row(row("GPU-x")).mig_memory == {}
+
+
+def test_gpu_api_shows_what_each_instance_uses(api_as, alice, sharing_fleet):
+    mine = _book_instance(api_as, alice)
+    _report([[mine, 5_120], [SECOND if mine != SECOND else FIRST, 13]])
+    gpus = {g["uuid"]: g for g in api_as(alice).get("/api/v1/gpus/").json()["results"]}
+    instances = {i["uuid"]: i for i in gpus["GPU-mig-0"]["mig_devices"]}
+    assert instances[mine]["memory_used_mib"] == 5_120 and instances[mine]["memory_mib"] == 9_728
+    reported = {uuid for uuid, i in instances.items() if i["memory_used_mib"] is not None}
+    assert len(reported) == 2  # the five instances the agent did not report are unknown, not zero
+    assert gpus["GPU-mig-0"]["memory_used_mib"] == 7_000  # the GPU's own reading is unchanged
+
+
+@pytest.mark.django_db(transaction=True)  # the publisher closes stale connections, as its process does
+def test_fleet_snapshot_and_metrics_show_the_held_instances_memory(api_as, alice, sharing_fleet):
+    mine = _book_instance(api_as, alice)
+    _report([[mine, 5_120]])
+    mig = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-mig-0"]
+    assert [(h["part"], h["mem"], h["used"]) for h in mig["holder"]] == [("1g.10gb", 9_728, 5_120)]
+    lines = [line for line in render_metrics().splitlines() if line.startswith("gpuportal_mig_instance_memory_used")]
+    assert len(lines) == 1 and lines[0].endswith(" 5120")
+    assert 'UUID="GPU-mig-0"' in lines[0] and 'GPU_I_PROFILE="1g.10gb"' in lines[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_sample_shows_no_instance_memory(api_as, alice, sharing_fleet, monkeypatch):
+    mine = _book_instance(api_as, alice)
+    _report([[mine, 5_120]])
+    later = time.time() + 60  # the agent has been silent for a minute
+    mig = {g["uuid"]: g for g in FleetPublisher().build(now=later)["gpus"]}["GPU-mig-0"]
+    assert mig["stale"] and [h["used"] for h in mig["holder"]] == [None]
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(time=lambda: later))
+    series = [line for line in render_metrics().splitlines() if line.startswith("gpuportal_mig_instance_")]
+    assert series and not any(line.startswith("gpuportal_mig_instance_memory_used") for line in series)
