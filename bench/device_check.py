@@ -2,9 +2,10 @@
 
     .venv/bin/python -m bench.device_check [--samples 5] [--json-out FILE] [--no-probe] [--size 8192]
 
-1. NvmlBackend: discover the GPUs and print them.
+1. NvmlBackend: discover the GPUs (and the MIG instances of a GPU in MIG mode) and print them.
 2. The real Sampler over NVML at 1 Hz for `--samples` ticks: every message printed as a table, each tick's
-   sample() wall time (the driver cost the agent pays each second; slow ticks read processes and ECC).
+   sample() wall time (the driver cost the agent pays each second; slow ticks read processes and ECC), with the
+   memory each MIG instance uses.
 3. The torch probe on every CUDA device: TFLOPS and bandwidth against the spec sheet.
 
 Output: readable text, then everything as one JSON document (also written to --json-out, or to $OUT/device_check.json
@@ -66,6 +67,8 @@ def check_nvml(samples: int) -> dict[str, Any]:
                 f"MIG {'on' if info.mig_mode else 'off'}, "
                 f"tensor activity via {info.extra.get('tensor_active_source')}"
             )
+            for device in info.mig_devices:
+                print(f"      MIG {device.uuid}  {device.profile}, {device.memory_mib} MiB, GI {device.gi_id}")
         messages: list[dict[str, Any]] = []
         stop = threading.Event()
 
@@ -92,6 +95,8 @@ def check_nvml(samples: int) -> dict[str, Any]:
                     f"{fmt(s.sm_clock_mhz, 6)}  {fmt(s.tensor_active, 6)}  {procs:>5}  "
                     f"{problems or ''} {s.error or ''}"
                 )
+                for uuid, used in (s.mig_memory or {}).items():
+                    print(f"            MIG {uuid}: {used} MiB used")
             print(f"       sample() took {took:.2f} ms")
         print(f"  sampler CPU: {cpu * 1000:.1f} ms over {wall:.1f} s = {cpu / wall * 100:.3f}% of one core")
         return {

@@ -43,3 +43,19 @@ def test_gpu_watch_reads_processes_on_every_tick_and_keeps_the_peaks(monkeypatch
         assert fake.total("nvmlDeviceGetComputeRunningProcesses") == len(watch.ticks) + 1  # + the snapshot
     finally:
         watch.close()
+
+
+def test_device_check_prints_mig_instances_and_their_memory(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.device_check import check_nvml
+    from tests.workers.fake_nvml import FakeMig
+
+    gpu = FakeGpu(uuid=UUID, name="NVIDIA H200", memory_total_mib=143_771, mig_enabled=True)
+    gpu.mig_slots = [FakeMig("MIG-aaaa", profile="1g.18gb", memory_total_mib=16_384, memory_used_mib=4_321, gi_id=9)]
+    FakeNvml([gpu]).install(monkeypatch)
+    report = check_nvml(2)
+    out = capsys.readouterr().out
+    assert "MIG MIG-aaaa  1g.18gb, 16384 MiB, GI 9" in out
+    assert "MIG MIG-aaaa: 4321 MiB used" in out
+    assert report["gpus"][0]["mig_devices"][0]["profile"] == "1g.18gb"
