@@ -262,6 +262,8 @@ OIDC_SCOPES = env_str("OIDC_SCOPES", "openid email profile")
 OIDC_SIGN_ALGO = env_str("OIDC_SIGN_ALGO", "RS256")
 OIDC_TIMEOUT_S = env_int("OIDC_TIMEOUT_S", 10)
 OIDC_CLOCK_SKEW_S = env_int("OIDC_CLOCK_SKEW_S", 30)
+# Signing out of the portal also signs out at the provider when it offers an end_session_endpoint.
+OIDC_SIGN_OUT_AT_PROVIDER = env_bool("OIDC_SIGN_OUT_AT_PROVIDER", True)
 LDAP_SERVER_URI = env_str("LDAP_SERVER_URI", "")
 LDAP_BIND_DN = env_str("LDAP_BIND_DN", "")
 LDAP_BIND_PASSWORD = env_str("LDAP_BIND_PASSWORD", "")

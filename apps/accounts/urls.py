@@ -1,12 +1,13 @@
-from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.accounts import views
+from apps.identity.views import SignOutView
 
 app_name = "accounts"
 urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Ends the OIDC provider's session too for someone who signed in there (apps/identity).
+    path("logout/", SignOutView.as_view(), name="logout"),
     path("settings/", views.settings_page, name="settings"),
     path("settings/tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import jwt
 import requests
@@ -34,6 +35,7 @@ class Discovery:
     token_endpoint: str
     userinfo_endpoint: str
     jwks_uri: str
+    end_session_endpoint: str | None = None  # OpenID Connect RP-Initiated Logout 1.0; absent at many providers
 
 
 def _normalized(url: str) -> str:
@@ -62,9 +64,32 @@ def _discover(issuer_url: str) -> Discovery:
             token_endpoint=str(doc["token_endpoint"]),
             userinfo_endpoint=str(doc["userinfo_endpoint"]),
             jwks_uri=str(doc["jwks_uri"]),
+            end_session_endpoint=_optional_url(doc.get("end_session_endpoint")),
         )
     except KeyError as exc:
         raise OIDCConfigurationError(f"The discovery document at {url} lacks {exc.args[0]!r}.") from exc
+
+
+def _optional_url(value: object) -> str | None:
+    """An optional endpoint of the discovery document: a http(s) URL, or None when absent or not a URL."""
+    return value if isinstance(value, str) and value.startswith(("https://", "http://")) else None
+
+
+def provider_sign_out_url(*, id_token: str, return_to: str) -> str | None:
+    """Where to send the browser so that the provider ends its session too (RP-Initiated Logout 1.0): its
+    `end_session_endpoint` with the ID token as `id_token_hint` and `return_to` as `post_logout_redirect_uri` (which
+    the provider's admin must have registered for the client). None when the provider has no such endpoint or
+    cannot be reached: signing out of the portal never waits on the provider."""
+    try:
+        endpoint = discovery().end_session_endpoint
+    except OIDCConfigurationError:
+        return None
+    if not endpoint:
+        return None
+    query = urlencode(
+        {"id_token_hint": id_token, "client_id": settings.OIDC_CLIENT_ID, "post_logout_redirect_uri": return_to}
+    )
+    return f"{endpoint}{'&' if '?' in endpoint else '?'}{query}"
 
 
 def oidc_enabled() -> bool:
@@ -101,6 +126,8 @@ def oidc_setting(attr: str, *default: Any) -> Any:
         "OIDC_CREATE_USER": True,
         "OIDC_AUTHENTICATION_CALLBACK_URL": "identity:oidc-callback",
         "OIDC_REDIRECT_FIELD_NAME": "next",
+        # Kept in the (server-side) session for the provider's sign-out: it names the session to end there.
+        "OIDC_STORE_ID_TOKEN": True,
     }
     if attr in mapped:
         return mapped[attr]

@@ -1,4 +1,5 @@
-"""Pages of the OIDC sign-in: the redirect to the provider and its callback, with a clear page when it fails."""
+"""Pages of the OIDC sign-in: the redirect to the provider and its callback, with a clear page when it fails; and
+the sign-out, which ends the provider's session too for a person who signed in there."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from typing import Any
 
 import requests
 from django.conf import settings
+from django.contrib.auth import views as auth_views
 from django.core.exceptions import SuspiciousOperation
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from apps.core.errors import ApplicationError
-from apps.identity.oidc import OIDCConfigurationError, discovery, oidc_setting
+from apps.identity.oidc import OIDCConfigurationError, discovery, oidc_setting, provider_sign_out_url
 
 logger = logging.getLogger(__name__)
 _OAUTH_ERROR_CODE = re.compile(r"[a-z_]{1,64}")
+ID_TOKEN_SESSION_KEY = "oidc_id_token"  # noqa: S105 (a session key name: mozilla-django-oidc keeps the token there)
 
 
 def sign_in_failed(request: HttpRequest, reason: str, *, status: int = 400) -> HttpResponse:
@@ -95,3 +98,19 @@ class OIDCCallbackView(OIDCAuthenticationCallbackView):  # type: ignore[misc]
 
     def login_failure(self) -> HttpResponse:
         return sign_in_failed(self.request, "Sign-in through the provider did not complete. Try again.")
+
+
+class SignOutView(auth_views.LogoutView):
+    """Signs out of the portal; a person who signed in through the OIDC provider is then sent to the provider's
+    sign-out (OpenID Connect RP-Initiated Logout 1.0), which returns them to the portal's sign-in page. Without
+    that, the next "Sign in with ..." would sign them straight back in with the provider's session, which on a
+    shared lab machine is the next person at the keyboard. `OIDC_SIGN_OUT_AT_PROVIDER=false` keeps it local."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        id_token = request.session.get(ID_TOKEN_SESSION_KEY)  # read before the session is flushed
+        response: HttpResponse = super().post(request, *args, **kwargs)
+        if isinstance(id_token, str) and id_token and settings.OIDC_SIGN_OUT_AT_PROVIDER:
+            url = provider_sign_out_url(id_token=id_token, return_to=request.build_absolute_uri(self.get_success_url()))
+            if url is not None:
+                return HttpResponseRedirect(url)
+        return response

@@ -9,7 +9,9 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
+import jwt
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -90,6 +92,53 @@ def test_a_provider_user_never_takes_over_a_local_account_with_the_same_email(tr
             sign_in_through_provider(page, portal.url, "mallory")
             me = page.request.get(portal.url + "/api/v1/me").json()
     assert me["id"] != local.pk and me["username"] == "root-2" and me["is_admin"] is False
+
+
+@needs_chromium
+def test_signing_out_ends_the_providers_session_too_and_comes_back_to_sign_in(transactional_db: Any) -> None:
+    with oidc_provider() as provider, oidc_portal(provider) as portal:
+        provider.set_user("dana-sub", preferred_username="dana", email="dana@lab.test", groups=[])
+        with browser_page() as page:
+            sign_in_through_provider(page, portal.url, "dana-sub")
+            assert page.request.get(portal.url + "/api/v1/me").status == 200
+            page.click("text=Sign out")
+            page.wait_for_url("**/oauth2/end_session**")
+            query = parse_qs(urlparse(page.url).query)
+            assert query["post_logout_redirect_uri"] == [portal.url + "/accounts/login/"]
+            # The hint is the ID token the provider issued at sign-in: it names dana and the portal's client.
+            claims = jwt.decode(query["id_token_hint"][0], options={"verify_signature": False})
+            assert claims["sub"] == "dana-sub" and claims["aud"] in (query["client_id"][0], query["client_id"])
+            assert page.request.get(portal.url + "/api/v1/me").status == 401  # out of the portal already
+            page.click("button:has-text('End session')")
+            page.wait_for_url(portal.url + "/accounts/login/")
+            assert page.locator("#oidc-sign-in").count() == 1
+
+
+@needs_chromium
+def test_signing_out_stays_local_when_the_admin_says_so(transactional_db: Any) -> None:
+    with oidc_provider() as provider, oidc_portal(provider, OIDC_SIGN_OUT_AT_PROVIDER="false") as portal:
+        provider.set_user("dana-sub", preferred_username="dana", email="dana@lab.test", groups=[])
+        with browser_page() as page:
+            sign_in_through_provider(page, portal.url, "dana-sub")
+            page.click("text=Sign out")
+            page.wait_for_url(portal.url + "/accounts/login/")
+            assert page.request.get(portal.url + "/api/v1/me").status == 401
+
+
+def test_a_local_account_signs_out_without_the_provider(db: Any, settings: Any) -> None:
+    settings.OIDC_ISSUER_URL, settings.OIDC_CLIENT_ID = "http://127.0.0.1:9/", "portal"  # nothing listens there
+    client = Client()
+    client.force_login(UserFactory(username="erin"))
+    response = client.post("/accounts/logout/")
+    assert response.status_code == 302 and response["Location"] == "/accounts/login/"
+    # Even with an ID token in the session, an unreachable provider does not hold the sign-out up.
+    client.force_login(UserFactory(username="fay"))
+    session = client.session
+    session["oidc_id_token"] = "header.payload.signature"
+    session.save()
+    response = client.post("/accounts/logout/")
+    assert response.status_code == 302 and response["Location"] == "/accounts/login/"
+    assert "_auth_user_id" not in client.session
 
 
 FAILURES = [
