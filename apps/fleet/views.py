@@ -150,6 +150,18 @@ def gpu_page(request: HttpRequest, uuid: str) -> HttpResponse:
         "history_url": f"/api/v1/gpus/{gpu.uuid}/history/",
         "probe_url": f"/api/v1/gpus/{gpu.uuid}/probe/" if request.user.is_staff else None,
     }
+    # Its MIG instances or shares, one row each; who holds them and what they use come live from the snapshot.
+    parts = selectors.gpu_parts(gpu_ids=[gpu.pk]).get(gpu.pk, [])
+    part_rows = [
+        {
+            "uuid": p.uuid,
+            "label": selectors.part_label(p, len(parts)),
+            "memory_mib": p.memory_mib,
+            "memory_gib": f"{p.memory_mib / 1024:.1f}",
+            "gi_id": p.gi_id,
+        }
+        for p in parts
+    ]
     probe = gpu.probe if isinstance(gpu.probe, dict) else None
     return render(
         request,
@@ -157,6 +169,7 @@ def gpu_page(request: HttpRequest, uuid: str) -> HttpResponse:
         {
             "gpu": gpu,
             "config": config,
+            "parts": part_rows,
             "probe": probe,
             "probe_rows": _probe_rows(probe),
             "probe_error": probe.get("error") if probe and "comparison" not in probe else None,

@@ -104,7 +104,7 @@ class LatestSample(TypedDict):
 # publisher adds later is private until someone decides otherwise. Team names are public: the Book page shows
 # other teams' bookings by team name. What part of a GPU is held ("part", "mem") and the memory a MIG instance uses
 # ("used") are the GPU's, as public as its profile list and its own memory reading.
-PUBLIC_HOLDER_FIELDS: Final = ("kind", "team", "part", "mem", "used")
+PUBLIC_HOLDER_FIELDS: Final = ("kind", "team", "part", "part_uuid", "mem", "used")
 
 
 class Holder(TypedDict, total=False):
@@ -118,6 +118,7 @@ class Holder(TypedDict, total=False):
     until: str | None  # ISO 8601
     # On the holders of a GPU's parts in a snapshot (SnapshotGpu.holder as a list): the part, its memory, its use.
     part: str
+    part_uuid: str
     mem: int
     used: int | None
 
@@ -128,9 +129,10 @@ class SnapshotGpu(LatestSample, total=False):
     status: str  # GPU status: ok | degraded | lost | offline
     node_status: str  # online | draining | offline
     stale: bool  # no sample in the last STALE_AFTER_S seconds
-    # A GPU in MIG mode or split in shares: one holder per held part (with "part", its profile or share, "mem",
-    # its memory in MiB, and "used", the MiB a MIG instance uses now, null for a share or when unknown), and
-    # "parts": {"kind": "mig" | "share", "total": n, "free": n free now}.
+    # A GPU in MIG mode or split in shares: one holder per held part (with "part", its profile or share,
+    # "part_uuid", "mem", its memory in MiB, and "used", the MiB a MIG instance uses now, null for a share or when
+    # unknown), and "parts": {"kind": "mig" | "share", "total": n, "free": n free now, "used": {instance uuid: MiB}
+    # for every MIG instance with a fresh reading (absent when none)}.
     holder: Holder | list[dict[str, Any]] | None
     parts: dict[str, Any]
 

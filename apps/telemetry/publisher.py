@@ -21,8 +21,8 @@ from typing import Any
 from django.db import close_old_connections
 
 from apps.core.redis import get_redis
-from apps.fleet.models import DeviceKind, Gpu, Node
-from apps.fleet.selectors import gpu_holders, gpu_parts
+from apps.fleet.models import Gpu, Node
+from apps.fleet.selectors import gpu_holders, gpu_parts, part_label
 from apps.telemetry import keys
 from apps.telemetry.selectors import all_latest_samples, is_stale
 
@@ -90,12 +90,21 @@ class FleetPublisher:
                 # What each MIG instance uses, from the GPU's latest sample (shares have no memory of their own).
                 used = {} if sample is None or entry["stale"] else sample.get("mig_mem", {})
                 held = [
-                    {**holders[p["uuid"]], "part": p["label"], "mem": p["memory_mib"], "used": used.get(p["uuid"])}
+                    {
+                        **holders[p["uuid"]],
+                        "part": p["label"],
+                        "part_uuid": p["uuid"],
+                        "mem": p["memory_mib"],
+                        "used": used.get(p["uuid"]),
+                    }
                     for p in parts
                     if p["uuid"] in holders
                 ]
                 entry["holder"] = held or None
                 entry["parts"] = {"kind": parts[0]["kind"], "total": len(parts), "free": len(parts) - len(held)}
+                in_use = {p["uuid"]: used[p["uuid"]] for p in parts if p["uuid"] in used}
+                if in_use:  # every instance's reading, held or not (the GPU page lists them all)
+                    entry["parts"]["used"] = in_use
             gpus.append(entry)  # type: ignore[arg-type]
         return {
             "type": "fleet",
@@ -142,8 +151,7 @@ def _parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for gpu_id, parts in gpu_parts(gpu_ids=list(uuid_of)).items():
         for p in parts:
-            label = p.mig_profile if p.kind == DeviceKind.MIG else f"share {p.index + 1}/{len(parts)}"
             out.setdefault(uuid_of[gpu_id], []).append(
-                {"uuid": p.uuid, "kind": p.kind, "label": label, "memory_mib": p.memory_mib}
+                {"uuid": p.uuid, "kind": p.kind, "label": part_label(p, len(parts)), "memory_mib": p.memory_mib}
             )
     return out

@@ -296,6 +296,55 @@ def test_fleet_page_shows_parts_with_their_holders_and_instance_memory(
 @pytest.mark.browser
 @pytest.mark.slow
 @needs_chromium
+def test_gpu_page_lists_the_mig_instances_with_their_holders_and_memory_live(
+    live_portal: Any, bob: Any, publisher_for: Callable[..., SyntheticPublisher]
+) -> None:
+    from apps.fleet.devices import mig_layout_apply
+    from tests.sharing.conftest import seven_1g
+
+    node = NodeFactory(name="pg-node")
+    gpu = GpuFactory(node=node, model=GpuModelFactory(name="A100-80GB"), index=0, uuid="GPU-db-mig", mig_mode=True)
+    mig_layout_apply(gpu=gpu, mig_mode=True, instances=seven_1g(gpu.uuid))
+    first, second = "MIG-db-mig-7", "MIG-db-mig-8"
+    fleet = [{"uuid": gpu.uuid, "node": "pg-node", "index": 0, "model": "A100-80GB", "mem_total": 81920, "tdp": 400.0}]
+
+    def make(seq: int, t: float) -> dict[str, Any]:
+        snap = synthetic_snapshot(fleet, seq, t=t)
+        used = 1024 * (1 + seq % 4)  # a different reading every second
+        snap["gpus"][0]["holder"] = [
+            {"kind": "job", "id": 5, "team": "vision", "team_id": 1, "user": "alice", "until": None,
+             "part": "1g.10gb", "part_uuid": first, "mem": 9728, "used": used},
+        ]  # fmt: skip
+        snap["gpus"][0]["parts"] = {"kind": "mig", "total": 7, "free": 6, "used": {first: used, second: 13}}
+        return snap
+
+    publisher_for(make)
+    with _browser_page(live_portal, bob) as page:
+        page.goto(f"{live_portal.url}/fleet/gpus/{gpu.uuid}/")
+        assert page.locator("#gpu-parts tr[data-part]").count() == 7
+        row = lambda uuid: page.locator(f'#gpu-parts tr[data-part="{uuid}"]')  # noqa: E731
+        page.wait_for_function(
+            "document.querySelector('#gpu-parts tr[data-part=\"MIG-db-mig-7\"] .part-holder').textContent"
+            ".startsWith('alice')"
+        )
+        assert row(first).locator(".part-holder").inner_text() == "alice (team vision, job 5)"
+        assert row(second).locator(".part-holder").inner_text() == "nobody (free)"
+        assert row(second).locator(".part-used-text").inner_text() == "0.0 / 9.5 GiB"
+        assert page.locator("#gpu-holder").inner_text() == "6/7 MIG instances free"
+        # The row follows the stream: the next snapshot's reading replaces this one.
+        before = row(first).locator(".part-used-text").inner_text()
+        assert before.endswith(" / 9.5 GiB") and before != "0.0 / 9.5 GiB"
+        page.wait_for_function(
+            "t => document.querySelector('#gpu-parts tr[data-part=\"MIG-db-mig-7\"] .part-used-text').textContent"
+            " !== t",
+            arg=before,
+        )
+        assert float(row(first).locator("meter").get_attribute("max") or 0) == 9728
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@needs_chromium
 def test_fleet_page_is_complete_before_any_websocket_message(live_portal: Any, bob: Any) -> None:
     gpus = _db_fleet(2)
     _write_latest(gpus[0].uuid, "pg-node", 0, 42)

@@ -75,12 +75,17 @@ def test_gpu_api_shows_what_each_instance_uses(api_as, alice, sharing_fleet):
 @pytest.mark.django_db(transaction=True)  # the publisher closes stale connections, as its process does
 def test_fleet_snapshot_and_metrics_show_the_held_instances_memory(api_as, alice, sharing_fleet):
     mine = _book_instance(api_as, alice)
-    _report([[mine, 5_120]])
+    other = SECOND if mine != SECOND else FIRST
+    _report([[mine, 5_120], [other, 13]])
     mig = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-mig-0"]
-    assert [(h["part"], h["mem"], h["used"]) for h in mig["holder"]] == [("1g.10gb", 9_728, 5_120)]
+    assert [(h["part"], h["part_uuid"], h["mem"], h["used"]) for h in mig["holder"]] == [
+        ("1g.10gb", mine, 9_728, 5_120)
+    ]
+    # Every instance's reading, held or not, for the GPU page's table.
+    assert mig["parts"]["used"] == {mine: 5_120, other: 13}
     lines = [line for line in render_metrics().splitlines() if line.startswith("gpuportal_mig_instance_memory_used")]
-    assert len(lines) == 1 and lines[0].endswith(" 5120")
-    assert 'UUID="GPU-mig-0"' in lines[0] and 'GPU_I_PROFILE="1g.10gb"' in lines[0]
+    assert sorted(line.rsplit(" ", 1)[1] for line in lines) == ["13", "5120"]  # one series per reported instance
+    assert all('UUID="GPU-mig-0"' in line and 'GPU_I_PROFILE="1g.10gb"' in line for line in lines)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -89,7 +94,18 @@ def test_a_stale_sample_shows_no_instance_memory(api_as, alice, sharing_fleet, m
     _report([[mine, 5_120]])
     later = time.time() + 60  # the agent has been silent for a minute
     mig = {g["uuid"]: g for g in FleetPublisher().build(now=later)["gpus"]}["GPU-mig-0"]
-    assert mig["stale"] and [h["used"] for h in mig["holder"]] == [None]
+    assert mig["stale"] and [h["used"] for h in mig["holder"]] == [None] and "used" not in mig["parts"]
     monkeypatch.setattr(metrics, "time", SimpleNamespace(time=lambda: later))
     series = [line for line in render_metrics().splitlines() if line.startswith("gpuportal_mig_instance_")]
     assert series and not any(line.startswith("gpuportal_mig_instance_memory_used") for line in series)
+
+
+def test_the_gpu_page_lists_its_parts(client, alice, sharing_fleet):
+    client.force_login(alice)
+    page = client.get("/fleet/gpus/GPU-mig-0/").content.decode()
+    assert page.count('<tr data-part="MIG-mig-0-') == 7 and "<h2>MIG instances</h2>" in page
+    assert page.count("<meter") == 7 and '<meter min="0" max="9728"' in page
+    shared = client.get("/fleet/gpus/GPU-shared-0/").content.decode()
+    assert [f"share {i}/4" in shared for i in range(1, 5)] == [True] * 4
+    assert "<h2>Shares</h2>" in shared and "no memory isolation" in shared and "<meter" not in shared
+    assert 'id="gpu-parts"' not in client.get("/fleet/gpus/GPU-shared-1/").content.decode()

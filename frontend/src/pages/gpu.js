@@ -23,6 +23,33 @@ function holderText(h) {
   return "in use";
 }
 
+// A GPU in MIG mode or split in shares: the summary line, and each part's row of the parts table.
+function partsSummary(g) {
+  const p = g.parts;
+  const what = p.kind === "mig" ? "MIG instances" : "shares";
+  return `${p.free}/${p.total} ${what} free`;
+}
+
+const gib = (mib) => (mib / 1024).toFixed(1);
+
+function showParts(g) {
+  const held = new Map((Array.isArray(g.holder) ? g.holder : []).map((h) => [h.part_uuid, h]));
+  const used = (g.parts && g.parts.used) || {};
+  for (const row of document.querySelectorAll("#gpu-parts tr[data-part]")) {
+    const uuid = row.dataset.part;
+    const holder = row.querySelector(".part-holder");
+    const value = held.has(uuid) ? holderText(held.get(uuid)) : "nobody (free)";
+    if (holder.textContent !== value) holder.textContent = value;
+    const meter = row.querySelector("meter");
+    if (!meter) continue; // shares: no memory of their own to show
+    const mib = g.stale ? undefined : used[uuid];
+    meter.value = mib == null ? 0 : mib;
+    const text = mib == null ? "—" : `${gib(mib)} / ${gib(Number(meter.max))} GiB`;
+    const span = row.querySelector(".part-used-text");
+    if (span.textContent !== text) span.textContent = text;
+  }
+}
+
 function setText(id, value) {
   const e = $(id);
   if (e.textContent !== value) e.textContent = value;
@@ -34,7 +61,8 @@ function showLive(g) {
   setText("live-temp", g.temp == null ? "—" : `${g.temp} °C`);
   setText("live-power", g.power == null ? "—" : `${Math.round(g.power)} W`);
   setText("live-clock", g.sm_clock == null ? "—" : `${g.sm_clock} MHz`);
-  setText("gpu-holder", holderText(g.holder));
+  setText("gpu-holder", g.parts ? partsSummary(g) : holderText(g.holder));
+  if (g.parts) showParts(g);
   for (const [id, value] of [["gpu-status", g.status], ["gpu-node-status", g.node_status]]) {
     if (!value) continue;
     const e = $(id);
