@@ -490,9 +490,11 @@ def cmd_gpus(client: Client, args: argparse.Namespace) -> int:
         elif (g.get("shares") or 1) > 1:
             who = " ".join(filter(None, [f"shared: {g.get('shares_free', 0)}/{g['shares']} shares free", who]))
         print(f"{g['node']:<16} {g['index']:>2} {g['model']:<14} {g['status']:<9} {util:>5} {mem:>15}  {who}")
-        # Each instance under its GPU: the uuid a job on it sees, and who holds it.
+        # Each instance under its GPU: the uuid a job on it sees, the memory it uses, and who holds it.
         for m in instances:
-            line = f"{'':<19} └ {m.get('profile', '?'):<11} {m.get('uuid', '')}  {holder_text(m.get('holder'))}"
+            used_mib = m.get("memory_used_mib")
+            m_mem = "" if used_mib is None else f"{used_mib}/{m.get('memory_mib', '?')} MiB  "
+            line = f"{'':<19} └ {m.get('profile', '?'):<11} {m.get('uuid', '')}  {m_mem}{holder_text(m.get('holder'))}"
             print(line.rstrip())
     return 0
 

@@ -231,3 +231,21 @@ def test_the_one_file_is_what_the_modules_give() -> None:
     for module in bundle.MODULES:
         lines = (REPO / "cli" / f"{module}.py").read_text().count("\n")
         assert lines < 500, f"cli/{module}.py has {lines} lines"
+
+
+def test_gpus_prints_the_memory_each_instance_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    instance = {"profile": "1g.10gb", "uuid": "MIG-a", "memory_mib": 9728, "holder": None}
+    gpu = {
+        "node": "mig", "index": 0, "model": "A100-80GB", "status": "ok", "utilization": None,
+        "memory_used_mib": 5200, "memory_total_mib": 81920, "holder": None, "shares": 1,
+        "mig_devices": [{**instance, "memory_used_mib": 5120}, {**instance, "uuid": "MIG-b", "memory_used_mib": None}],
+    }  # fmt: skip
+
+    class Portal:
+        def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+            return {"results": [gpu]}
+
+    args = gpuportal.build_parser().parse_args(["gpus"])
+    assert gpuportal.cmd_gpus(Portal(), args) == 0  # type: ignore[arg-type]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "└" in line]
+    assert lines[0].endswith("MIG-a  5120/9728 MiB") and lines[1].endswith("MIG-b")  # free: no holder
