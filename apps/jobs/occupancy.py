@@ -120,6 +120,14 @@ def quota_hold(*, job: Job, start: datetime, end: datetime, quotas: Mapping[date
     )
 
 
+def quota_fit_to_profile(*, job: Job) -> None:
+    """A job that asked for any MIG instance with enough memory was held as the smallest profile with it; once it
+    is placed (`job.mig_profile` set to what it got: a bigger one when the smallest were all taken), it counts
+    that profile, as billing charges it. Inside the start's transaction."""
+    gpus = booking.quota_gpus(gpu_count=job.gpu_count, mig_profile=job.mig_profile)
+    booking.quota_hold_update(job_id=job.pk, gpus=gpus)
+
+
 def quota_settle(*, job: Job, start: datetime | None, end: datetime | None) -> None:
     """Replace the job's hold by what it really used ([start, end)); give it all back if it never ran."""
     if start is None or end is None or end <= start:

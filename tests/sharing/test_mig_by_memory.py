@@ -4,11 +4,12 @@ the smallest profile that has that much memory and is free, a bigger one when it
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from apps.booking.models import Allocation
+from apps.booking.models import Allocation, QuotaHold, QuotaUsage
 from apps.fleet.devices import MigInstance, mig_layout_apply
 from apps.fleet.models import Gpu, GpuStatus
 from apps.jobs import scheduler, services
@@ -99,9 +100,32 @@ def test_a_job_by_memory_runs_on_the_smallest_instance_free_and_counts_it(alice,
     assert (held.kind, held.mig_profile, held.parent.uuid) == ("mig", "3g.40gb", "GPU-mig-2")
     # Its price is the instance's: 3/7 of the GPU's.
     assert job.hourly_price == (mixed["model"].hourly_price * held.capacity).quantize(job.hourly_price)
+    # Its quota hold was the smallest profile with 30000 MiB; it got that one, so the hold stays as it was.
+    assert QuotaHold.objects.get(job_id=job.pk).gpus == Decimal("0.428571")
+
+    # With every 1g.10gb held, a job asking 9000 MiB (held as a 1g.10gb at submission) gets the 2g.20gb: its hold
+    # grows from 1/7 to 2/7 of a GPU, as billing charges it.
+    ones = [submit(mig_profile="1g.10gb") for _ in range(7)]
+    assert set(scheduler.run_pass(token=2, leader="test", policy=FAIR).started) == {j.pk for j in ones}
+    usage_before = _usage(vision)
+    small = submit(mig_memory_mib=9000)
+    assert QuotaHold.objects.get(job_id=small.pk).gpus == Decimal("0.142857")
+    held_before = _usage(vision) - usage_before
+    assert small.pk in scheduler.run_pass(token=3, leader="test", policy=FAIR).started
+    small.refresh_from_db()
+    assert small.mig_profile == "2g.20gb"
+    hold = QuotaHold.objects.get(job_id=small.pk)
+    assert hold.gpus == Decimal("0.285714")
+    assert hold.hourly_rate == (mixed["model"].hourly_price * Decimal("0.285714")).quantize(Decimal("0.0001"))
+    assert _usage(vision) - usage_before == pytest.approx(2 * held_before, rel=1e-3)
     # Nothing has 100 GB, and memory with a profile or a share is ambiguous: 400 at submission.
     from apps.core.errors import ValidationFailed
 
     for fields in ({"mig_memory_mib": 100_000}, {"mig_memory_mib": 9000, "gpu_share": 0.25}):
         with pytest.raises(ValidationFailed):
             submit(**fields)
+
+
+def _usage(team: Any) -> float:
+    """The team's GPU-hours held or used this month and next, all months added."""
+    return float(sum(u.gpu_hours for u in QuotaUsage.objects.filter(team=team)))

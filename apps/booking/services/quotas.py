@@ -495,11 +495,14 @@ def quota_hold_update(
     start: datetime | None = None,
     end: datetime | None = None,
     release: bool = False,
+    gpus: Decimal | None = None,
 ) -> QuotaHold | None:
     """Move, cut or (release=True) drop the quota hold of a reservation or job, giving back (or, when it grows,
     counting without a check) the difference in each month. A job that finishes calls it with its real
-    [start, end); a cancelled reservation or job with release=True. Locks the hold row, then the QuotaUsage rows.
-    Idempotent; returns the hold (None if there is none)."""
+    [start, end); a cancelled reservation or job with release=True; a job that asked for any MIG instance with
+    enough memory, when it starts, with `gpus`: the fraction of a GPU it got (the hold counted the smallest profile,
+    and its hourly rate scales with it). Locks the hold row, then the QuotaUsage rows. Idempotent; returns the
+    hold (None if there is none)."""
     tz = selectors.local_tz()
     with transaction.atomic(savepoint=False):
         hold = _find_hold(reservation=reservation, job_id=job_id)
@@ -509,6 +512,9 @@ def quota_hold_update(
             start=hold.start, end=hold.end, gpu_count=hold.gpus, hourly_rate=hold.hourly_rate, tz=tz
         )
         new_start, new_end = start or hold.start, end or hold.end
+        if gpus is not None and gpus != hold.gpus and hold.gpus > 0:
+            hold.hourly_rate = (hold.hourly_rate * gpus / hold.gpus).quantize(Decimal("0.0001"))
+            hold.gpus = gpus
         if release or new_end <= new_start:
             after: dict[date, quota_math.Amount] = {}
             hold.active = False
@@ -520,8 +526,9 @@ def quota_hold_update(
         deltas = quota_math.amounts_delta(before, after)
         with connection.cursor() as cursor:
             cursor.execute(
-                'UPDATE booking_quotahold SET start = %s, "end" = %s, active = %s WHERE id = %s',
-                [hold.start, hold.end, hold.active, hold.pk],
+                'UPDATE booking_quotahold SET start = %s, "end" = %s, active = %s, gpus = %s, hourly_rate = %s '
+                "WHERE id = %s",
+                [hold.start, hold.end, hold.active, hold.gpus, hold.hourly_rate, hold.pk],
             )
         if deltas:
             # Last, and without SELECT ... FOR UPDATE (nothing is checked): the team's usage rows stay locked only

@@ -25,7 +25,7 @@ from apps.booking.selectors import reservation_parts
 from apps.booking.services.devices import place_parts_locked
 from apps.core.errors import ApplicationError
 from apps.fleet.models import Gpu, GpuModel, PoolBackend
-from apps.jobs import conf
+from apps.jobs import conf, occupancy
 from apps.jobs.models import ON_NODE_STATES, Job
 from apps.jobs.scheduler.part_plans import PartPlanner, asked, say
 from apps.jobs.scheduling import PendingJob, Policy, ReasonCode, Snapshot, offer_order, span
@@ -132,6 +132,10 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
         except (TransitionRefused, _Unsuitable):
             continue  # the job moved meanwhile, or the part is not one this job can run on: it stays queued
         started.append(job.pk)
+        if job.mig_memory_mib is not None:
+            # Held as the smallest profile with that memory, it counts the one it got. In a transaction of its own,
+            # after the start's: the quota rows are locked before GPUs everywhere else, never after.
+            occupancy.quota_fit_to_profile(job=job)
     return started
 
 
