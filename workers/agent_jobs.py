@@ -479,7 +479,7 @@ def _simulated_gpus(agent: AgentHost) -> Callable[[int, list[str], bool], None] 
                 if running:
                     backend.assign(gpu, f"job-{job_id}")
                 else:
-                    backend.release(gpu)
+                    backend.release(gpu, f"job-{job_id}")
             except Exception:
                 logger.debug("simulated GPU %s does not follow job %s", gpu, job_id, exc_info=True)
 

@@ -230,3 +230,22 @@ def test_simulated_jobs_on_mig_instances_use_their_instances_memory():
     sim.release(small.uuid)
     assert sim.assignment(small.uuid) is None
     assert sim.sample(1003.0)[0].mig_memory[small.uuid] < 20  # type: ignore[index]
+
+
+def test_simulated_jobs_on_shares_of_one_gpu_load_it_together():
+    sim = SimulatedBackend("n1", ["A100-80GB"], seed=3)
+    (gpu,) = sim.discover()
+    quarter = 0.25 * gpu.memory_mib
+    sim.assign(gpu.uuid, "job-1", "const:0:0.25")
+    sim.assign(gpu.uuid, "job-2", "const:40:0.25")
+    both = sim.sample(1000.0)[0]
+    assert both.memory_used_mib == pytest.approx(2 * quarter, rel=0.01)
+    assert both.utilization_pct == 40
+    assert both.processes is not None and len(both.processes) == 2
+    assert sum(mib for _, mib in both.processes) == pytest.approx(2 * quarter, rel=0.01)
+    sim.release(gpu.uuid, "job-1")  # the other job goes on alone
+    assert sim.assignment(gpu.uuid) == ("job-2", "const:40:0.25")
+    assert sim.sample(1001.0)[0].memory_used_mib == pytest.approx(quarter, rel=0.01)
+    sim.release(gpu.uuid, "job-2")
+    assert sim.assignment(gpu.uuid) is None
+    assert sim.sample(1002.0)[0].memory_used_mib < 10

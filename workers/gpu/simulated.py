@@ -161,6 +161,7 @@ class _SimGpu:
         self.temp_c = ambient_c + spec.idle_w / spec.tdp_w * _TEMP_RISE_AT_TDP_C
         self.idle_mem_mib = 1 + rng.randrange(4)  # driver context, persistence mode: a few MiB on a free GPU
         self.mig_runs: dict[str, _Run] = {}  # MIG mode: the job on each instance, by the instance's uuid
+        self.shared_runs: dict[str, _Run] = {}  # a GPU split in shares: the jobs beside `run`, by job key
         self.last_busy: float = -math.inf
         self.health: dict[str, Any] = dict(HEALTH_OK)
         # Device counters (base.COUNTER_KEYS) that accumulate; derived from the state above, never from `rng`, so
@@ -241,17 +242,28 @@ class SimulatedBackend:
         parent = self._by_instance.get(uuid)
         if parent is not None:
             parent.mig_runs[uuid] = run
-        else:
-            self._gpu(uuid).run = run
+            return
+        gpu = self._gpu(uuid)
+        if gpu.run is None or gpu.run.job_key == job_key:
+            gpu.run = run
+        else:  # another job on a GPU split in shares: both load it
+            gpu.shared_runs[job_key] = run
 
-    def release(self, uuid: str) -> None:
-        """The job on this GPU or instance ended; it goes back to idle (power and temperature decay with their
-        lag)."""
+    def release(self, uuid: str, job_key: str | None = None) -> None:
+        """The job (`job_key`; without it, every job) on this GPU or instance ended; it goes back to idle (power
+        and temperature decay with their lag), or to the jobs still sharing it."""
         parent = self._by_instance.get(uuid)
         if parent is not None:
             parent.mig_runs.pop(uuid, None)
-        else:
-            self._gpu(uuid).run = None
+            return
+        gpu = self._gpu(uuid)
+        if job_key is None:
+            gpu.run = None
+            gpu.shared_runs.clear()
+        elif job_key in gpu.shared_runs:
+            del gpu.shared_runs[job_key]
+        elif gpu.run is not None and gpu.run.job_key == job_key:
+            gpu.run = gpu.shared_runs.pop(next(iter(gpu.shared_runs))) if gpu.shared_runs else None
 
     def assignment(self, uuid: str) -> tuple[str, str] | None:
         """(job key, profile name) of the job on this GPU or instance, or None when it is free."""
@@ -338,6 +350,17 @@ class SimulatedBackend:
             mem_noise = rng.gauss(0.0, 1.0)
             mem = max(mem, base_mem * (1.0 + 0.0005 * mem_noise))
             tensor_ratio = run.profile.tensor_ratio
+        shared_processes: list[tuple[int, int]] = []
+        for other in gpu.shared_runs.values():  # the other jobs on a shared GPU add their load, without noise
+            if other.started_at is None:
+                other.started_at = now
+            other_util, other_mem = other.profile.at(now - other.started_at + other.offset_s)
+            if other.profile.mem_fraction_of_device is not None:
+                other_mem = other.profile.mem_fraction_of_device * spec.memory_mib
+            util += other_util
+            mem += other_mem
+            tensor_ratio = max(tensor_ratio, other.profile.tensor_ratio)
+            shared_processes.append((other.pid, int(other_mem)))
         mig_memory: dict[str, int] | None = None
         mig_processes: list[tuple[int, int]] = []
         if gpu.info.mig_devices:
@@ -374,8 +397,9 @@ class SimulatedBackend:
 
         processes: list[tuple[int, int]] | None = None
         if slow:
-            processes = [] if run is None else [(run.pid, max(0, mem_used - gpu.idle_mem_mib))]
-            processes += mig_processes
+            own = mem_used - gpu.idle_mem_mib - sum(mib for _, mib in shared_processes)
+            processes = [] if run is None else [(run.pid, max(0, own))]
+            processes += shared_processes + mig_processes
         counters = self._counters(gpu, util / 100.0, tensor_ratio, dt)
         return GpuSample(
             uuid=gpu.info.uuid,
