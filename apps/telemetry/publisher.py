@@ -55,7 +55,7 @@ class FleetPublisher:
             .values("id", "uuid", "index", "status", "model__name", "node__name", "node__status", "memory_mib")
         )
         self._directory = list(rows)
-        self._parts = _parts_by_uuid({r["id"]: r["uuid"] for r in self._directory})
+        self._parts = parts_by_uuid({r["id"]: r["uuid"] for r in self._directory})
         self._nodes = [
             {"name": n["name"], "status": n["status"], "last_heartbeat": _iso(n["last_heartbeat"])}
             for n in Node.objects.order_by("name").values("name", "status", "last_heartbeat")
@@ -87,24 +87,7 @@ class FleetPublisher:
             entry["holder"] = holders.get(row["uuid"])
             parts = self._parts.get(row["uuid"])
             if parts:
-                # What each MIG instance uses, from the GPU's latest sample (shares have no memory of their own).
-                used = {} if sample is None or entry["stale"] else sample.get("mig_mem", {})
-                held = [
-                    {
-                        **holders[p["uuid"]],
-                        "part": p["label"],
-                        "part_uuid": p["uuid"],
-                        "mem": p["memory_mib"],
-                        "used": used.get(p["uuid"]),
-                    }
-                    for p in parts
-                    if p["uuid"] in holders
-                ]
-                entry["holder"] = held or None
-                entry["parts"] = {"kind": parts[0]["kind"], "total": len(parts), "free": len(parts) - len(held)}
-                in_use = {p["uuid"]: used[p["uuid"]] for p in parts if p["uuid"] in used}
-                if in_use:  # every instance's reading, held or not (the GPU page lists them all)
-                    entry["parts"]["used"] = in_use
+                add_parts(entry, parts, holders, sample)
             gpus.append(entry)  # type: ignore[arg-type]
         return {
             "type": "fleet",
@@ -145,7 +128,34 @@ class FleetPublisher:
             k += 1
 
 
-def _parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
+def add_parts(
+    entry: dict[str, Any],
+    parts: list[dict[str, Any]],
+    holders: dict[str, dict[str, Any]],
+    sample: keys.LatestSample | None,
+) -> None:
+    """Set a snapshot entry's `holder` (one per held part) and `parts` (keys.SnapshotGpu) from the GPU's parts
+    (`parts_by_uuid`), who holds what, and its latest sample (what each MIG instance uses, while fresh)."""
+    used = {} if sample is None or entry.get("stale") else sample.get("mig_mem", {})
+    held = [
+        {
+            **holders[p["uuid"]],
+            "part": p["label"],
+            "part_uuid": p["uuid"],
+            "mem": p["memory_mib"],
+            "used": used.get(p["uuid"]),
+        }
+        for p in parts
+        if p["uuid"] in holders
+    ]
+    entry["holder"] = held or None
+    entry["parts"] = {"kind": parts[0]["kind"], "total": len(parts), "free": len(parts) - len(held)}
+    in_use = {p["uuid"]: used[p["uuid"]] for p in parts if p["uuid"] in used}
+    if in_use:  # every instance's reading, held or not (the GPU page lists them all)
+        entry["parts"]["used"] = in_use
+
+
+def parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
     """The live MIG instances and shares of each GPU (`uuid_of`: GPU id -> uuid), by the GPU's uuid, with a label
     for the Fleet page."""
     out: dict[str, list[dict[str, Any]]] = {}

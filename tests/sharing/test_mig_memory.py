@@ -109,3 +109,23 @@ def test_the_gpu_page_lists_its_parts(client, alice, sharing_fleet):
     assert [f"share {i}/4" in shared for i in range(1, 5)] == [True] * 4
     assert "<h2>Shares</h2>" in shared and "no memory isolation" in shared and "<meter" not in shared
     assert 'id="gpu-parts"' not in client.get("/fleet/gpus/GPU-shared-1/").content.decode()
+
+
+def test_the_fleet_page_shows_parts_before_any_snapshot_was_published(client, api_as, alice, charlie, sharing_fleet):
+    from apps.core.redis import get_redis
+    from apps.telemetry import keys
+    from tests.browser.test_fleet_page import _initial
+
+    get_redis().delete(keys.SNAPSHOT_LAST)
+    mine = _book_instance(api_as, alice)
+    _report([[mine, 5_120]])
+    for viewer, sees_user in ((alice, True), (charlie, False)):
+        client.force_login(viewer)
+        gpus = {g["uuid"]: g for g in _initial(client.get("/fleet/"))["snapshot"]["gpus"]}
+        mig, shared = gpus["GPU-mig-0"], gpus["GPU-shared-0"]
+        assert mig["parts"] == {"kind": "mig", "total": 7, "free": 6, "used": {mine: 5_120}}
+        (holder,) = mig["holder"]
+        assert (holder["part"], holder["part_uuid"], holder["used"]) == ("1g.10gb", mine, 5_120)
+        assert holder["team"] == "vision"
+        assert ("user" in holder) is sees_user
+        assert shared["parts"] == {"kind": "share", "total": 4, "free": 4} and shared["holder"] is None
