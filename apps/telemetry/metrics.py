@@ -192,11 +192,11 @@ MIG_SERIES = (
 )
 
 
-def mig_text(*, node: str | None = None) -> str:
+def mig_text(*, node: str | None = None, fresh: Mapping[str, Sample] | None = None) -> str:
     """MIG instances under dcgm-exporter's convention: the GPU's `gpu`, `UUID` and `device` labels with `GPU_I_ID`
     and `GPU_I_PROFILE`, so dashboards can join them to the GPU's series. What the portal knows of an instance (its
     memory, what it uses when its GPU's sample is fresh, whether it is held); per-instance activity needs DCGM's
-    profiling fields, which NVML does not give."""
+    profiling fields, which NVML does not give. `fresh`: the GPUs' fresh latest samples, by uuid (`gpu_series`)."""
     parts = Gpu.devices.filter(kind=DeviceKind.MIG, retired_at__isnull=True, parent__retired_at__isnull=True)
     if node is not None:
         parts = parts.filter(parent__node__name=node)
@@ -209,7 +209,11 @@ def mig_text(*, node: str | None = None) -> str:
     if not rows:
         return ""
     held = gpu_holders()
-    used = _mig_memory_used({row[2] for row in rows}, now=time.time())
+    used = {
+        instance: mib
+        for parent in {row[2] for row in rows}
+        for instance, mib in (fresh or {}).get(parent, {}).get("mig_mem", {}).items()
+    }
     lines: list[str] = []
     for name, help_text in MIG_SERIES:
         lines.append(f"# HELP {name} {help_text}")
@@ -234,20 +238,6 @@ def mig_text(*, node: str | None = None) -> str:
                 value = memory if name.endswith("memory_mib") else int(uuid in held)
             lines.append(f"{name}{{{labels}}} {value}")
     return "\n".join(lines) + "\n"
-
-
-def _mig_memory_used(gpu_uuids: set[str], *, now: float) -> dict[str, int]:
-    """MiB used per MIG instance uuid, from the fresh latest samples of these GPUs; empty when Redis is down."""
-    try:
-        latest = all_latest_samples()
-    except Exception:
-        return {}
-    out: dict[str, int] = {}
-    for uuid in gpu_uuids:
-        sample = latest.get(uuid)
-        if sample is not None and not is_stale(sample, now=now):
-            out.update(sample.get("mig_mem", {}))
-    return out
 
 
 class PortalCollector:
@@ -310,9 +300,10 @@ def render(*, now: float | None = None, node: str | None = None) -> str:
     """The whole exposition, in Prometheus' text format 0.0.4; with `node`, that node's GPU series alone (one
     service-discovery target per node: the portal's own families come from the target without `node`)."""
     series = gpu_series(now=time.time() if now is None else now, node=node)
+    fresh = {labels[1]: sample for labels, sample in series}  # labels[1] is the GPU's UUID
     if node is not None:
-        return dcgm_text(series) + mig_text(node=node)
-    return dcgm_text(series) + mig_text() + generate_latest(PortalCollector(reporting=len(series))).decode()
+        return dcgm_text(series) + mig_text(node=node, fresh=fresh)
+    return dcgm_text(series) + mig_text(fresh=fresh) + generate_latest(PortalCollector(reporting=len(series))).decode()
 
 
 def render_portal(*, now: float | None = None) -> str:
