@@ -23,6 +23,7 @@ from apps.telemetry import keys
 from apps.telemetry.models import GpuRollup
 from bench.fleet_fanout import SyntheticPublisher, synthetic_fleet, synthetic_snapshot
 from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
+from tests.fleet.util import fleet_initial
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -72,15 +73,6 @@ def _write_latest(uuid: str, node: str, index: int, util: int) -> None:
     get_redis().hset(keys.LATEST, uuid, json.dumps(sample))
 
 
-def _initial(response: Any) -> dict[str, Any]:
-    html = response.content.decode()
-    start = html.index('<script id="fleet-initial" type="application/json">') + len(
-        '<script id="fleet-initial" type="application/json">'
-    )
-    doc: dict[str, Any] = json.loads(html[start : html.index("</script>", start)])
-    return doc
-
-
 # --- Server-rendered pages (Django test client) -------------------------------------------------------------------
 
 
@@ -94,7 +86,7 @@ def test_fleet_page_lists_the_database_fleet_when_no_snapshot_was_published(bob:
     _write_latest(gpus[0].uuid, "pg-node", 0, 42)
     client = Client()
     client.force_login(bob)
-    initial = _initial(client.get("/fleet/"))
+    initial = fleet_initial(client.get("/fleet/"))
     snap = initial["snapshot"]
     assert snap["type"] == "fleet" and snap["ts"]
     assert [g["uuid"] for g in snap["gpus"]] == ["GPU-db-0000", "GPU-db-0001"]
@@ -112,7 +104,7 @@ def test_fleet_page_starts_from_the_last_snapshot_redacted_for_the_viewer(bob: A
     for user in (bob, charlie):
         client = Client()
         client.force_login(user)
-        snap = _initial(client.get("/fleet/"))["snapshot"]
+        snap = fleet_initial(client.get("/fleet/"))["snapshot"]
         assert snap["seq"] == 77
         seen[user.username] = {g["uuid"]: g["holder"] for g in snap["gpus"]}
     assert seen["bob"][fleet[0]["uuid"]]["user"] == "alice"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -84,3 +85,12 @@ def registration(node: str, token: str, models: tuple[str, ...] = ("A100-80GB", 
         "hostname": "h",
         "backend": "simulated",
     }
+
+
+def fleet_initial(response: Any) -> dict[str, Any]:
+    """The initial state the Fleet page renders into itself (its `fleet-initial` JSON script)."""
+    html = response.content.decode()
+    marker = '<script id="fleet-initial" type="application/json">'
+    start = html.index(marker) + len(marker)
+    doc: dict[str, Any] = json.loads(html[start : html.index("</script>", start)])
+    return doc

@@ -17,7 +17,7 @@ from apps.telemetry import metrics
 from apps.telemetry.ingest import telemetry_ingest
 from apps.telemetry.metrics import render as render_metrics
 from apps.telemetry.publisher import FleetPublisher
-from tests.fleet.util import row, telemetry
+from tests.fleet.util import fleet_initial, row, telemetry
 
 URL = "/api/v1/reservations/"
 FIRST, SECOND = "MIG-mig-0-7", "MIG-mig-0-8"  # two of the seven 1g.10gb instances of GPU-mig-0 (conftest)
@@ -114,14 +114,13 @@ def test_the_gpu_page_lists_its_parts(client, alice, sharing_fleet):
 def test_the_fleet_page_shows_parts_before_any_snapshot_was_published(client, api_as, alice, charlie, sharing_fleet):
     from apps.core.redis import get_redis
     from apps.telemetry import keys
-    from tests.browser.test_fleet_page import _initial
 
     get_redis().delete(keys.SNAPSHOT_LAST)
     mine = _book_instance(api_as, alice)
     _report([[mine, 5_120]])
     for viewer, sees_user in ((alice, True), (charlie, False)):
         client.force_login(viewer)
-        gpus = {g["uuid"]: g for g in _initial(client.get("/fleet/"))["snapshot"]["gpus"]}
+        gpus = {g["uuid"]: g for g in fleet_initial(client.get("/fleet/"))["snapshot"]["gpus"]}
         mig, shared = gpus["GPU-mig-0"], gpus["GPU-shared-0"]
         assert mig["parts"] == {"kind": "mig", "total": 7, "free": 6, "used": {mine: 5_120}}
         (holder,) = mig["holder"]
