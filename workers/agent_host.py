@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from workers.agent_state import HoldStore
 from workers.gpu.base import GpuBackend, GpuInfo
+from workers.sampler import Sampler
 from workers.transport import CommandRejected, PortalLink, verify_command
 
 logger = logging.getLogger("workers.agent")
@@ -53,6 +54,7 @@ class AgentHost(Protocol):
     gpu_by_uuid: dict[str, GpuInfo]
     holds: HoldStore
     link: PortalLink
+    sampler: Sampler
 
     def run_probe(self, gpu_uuid: str) -> dict[str, Any]: ...
 

@@ -53,6 +53,7 @@ from workers.agent_host import AgentHost, command_body
 from workers.gpu.mps import DEFAULT_BINARY as DEFAULT_MPS_BINARY
 from workers.gpu.mps import MpsControl, MpsError
 from workers.gpu.simulated import SimulatedBackend
+from workers.jobmem import JobMemory, RunningJob
 from workers.runtimes.base import JobOutcome, LaunchSpec, LogStream, Runtime, RuntimeEvents
 from workers.runtimes.policy import ContainerPolicy, PolicyViolation, validate_launch_request
 
@@ -180,6 +181,7 @@ class JobRunner:
         self._launching: set[int] = set()
         self._running: set[int] = set()
         self._gpus: dict[int, list[str]] = {}
+        self._handles: dict[int, str] = {}  # running jobs: the runtime's handle (workers/jobmem.py reads it)
         self._cancelled_early = _RecentIds()
         self._started: dict[int, tuple[str, float, float]] = {}  # not reported yet: (handle, time, monotonic)
         self._reported = _RecentIds()  # ended here: a launch re-sent after the end must not run it again
@@ -243,6 +245,7 @@ class JobRunner:
                 self._logs[job.job_id] = _LogState(epoch=uuid.uuid4().hex[:12])
                 if job.status == "running":
                     self._running.add(job.job_id)
+                    self._handles[job.job_id] = job.handle
             if self.runtime.adopt(job.job_id):
                 adopted.append(job.job_id)
                 logger.info("adopted job %s (%s)", job.job_id, job.status)
@@ -323,6 +326,7 @@ class JobRunner:
         with self._lock:
             self._launching.discard(job_id)
             self._running.add(job_id)
+            self._handles[job_id] = handle
             self._started[job_id] = (handle[:200], time.time(), time.monotonic())
 
     def _on_log(self, job_id: int, stream: LogStream, line: str) -> None:
@@ -350,6 +354,7 @@ class JobRunner:
             self._launching.discard(outcome.job_id)
             self._running.discard(outcome.job_id)
             gpus = self._gpus.pop(outcome.job_id, [])
+            self._handles.pop(outcome.job_id, None)
             self._reported.add(outcome.job_id)
             self._exited[outcome.job_id] = time.monotonic()
         total = state.next_seq - 1 if state is not None else 0
@@ -437,6 +442,14 @@ class JobRunner:
             except Exception:
                 logger.exception("sending logs failed")
 
+    def running_jobs(self) -> list[RunningJob]:
+        """The running jobs with their devices and handles, for the GPU memory attribution (workers/jobmem.py)."""
+        with self._lock:
+            return [
+                RunningJob(job_id, tuple(self._gpus.get(job_id, ())), self._handles.get(job_id, ""))
+                for job_id in self._running
+            ]
+
     # -- inventory -----------------------------------------------------------------------------------------
 
     def inventory(self) -> list[dict[str, Any]]:
@@ -517,6 +530,10 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
         ),
         on_gpus=_simulated_gpus(agent),
     )
+    simulated = agent.backend if isinstance(agent.backend, SimulatedBackend) else None
+    agent.sampler.annotate = JobMemory(
+        runner.running_jobs, job_of_pid=simulated.job_of_pid if simulated is not None else None
+    ).annotate
     logger.info("jobs run with the %s runtime%s", kind, f" ({url})" if kind == "docker" else f" (state {state_dir})")
 
     def launch_job(envelope: Any) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.gpu.base import GpuBackend, build_message
+from workers.gpu.base import GpuBackend, GpuSample, build_message
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._send_streak = 0
         self._sample_streak = 0
+        # Set by the job runner once it exists (workers/jobmem.py): names the jobs behind the GPU memory.
+        self.annotate: Callable[[list[GpuSample]], list[GpuSample]] | None = None
 
     def run(self) -> SamplerStats:
         """Loop until the stop event is set; returns the final counters."""
@@ -119,6 +121,11 @@ class Sampler:
         if self._sample_streak:
             logger.info("sampling GPUs works again after %d failed tick(s)", self._sample_streak)
             self._sample_streak = 0
+        if self.annotate is not None:
+            try:
+                samples = self.annotate(samples)
+            except Exception:  # attribution is an extra: the GPU readings still go out without it
+                logger.warning("attributing GPU memory to jobs failed", exc_info=True)
         message = build_message(self.node, samples, ts=now, seq=self.stats.samples)
         self.stats.samples += 1
         try:

@@ -99,8 +99,11 @@ def advise(
     model: str,
     failure: str | None,
     memory_mib: int,
+    part: str = "",
 ) -> list[Advice]:
-    """Advice from the job's GPU use and its failure kind, each item with its number."""
+    """Advice from the job's GPU use and its failure kind, each item with its number. `part` names the MIG instance
+    or share the job ran on ("1g.10gb instance", "1/4 share"): memory is then judged against the part's, and
+    utilization, which is the whole GPU's, is not the job's own to judge."""
     out: list[Advice] = []
     peaks = [g.mem_peak_mib for g in gpus if g.mem_peak_mib is not None]
     peak = max(peaks) if peaks else None
@@ -145,7 +148,8 @@ def advise(
             out.append(
                 Advice(
                     "smaller_gpu",
-                    f"Peak GPU memory {peak} MiB is {_pct(peak, total)}% of the {model}'s {total} MiB: a GPU with "
+                    f"Peak GPU memory {peak} MiB is {_pct(peak, total)}% of "
+                    f"{f'its {part}' if part else f'the {model}'}'s {total} MiB: a GPU with "
                     f"{round(need / 1024)} GB or more would do.",
                 )
             )
@@ -161,7 +165,7 @@ def advise(
         # Judged on the GPUs that hold memory: an unused GPU beside them is "fewer_gpus", not a slow input.
         holding = [g for g in gpus if g.util_mean is not None and (g.mem_peak_mib or 0) >= 0.25 * g.mem_total_mib]
         held_util = sum(g.util_mean or 0 for g in holding) / len(holding) if holding else None
-        if held_util is not None and held_util < INPUT_BOUND_UTIL and failure is None:
+        if held_util is not None and held_util < INPUT_BOUND_UTIL and failure is None and not part:
             out.append(
                 Advice(
                     "input_bound",

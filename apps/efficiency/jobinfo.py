@@ -12,7 +12,9 @@ from typing import Any
 from django.utils import timezone
 
 from apps.efficiency import advice
+from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs.models import Job, JobLogLine
+from apps.telemetry.jobmem import job_memory
 from apps.telemetry.models import GpuRollup
 from workers.probes.advisor import RESULT_PREFIX
 
@@ -28,6 +30,7 @@ class JobEfficiency:
     series: list[dict[str, Any]] = field(default_factory=list)
     gpu_memory_total_mib: int = 0
     advisor: dict[str, Any] | None = None
+    part: str = ""  # the MIG instance or share the job ran on ("" for whole GPUs)
 
 
 def _floor(moment: datetime) -> datetime:
@@ -40,7 +43,10 @@ def job_efficiency(job: Job) -> JobEfficiency:
     out = JobEfficiency()
     if job.started_at is None and not job.is_terminal:
         return out  # queued or placing: nothing ran yet (and the submit answer costs no query for it)
-    gpus = list(job.gpus.all().select_related("model"))
+    # Every device, MIG instances and shares included (`job.gpus.all()` sees physical GPUs only).
+    devices = list(Gpu.devices.filter(jobs=job).select_related("model", "parent"))
+    gpus = [d for d in devices if d.parent_id is None]
+    parts = [d for d in devices if d.parent_id is not None]
     lines: list[str] = []
     if job.is_terminal:
         lines = list(
@@ -49,7 +55,9 @@ def job_efficiency(job: Job) -> JobEfficiency:
     out.advisor = advisor_result(lines)
     out.failure = advice.failure_kind(exit_code=job.exit_code, reason=job.reason, message=job.message, log_lines=lines)
     uses: list[advice.GpuUse] = []
-    if gpus and job.started_at is not None:
+    if parts and job.started_at is not None:
+        uses = _part_use(job, parts, out)
+    elif gpus and job.started_at is not None:
         end = job.ended_at or timezone.now()
         rows = list(
             GpuRollup.objects.filter(
@@ -91,16 +99,52 @@ def job_efficiency(job: Job) -> JobEfficiency:
         out.gpu_memory_total_mib = max(g.memory_mib for g in gpus)
     if not rows_seen(uses) and out.failure is None:
         return out
-    model = gpus[0].model.name if gpus else ""
+    model = devices[0].model.name if devices else ""
     items = advice.advise(
         gpus=[u for u in uses if u.mem_peak_mib is not None or u.util_mean is not None],
         gpu_count=job.gpu_count,
         model=model,
         failure=out.failure,
         memory_mib=job.memory_mib,
+        part=out.part,
     )
     out.advice = [a.as_dict() for a in items]
     return out
+
+
+def _part_use(job: Job, parts: list[Gpu], out: JobEfficiency) -> list[advice.GpuUse]:
+    """A MIG instance's or share's job: utilization from its GPU's rollups (NVML has no per-instance utilization),
+    memory from what its node attributes to the job itself (the GPU's memory is its neighbours' too), against
+    the part's own memory. Fills `out`; the memory series stays empty, there is no per-minute one for a part."""
+    parent_ids = sorted({p.parent_id for p in parts if p.parent_id is not None})
+    end = job.ended_at or timezone.now()
+    assert job.started_at is not None
+    rows = list(
+        GpuRollup.objects.filter(gpu_id__in=parent_ids, minute__gte=_floor(job.started_at), minute__lte=end)
+        .order_by("minute")
+        .values_list("minute", "util_mean")
+    )
+    per_minute: dict[datetime, list[float]] = {}
+    for minute, util in rows:
+        if util is not None:
+            per_minute.setdefault(minute, []).append(util)
+    out.series = [
+        {"t": m.isoformat(), "util": round(sum(us) / len(us), 1), "mem": None} for m, us in per_minute.items()
+    ]
+    utils = [u for us in per_minute.values() for u in us]
+    util_mean = sum(utils) / len(utils) if utils else None
+    own = job_memory(job, gpu_uuids={p.parent.uuid for p in parts if p.parent is not None})
+    out.gpu_memory_peak_mib = own.peak_mib
+    out.gpu_utilization_mean = round(util_mean, 1) if util_mean is not None else None
+    out.gpu_memory_total_mib = max(p.memory_mib for p in parts)
+    out.part = _part_name(parts[0])
+    return [advice.GpuUse(util_mean=util_mean, mem_peak_mib=own.peak_mib, mem_total_mib=out.gpu_memory_total_mib)]
+
+
+def _part_name(part: Gpu) -> str:
+    if part.kind == DeviceKind.MIG:
+        return f"{part.mig_profile} instance" if part.mig_profile else "MIG instance"
+    return "GPU share"
 
 
 def rows_seen(uses: list[advice.GpuUse]) -> bool:

@@ -250,6 +250,8 @@ class TelemetryRow:
     counters: dict[str, int] = field(default_factory=dict)
     # MIG mode: memory used (MiB) per MIG instance uuid, from the `"m"` list; empty when the row carries none.
     mig_memory: dict[str, int] = field(default_factory=dict)
+    # Memory used (MiB) per portal job id on this GPU, from the `"j"` list (workers/jobmem.py); empty when none.
+    job_memory: dict[int, int] = field(default_factory=dict)
 
 
 # A GPU has at most 7 MIG instances today; the bound keeps a broken agent from growing the latest sample.
@@ -272,6 +274,28 @@ def _mig_memory(extra: dict[str, Any], mem_total: int | None) -> dict[str, int]:
             continue
         if isinstance(mib, int) and not isinstance(mib, bool) and 0 <= mib <= limit:
             out[uuid] = mib
+    return out
+
+
+# Jobs on one GPU: its shares (at most 16, apps.fleet.devices.MAX_SHARES) plus room for jobs that just ended.
+MAX_JOBS_PER_GPU = 32
+
+
+def _job_memory(extra: dict[str, Any], mem_total: int | None) -> dict[int, int]:
+    """The row's per-job memory, checked like `_mig_memory`: `[job_id, MiB]` entries, a bad one left out alone."""
+    raw = extra.get("j", [])
+    out: dict[int, int] = {}
+    if not isinstance(raw, list):
+        return out
+    limit = MEM_MIB_RANGE[1] if mem_total is None else mem_total
+    for item in raw[:MAX_JOBS_PER_GPU]:
+        if not (isinstance(item, list) and len(item) == 2):
+            continue
+        job_id, mib = item
+        if not (isinstance(job_id, int) and not isinstance(job_id, bool) and 0 < job_id < 2**63):
+            continue
+        if isinstance(mib, int) and not isinstance(mib, bool) and 0 <= mib <= limit:
+            out[job_id] = mib
     return out
 
 
@@ -317,6 +341,7 @@ def check_row(row: Any) -> TelemetryRow:
     lost = False
     counters: dict[str, int] = {}
     mig_memory: dict[str, int] = {}
+    job_memory: dict[int, int] = {}
     if len(row) == n + 1:
         extra = row[n]
         _require(isinstance(extra, dict), "malformed", "9th column must be an object")
@@ -325,6 +350,7 @@ def check_row(row: Any) -> TelemetryRow:
         lost = health.get("lost") is True
         counters = _counters(extra, health)
         mig_memory = _mig_memory(extra, mem_total)
+        job_memory = _job_memory(extra, mem_total)
     return TelemetryRow(
         uuid=uuid,
         util=check_int(row[1], "util", *UTIL_RANGE, nullable=True),
@@ -337,6 +363,7 @@ def check_row(row: Any) -> TelemetryRow:
         lost=lost,
         counters=counters,
         mig_memory=mig_memory,
+        job_memory=job_memory,
     )
 
 

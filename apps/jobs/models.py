@@ -157,6 +157,9 @@ class Job(models.Model):
     node = models.ForeignKey("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
     gpus = models.ManyToManyField("fleet.Gpu", blank=True, related_name="jobs")
     handle = models.CharField(max_length=128, blank=True, help_text="container id or pid on the node")
+    gpu_memory_own_peak_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="peak GPU memory of the job's own processes, as its node attributes it"
+    )
     launch_sent_at = models.DateTimeField(null=True, blank=True)
     launch_attempts = models.PositiveSmallIntegerField(default=0)
     # Price of the job's GPUs per hour, fixed when it starts (cost so far = GPU-hours x this).

@@ -24,9 +24,10 @@ from apps.telemetry import keys
 
 logger = logging.getLogger(__name__)
 
-# KEYS: 1 latest, 2 minute accumulator, 3 pending minutes, 4 stats, 5 node seen, 6.. one history list per GPU.
-# ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 7 per GPU:
-#       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null).
+# KEYS: 1 latest, 2 minute accumulator, 3 pending minutes, 4 stats, 5 node seen, 6 job memory,
+#       7.. one history list per GPU.
+# ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 8 per GPU:
+#       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory ("job:mib,..." or '').
 _SCRIPT = """
 local roll = KEYS[2]
 local n = tonumber(ARGV[6])
@@ -42,11 +43,11 @@ local function keep_max(f, v)
 end
 local latest = {}
 for i = 0, n - 1 do
-  local b = 7 + i * 7
+  local b = 7 + i * 8
   local uuid = ARGV[b]
   latest[#latest + 1] = uuid
   latest[#latest + 1] = ARGV[b + 1]
-  local hk = KEYS[6 + i]
+  local hk = KEYS[7 + i]
   redis.call('LPUSH', hk, ARGV[b + 2])
   redis.call('LTRIM', hk, 0, hlen - 1)
   redis.call('EXPIRE', hk, ttl)
@@ -71,6 +72,14 @@ for i = 0, n - 1 do
   if w ~= '' then
     redis.call('HINCRBY', roll, p .. 'p_n', 1)
     redis.call('HINCRBYFLOAT', roll, p .. 'p_s', w)
+  end
+  for job, mib in string.gmatch(ARGV[b + 7], '(%d+):(%d+)') do
+    local f = job .. '|' .. uuid
+    local peak = tonumber(mib)
+    local cur = redis.call('HGET', KEYS[6], f)
+    local old = cur and tonumber(string.match(cur, ',(%d+)$'))
+    if old and old > peak then peak = old end
+    redis.call('HSET', KEYS[6], f, ARGV[3] .. ',' .. mib .. ',' .. peak)
   end
 end
 if n > 0 then
@@ -157,7 +166,14 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
     ts = round(msg.ts, 3)
     minute = int(ts // 60 * 60)
     argv: list[Any] = [minute, ident.name, ts, settings.TELEMETRY_HISTORY_SAMPLES, keys.HISTORY_TTL_S, len(rows)]
-    redis_keys = [keys.LATEST, keys.rollup_key(minute), keys.ROLLUP_PENDING, keys.STATS, keys.NODE_SEEN]
+    redis_keys = [
+        keys.LATEST,
+        keys.rollup_key(minute),
+        keys.ROLLUP_PENDING,
+        keys.STATS,
+        keys.NODE_SEEN,
+        keys.JOB_MEMORY,
+    ]
     for row in rows:
         ref = ident.gpus[row.uuid]
         latest = {
@@ -186,6 +202,7 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             _num(row.mem),
             _num(row.temp),
             _num(row.power),
+            ",".join(f"{job_id}:{mib}" for job_id, mib in row.job_memory.items()),
         ]
         redis_keys.append(keys.hist_key(row.uuid))
     newly_lost = [row.uuid for row in rows if row.lost and ident.gpus[row.uuid].status != "lost"]

@@ -30,6 +30,16 @@ HIST_FIELDS: tuple[str, ...] = ("ts", "util", "mem_used", "temp", "power")
 HISTORY_LEN = 120  # settings.TELEMETRY_HISTORY_SAMPLES may lower or raise it; readers must not assume a length
 HISTORY_TTL_S = 600
 
+# --- Memory used per job on each GPU ----------------------------------------------------------------------------
+# Hash. Field: `<job id>|<GPU uuid>` (the physical GPU whose row reported it: a MIG instance's or a share's job is
+# reported by its parent). Value: `ts,used_mib,peak_mib` (ts of the last report, epoch seconds; the peak since the
+# field was created). Written by ingest from the rows' `"j"` lists (the agent reads processes every ~10 s);
+# `apps.telemetry.jobmem` reads it (only for a job's own GPUs, so a node cannot speak for another node's job),
+# copies the peaks into `Job.gpu_memory_own_peak_mib` every minute and deletes fields not reported for a while.
+JOB_MEMORY = "fleet:jobmem"
+# A per-job reading older than this is not "now" any more (three of the agent's ~10 s process reads missed).
+JOB_MEMORY_FRESH_S = 35.0
+
 # --- Snapshots published once a second -----------------------------------------------------------------------
 # Pub/sub channel. One JSON `Snapshot` message per second from `manage.py fleet_publisher`. Pub/sub has no replay:
 # a subscriber that reconnects reads SNAPSHOT_LAST to have something to show at once.

@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +25,7 @@ from apps.core.redis import get_redis
 from apps.fleet.models import Gpu, Node
 from apps.fleet.selectors import gpu_holders, gpu_parts, part_label
 from apps.telemetry import keys
+from apps.telemetry.jobmem import job_memory_readings
 from apps.telemetry.selectors import all_latest_samples, is_stale
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class FleetPublisher:
             self.refresh_directory()
         latest = all_latest_samples()
         holders = gpu_holders()
+        share_used = share_job_memory(self._parts, holders, now=now)
         gpus: list[keys.SnapshotGpu] = []
         for row in self._directory:
             sample = latest.get(row["uuid"])
@@ -87,7 +90,7 @@ class FleetPublisher:
             entry["holder"] = holders.get(row["uuid"])
             parts = self._parts.get(row["uuid"])
             if parts:
-                add_parts(entry, parts, holders, sample)
+                add_parts(entry, parts, holders, sample, share_used)
             gpus.append(entry)  # type: ignore[arg-type]
         return {
             "type": "fleet",
@@ -133,10 +136,13 @@ def add_parts(
     parts: list[dict[str, Any]],
     holders: dict[str, dict[str, Any]],
     sample: keys.LatestSample | None,
+    share_used: Mapping[str, int] | None = None,
 ) -> None:
     """Set a snapshot entry's `holder` (one per held part) and `parts` (keys.SnapshotGpu) from the GPU's parts
-    (`parts_by_uuid`), who holds what, and its latest sample (what each MIG instance uses, while fresh)."""
-    used = {} if sample is None or entry.get("stale") else sample.get("mig_mem", {})
+    (`parts_by_uuid`), who holds what, and its latest sample (what each MIG instance uses, while fresh);
+    `share_used` (`share_job_memory`) is what the job on each share uses."""
+    used = {} if sample is None or entry.get("stale") else dict(sample.get("mig_mem", {}))
+    used.update(share_used or {})
     held = [
         {
             **holders[p["uuid"]],
@@ -153,6 +159,21 @@ def add_parts(
     in_use = {p["uuid"]: used[p["uuid"]] for p in parts if p["uuid"] in used}
     if in_use:  # every instance's reading, held or not (the GPU page lists them all)
         entry["parts"]["used"] = in_use
+
+
+def share_job_memory(
+    parts: Mapping[str, list[dict[str, Any]]], holders: Mapping[str, dict[str, Any]], *, now: float
+) -> dict[str, int]:
+    """What the job holding each share uses now (by the share's uuid), from its node's attribution of the GPU's
+    processes (apps.telemetry.jobmem): a share has no memory reading of its own. One Redis round trip."""
+    wanted: dict[tuple[int, str], str] = {}
+    for gpu_uuid, gpu_parts_ in parts.items():
+        for p in gpu_parts_:
+            holder = holders.get(p["uuid"])
+            if p["kind"] == "share" and holder is not None and holder["kind"] == "job":
+                wanted[(int(holder["id"]), gpu_uuid)] = p["uuid"]
+    readings = job_memory_readings(wanted)
+    return {wanted[pair]: r.used_mib for pair, r in readings.items() if r.fresh(now)}
 
 
 def parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:

@@ -8,7 +8,7 @@ from typing import Any
 from celery import shared_task
 
 from apps.fleet.messages import MessageRejected
-from apps.telemetry import rollups
+from apps.telemetry import jobmem, rollups
 from apps.telemetry.ingest import record_rejection, telemetry_ingest
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,9 @@ def ingest(payload: Any) -> None:
 
 @shared_task(name="telemetry.flush_rollups", ignore_result=True, time_limit=120, soft_time_limit=100)  # type: ignore[untyped-decorator]
 def flush_rollups() -> int:
-    return rollups.flush_rollups()
+    written = rollups.flush_rollups()
+    jobmem.flush_job_memory()  # each job's own peak, on the same minute's beat
+    return written
 
 
 @shared_task(name="telemetry.rollup_hours", ignore_result=True, time_limit=300, soft_time_limit=240)  # type: ignore[untyped-decorator]

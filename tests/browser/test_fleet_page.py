@@ -337,6 +337,49 @@ def test_gpu_page_lists_the_mig_instances_with_their_holders_and_memory_live(
 @pytest.mark.browser
 @pytest.mark.slow
 @needs_chromium
+def test_gpu_page_shows_what_each_shares_job_uses_live(
+    live_portal: Any, bob: Any, publisher_for: Callable[..., SyntheticPublisher]
+) -> None:
+    from apps.fleet.devices import gpu_set_shares, share_uuid
+
+    node = NodeFactory(name="pg-node")
+    gpu = GpuFactory(node=node, model=GpuModelFactory(name="A100-80GB"), index=0, uuid="GPU-db-shared")
+    gpu_set_shares(actor=None, gpu_uuid=gpu.uuid, shares=4)
+    first, second = share_uuid(gpu.uuid, 0), share_uuid(gpu.uuid, 1)
+    fleet = [{"uuid": gpu.uuid, "node": "pg-node", "index": 0, "model": "A100-80GB", "mem_total": 81920, "tdp": 400.0}]
+
+    def make(seq: int, t: float) -> dict[str, Any]:
+        snap = synthetic_snapshot(fleet, seq, t=t)
+        used = 2048 * (1 + seq % 4)  # the job's own processes, a different reading every second
+        snap["gpus"][0]["holder"] = [
+            {"kind": "job", "id": 6, "team": "vision", "team_id": 1, "user": "alice", "until": None,
+             "part": "share 1/4", "part_uuid": first, "mem": 20480, "used": used},
+        ]  # fmt: skip
+        snap["gpus"][0]["parts"] = {"kind": "share", "total": 4, "free": 3, "used": {first: used}}
+        return snap
+
+    publisher_for(make)
+    with _browser_page(live_portal, bob) as page:
+        page.goto(f"{live_portal.url}/fleet/gpus/{gpu.uuid}/")
+        assert page.locator("#gpu-parts tr[data-part]").count() == 4
+        row = lambda uuid: page.locator(f'#gpu-parts tr[data-part="{uuid}"]')  # noqa: E731
+        page.wait_for_function(
+            f"document.querySelector('#gpu-parts tr[data-part=\"{first}\"] .part-used-text').textContent"
+            ".endsWith(' / 20.0 GiB')"
+        )
+        before = row(first).locator(".part-used-text").inner_text()
+        assert before != "0.0 / 20.0 GiB"
+        assert row(second).locator(".part-used-text").inner_text() == "—"  # a free share: no job, no reading
+        assert float(row(first).locator("meter").get_attribute("max") or 0) == 20480
+        page.wait_for_function(
+            f"t => document.querySelector('#gpu-parts tr[data-part=\"{first}\"] .part-used-text').textContent !== t",
+            arg=before,
+        )
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@needs_chromium
 def test_fleet_page_is_complete_before_any_websocket_message(live_portal: Any, bob: Any) -> None:
     gpus = _db_fleet(2)
     _write_latest(gpus[0].uuid, "pg-node", 0, 42)

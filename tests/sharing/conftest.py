@@ -7,10 +7,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from apps.booking import selectors
 from apps.fleet.devices import MigInstance, gpu_set_shares, mig_layout_apply
 from apps.fleet.models import Gpu, GpuStatus
+from apps.jobs.models import ContainerImage
 from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
 from workers.gpu.mig import profiles_for
 
@@ -40,3 +42,22 @@ def sharing_fleet(db: Any) -> dict[str, Any]:
     GpuFactory(node=shared_node, index=1, model=a100, uuid="GPU-shared-1")
     gpu_set_shares(actor=None, gpu_uuid=shared.uuid, shares=4)
     return {"model": a100, "mig": Gpu.objects.get(pk=mig.pk), "shared": Gpu.objects.get(pk=shared.pk)}
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    from apps.fleet import commands
+
+    out: list[dict[str, Any]] = []
+    monkeypatch.setattr(commands, "publish_command", lambda queue, task, envelope, **kw: out.append(envelope["body"]))
+    return out
+
+
+@pytest.fixture
+def ready(sharing_fleet: dict[str, Any]) -> dict[str, Any]:
+    ContainerImage.objects.create(name="portal-test/busybox:latest", description="busybox")
+    for gpu in Gpu.objects.all():
+        gpu.node.token_digest = "d" * 64
+        gpu.node.last_heartbeat = timezone.now()
+        gpu.node.save(update_fields=["token_digest", "last_heartbeat"])
+    return sharing_fleet

@@ -16,30 +16,11 @@ from apps.booking.services import allocations_end_of_job, reservation_create
 from apps.core.errors import ValidationFailed
 from apps.fleet.models import Gpu
 from apps.jobs import scheduler, services
-from apps.jobs.models import ContainerImage, Job, JobState
+from apps.jobs.models import Job, JobState
 from apps.jobs.scheduling import FAIR
 from tests.booking.conftest import slot
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    from apps.fleet import commands
-
-    out: list[dict[str, Any]] = []
-    monkeypatch.setattr(commands, "publish_command", lambda queue, task, envelope, **kw: out.append(envelope["body"]))
-    return out
-
-
-@pytest.fixture
-def ready(sharing_fleet: dict[str, Any]) -> dict[str, Any]:
-    ContainerImage.objects.create(name="portal-test/busybox:latest", description="busybox")
-    for gpu in Gpu.objects.all():
-        gpu.node.token_digest = "d" * 64
-        gpu.node.last_heartbeat = timezone.now()
-        gpu.node.save(update_fields=["token_digest", "last_heartbeat"])
-    return sharing_fleet
 
 
 def submit(user: Any, team: Any, **fields: Any) -> Job:

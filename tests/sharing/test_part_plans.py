@@ -14,7 +14,6 @@ from apps.booking.services import allocations_end_of_job
 from apps.jobs import scheduler, services
 from apps.jobs.models import Job, JobState
 from apps.jobs.scheduling import BACKFILL
-from tests.sharing.test_jobs import ready, sent  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +34,7 @@ def one_pass(now: Any = None) -> scheduler.PassResult:
     return scheduler.run_pass(token=1, leader="test", policy=BACKFILL, now=now)
 
 
-def test_a_half_waits_for_two_shares_and_later_quarters_do_not_take_them(alice, vision, ready, sent):  # noqa: F811
+def test_a_half_waits_for_two_shares_and_later_quarters_do_not_take_them(alice, vision, ready, sent):
     held = [submit(alice, vision, gpu_share=0.25, max_duration_s=600 * (i + 1)) for i in range(3)]
     assert set(one_pass().started) == {j.pk for j in held}  # one share of four left
     half = submit(alice, vision, gpu_share=0.5)
@@ -66,7 +65,7 @@ def test_a_half_waits_for_two_shares_and_later_quarters_do_not_take_them(alice, 
     assert one_pass().started == [long_quarter.pk]
 
 
-def test_without_a_plan_a_stream_of_quarters_would_starve_the_half(alice, vision, ready, sent):  # noqa: F811
+def test_without_a_plan_a_stream_of_quarters_would_starve_the_half(alice, vision, ready, sent):
     """The same queue in passes: each time a share frees, the half (ahead in line) is the one that gets it."""
     held = [submit(alice, vision, gpu_share=0.25, max_duration_s=3600) for _ in range(4)]
     assert set(one_pass().started) == {j.pk for j in held}
@@ -79,7 +78,7 @@ def test_without_a_plan_a_stream_of_quarters_would_starve_the_half(alice, vision
     assert Job.objects.get(pk=half.pk).state == JobState.STARTING
 
 
-def test_a_waiting_mig_job_is_told_when_and_where(alice, vision, ready, sent):  # noqa: F811
+def test_a_waiting_mig_job_is_told_when_and_where(alice, vision, ready, sent):
     holders = [submit(alice, vision, mig_profile="1g.10gb", max_duration_s=3600) for _ in range(7)]
     assert len(one_pass().started) == 7
     waiting = submit(alice, vision, mig_profile="1g.10gb")
@@ -94,7 +93,7 @@ def test_a_waiting_mig_job_is_told_when_and_where(alice, vision, ready, sent):  
     assert waiting.pk in one_pass(now + timedelta(seconds=2)).started
 
 
-def test_a_plan_waits_out_a_maintenance_window_of_the_node(alice, vision, ready, sent):  # noqa: F811
+def test_a_plan_waits_out_a_maintenance_window_of_the_node(alice, vision, ready, sent):
     now = timezone.now()
     shared = ready["shared"]
     MaintenanceWindow.objects.create(node=shared.node, start=now - timedelta(minutes=1), end=now + timedelta(hours=2))
@@ -105,7 +104,7 @@ def test_a_plan_waits_out_a_maintenance_window_of_the_node(alice, vision, ready,
     assert "0.25 of a shared GPU on GPU 0 of shared is planned for it in 2.0 h at the latest" in quarter.pending_message
 
 
-def test_a_plan_by_memory_takes_the_profile_that_frees_first(alice, vision, ready, sent):  # noqa: F811
+def test_a_plan_by_memory_takes_the_profile_that_frees_first(alice, vision, ready, sent):
     holders = [submit(alice, vision, mig_profile="1g.10gb", max_duration_s=600 * (i + 1)) for i in range(7)]
     assert len(one_pass().started) == 7
     by_memory = submit(alice, vision, mig_memory_mib=9000)
@@ -120,7 +119,7 @@ def test_a_plan_by_memory_takes_the_profile_that_frees_first(alice, vision, read
     assert Job.objects.get(pk=by_memory.pk).mig_profile == "1g.10gb"
 
 
-def test_a_fault_in_a_plan_does_not_stop_the_pass(alice, vision, ready, sent, monkeypatch, caplog):  # noqa: F811
+def test_a_fault_in_a_plan_does_not_stop_the_pass(alice, vision, ready, sent, monkeypatch, caplog):
     from apps.jobs.scheduler import part_plans
 
     def broken(*args: Any, **kwargs: Any) -> None:

@@ -29,6 +29,8 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   `prc` PCIe replays (count), `nvl` NVLink traffic over all links (KiB, cumulative); ~45 bytes a row;
   `"m"`: on a GPU in MIG mode, the memory each MIG instance uses, `[["MIG-...", used_mib], ...]` (an instance
   whose read failed is left out); the row's own `mem` is then the sum over the GPU;
+  `"j"`: the memory each portal job uses on this GPU, `[[job_id, used_mib], ...]`: its processes (or its MIG
+  instance) as the agent attributes them (workers/jobmem.py), on the ticks where they were read;
   `"e"`: an error text for this GPU this tick.
 """
 
@@ -102,6 +104,7 @@ class GpuSample:
     error: str | None = None
     counters: dict[str, int] = field(default_factory=dict)  # COUNTER_KEYS the GPU has; missing: not readable
     mig_memory: dict[str, int] | None = None  # MIG mode: MiB used per instance uuid; None: not a MIG GPU or unread
+    job_memory: dict[int, int] | None = None  # MiB used per portal job id; None: not attributed this tick
 
 
 @runtime_checkable
@@ -151,6 +154,8 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
         extra["x"] = counters
     if sample.mig_memory:
         extra["m"] = [[uuid, mib] for uuid, mib in sample.mig_memory.items()]
+    if sample.job_memory:
+        extra["j"] = [[job_id, mib] for job_id, mib in sample.job_memory.items()]
     if sample.error:
         extra["e"] = sample.error
     if extra:
@@ -182,6 +187,7 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         error=extra.get("e"),
         counters={k: v for k, v in zip(COUNTER_KEYS, extra.get("x", []), strict=False) if v is not None},
         mig_memory={str(uuid): int(mib) for uuid, mib in extra["m"]} if "m" in extra else None,
+        job_memory={int(job_id): int(mib) for job_id, mib in extra["j"]} if "j" in extra else None,
     )
 
 

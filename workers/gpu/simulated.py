@@ -271,6 +271,15 @@ class SimulatedBackend:
         run = parent.mig_runs.get(uuid) if parent is not None else self._gpu(uuid).run
         return (run.job_key, run.profile.name) if run else None
 
+    def job_of_pid(self, pid: int) -> int | None:
+        """The portal job whose simulated load has this pid (the agent assigns jobs as `job-<id>`), or None."""
+        for gpu in self._gpus:
+            # Copies: the job runner's threads assign and release while the sampler's thread asks.
+            for run in (gpu.run, *list(gpu.shared_runs.values()), *list(gpu.mig_runs.values())):
+                if run is not None and run.pid == pid and run.job_key[:4] == "job-" and run.job_key[4:].isdigit():
+                    return int(run.job_key[4:])
+        return None
+
     def inject(
         self,
         uuid: str,

@@ -141,20 +141,24 @@ class _LogFile:
             self.file = None
 
 
+def proc_stat(pid: int, proc: Path = Path("/proc")) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat from field 3 (state) on, or None if the process is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses; fields are counted after the last ')'.
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def process_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None if gone.
 
     Stored with the pid so a recycled pid is never mistaken for the job (and never signalled).
     """
+    fields = proc_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses; fields are counted after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        if fields[0] == b"Z":  # a zombie has finished; only its parent has not reaped it yet
+        if fields is None or fields[0] == b"Z":  # a zombie has finished; only its parent has not reaped it yet
             return None
         return int(fields[19])
     except (IndexError, ValueError):
@@ -551,4 +555,4 @@ def _outcome_from_record(job_id: int, record: Mapping[str, Any]) -> JobOutcome:
     )
 
 
-__all__ = ["ProcessRuntime", "process_start_ticks"]
+__all__ = ["ProcessRuntime", "proc_stat", "process_start_ticks"]

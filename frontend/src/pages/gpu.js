@@ -41,7 +41,7 @@ function showParts(g) {
     const value = held.has(uuid) ? holderText(held.get(uuid)) : "nobody (free)";
     if (holder.textContent !== value) holder.textContent = value;
     const meter = row.querySelector("meter");
-    if (!meter) continue; // shares: no memory of their own to show
+    if (!meter) continue; // a page rendered before parts had meters
     const mib = g.stale ? undefined : used[uuid];
     meter.value = mib == null ? 0 : mib;
     const text = mib == null ? "—" : `${gib(mib)} / ${gib(Number(meter.max))} GiB`;

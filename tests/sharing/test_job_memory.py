@@ -1,0 +1,119 @@
+"""Each job's own GPU memory (the agent's `"j"` list): through ingest into Redis, on the Fleet snapshot for a
+share, into the job's stored peak every minute, and behind the job's memory guidance against its part's memory.
+A node reports only for its own GPUs, and a reading for a job that is not on that GPU is never used."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.core.redis import get_redis
+from apps.fleet import services as fleet_services
+from apps.fleet.messages import MAX_JOBS_PER_GPU, check_row
+from apps.jobs.models import Job
+from apps.jobs.services import job_report_started
+from apps.telemetry import keys
+from apps.telemetry.ingest import telemetry_ingest
+from apps.telemetry.jobmem import FORGET_AFTER_S, flush_job_memory, job_memory
+from apps.telemetry.publisher import FleetPublisher
+from tests.fleet.util import row, telemetry
+from tests.sharing.test_jobs import one_pass, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the publisher closes stale connections, as its process does
+
+
+def _started(alice: Any, vision: Any, **fields: Any) -> Job:
+    job = submit(alice, vision, **fields)
+    assert job.pk in one_pass().started
+    job.refresh_from_db()
+    assert job.node is not None
+    job_report_started(node_id=job.node.pk, job_id=job.pk, handle="pid:4242", at=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def _report(node: str, uuid: str, jobs: list[list[int]], *, ts: float | None = None) -> None:
+    _, token = fleet_services.node_token_issue(node_name=node)
+    result = telemetry_ingest(telemetry(node, token, [row(uuid, mem=30_000, extra={"j": jobs})], ts=ts))
+    assert result.accepted == 1
+
+
+def test_a_row_keeps_good_job_readings_and_drops_bad_ones_alone():
+    entries = [[7, 5_000], [8, -1], [0, 10], [True, 10], ["9", 10], [10, 90_000], [11, 1.5], [12], "x", [13, 0]]
+    parsed = check_row(row("GPU-x", mem_total=81_920, extra={"j": entries}))
+    assert parsed.job_memory == {7: 5_000, 13: 0} and parsed.util == 50
+    assert check_row(row("GPU-x", extra={"j": {"7": 1}})).job_memory == {}
+    many = [[i, 1] for i in range(1, MAX_JOBS_PER_GPU + 10)]
+    assert len(check_row(row("GPU-x", extra={"j": many})).job_memory) == MAX_JOBS_PER_GPU
+
+
+def test_a_shares_job_has_its_own_reading_and_peak(alice, vision, ready, sent, api_as):
+    quarter = _started(alice, vision, gpu_share=0.25)
+    whole = _started(alice, vision)  # on an exclusive GPU, not on GPU-shared-0
+    _report("shared", "GPU-shared-0", [[quarter.pk, 15_000], [whole.pk, 999]])
+    _report("shared", "GPU-shared-0", [[quarter.pk, 9_000]])
+    assert job_memory(quarter) == job_memory(Job.objects.get(pk=quarter.pk))
+    mem = job_memory(quarter)
+    assert (mem.used_mib, mem.peak_mib) == (9_000, 15_000)
+    assert job_memory(whole).peak_mib is None  # the shared node's word about a job on another GPU is not used
+
+    # The Fleet snapshot: the share's holder with what its job uses, against the share's memory.
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    (holder,) = shared["holder"]
+    assert (holder["part"], holder["mem"], holder["used"]) == ("share 1/4", 20_480, 9_000)
+    assert shared["parts"]["used"] == {holder["part_uuid"]: 9_000}
+
+    # A minute's flush keeps the peak in the database; the stray reading is dropped from Redis at once.
+    assert flush_job_memory() == 1
+    assert Job.objects.get(pk=quarter.pk).gpu_memory_own_peak_mib == 15_000
+    assert Job.objects.get(pk=whole.pk).gpu_memory_own_peak_mib is None
+    left = get_redis().hgetall(keys.JOB_MEMORY)
+    assert {f.decode() for f in left} == {f"{quarter.pk}|GPU-shared-0"}
+
+    # A lower peak later never lowers the stored one; a reading not heard from for a while is forgotten.
+    get_redis().delete(keys.JOB_MEMORY)
+    _report("shared", "GPU-shared-0", [[quarter.pk, 4_000]])
+    flush_job_memory()
+    assert Job.objects.get(pk=quarter.pk).gpu_memory_own_peak_mib == 15_000
+    assert job_memory(Job.objects.get(pk=quarter.pk)).peak_mib == 15_000
+    flush_job_memory(now=time.time() + FORGET_AFTER_S + 1)
+    assert get_redis().hlen(keys.JOB_MEMORY) == 0
+    later = job_memory(Job.objects.get(pk=quarter.pk), now=time.time() + 60)
+    assert (later.used_mib, later.peak_mib) == (None, 15_000)  # no fresh reading: nothing "now", the peak stays
+
+
+def test_a_stale_reading_is_not_shown_as_now(alice, vision, ready, sent):
+    quarter = _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[quarter.pk, 12_000]])
+    later = time.time() + keys.JOB_MEMORY_FRESH_S + 5
+    shared = {g["uuid"]: g for g in FleetPublisher().build(now=later)["gpus"]}["GPU-shared-0"]
+    assert [h["used"] for h in shared["holder"]] == [None]
+    assert job_memory(quarter, now=later).used_mib is None
+
+
+def test_a_share_jobs_guidance_is_judged_against_its_share(alice, vision, ready, sent, api_as, client):
+    quarter = _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[quarter.pk, 19_500]])  # 95% of the 20 GiB share; 24% of the GPU
+    body = api_as(alice).get(f"/api/v1/jobs/{quarter.pk}/").json()
+    assert body["gpu_memory_peak_mib"] == 19_500
+    codes = {a["code"]: a["detail"] for a in body["advice"]}
+    assert "amp" in codes and "of 20480 MiB" in codes["amp"]
+    assert "input_bound" not in codes  # the utilization is the whole GPU's, not the job's to judge
+    client.force_login(alice)
+    page = client.get(f"/jobs/{quarter.pk}/").content.decode()
+    assert '<strong id="job-mem-peak">19500 MiB</strong> of 20480 MiB' in page
+    assert "On a GPU share: the memory is the job's own" in page and 'data-code="amp"' in page
+
+
+def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_as, client):
+    mig = _started(alice, vision, mig_profile="1g.10gb")
+    _report("mig", "GPU-mig-0", [[mig.pk, 3_000]])  # the agent's reading of the job's instance
+    body = api_as(alice).get(f"/api/v1/jobs/{mig.pk}/").json()
+    assert body["gpu_memory_peak_mib"] == 3_000
+    codes = {a["code"]: a["detail"] for a in body["advice"]}
+    assert "its 1g.10gb instance's 9728 MiB" in codes["smaller_gpu"]
+    flush_job_memory()
+    assert Job.objects.get(pk=mig.pk).gpu_memory_own_peak_mib == 3_000

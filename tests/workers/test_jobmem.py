@@ -1,0 +1,166 @@
+"""The agent's attribution of GPU memory to jobs (workers/jobmem.py): real processes and sessions from the process
+runtime, a real container's cgroup from dockerd, the simulated backend's loads, and MIG instances; then the
+`"j"` list on the wire."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.dockerd import IMAGE
+from tests.workers.conftest import EventRecorder
+from workers.gpu.base import GpuSample, row_to_sample, sample_to_row
+from workers.gpu.simulated import SimulatedBackend
+from workers.jobmem import JobMemory, RunningJob, container_of, session_of
+from workers.runtimes.base import LaunchSpec
+from workers.runtimes.process import ProcessRuntime
+from workers.sampler import Sampler
+
+
+def sample(uuid: str = "GPU-a", **fields: Any) -> GpuSample:
+    return GpuSample(uuid, 0.0, 50, 1000, 81920, 40, 100.0, 1400, **fields)
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met")
+
+
+def children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(p) for p in text.split()]
+
+
+def test_a_process_belongs_to_the_job_whose_session_it_is_in(tmp_path: Path, recorder: EventRecorder) -> None:
+    runtime = ProcessRuntime(state_dir=tmp_path, events=recorder.events)
+    try:
+        # The job forks: the GPU process NVML lists is the child, not the job's leader.
+        script = f"{sys.executable} -c 'import time; time.sleep(60)' & wait"
+        assert runtime.launch(LaunchSpec(job_id=31, image="", command=["sh", "-c", script]))
+        handle = recorder.wait_started(31)
+        leader = int(handle.removeprefix("pid:"))
+        (child,) = wait_for(lambda: children(leader))
+        assert session_of(child) == leader and session_of(os.getpid()) != leader
+        jobs = [RunningJob(31, ("GPU-a",), handle), RunningJob(32, ("GPU-b",), "pid:1")]
+        attributed = JobMemory(lambda: jobs).annotate(
+            [sample(processes=[(child, 700), (os.getpid(), 50)]), sample("GPU-b", processes=[])]
+        )
+        # The test's own process holds GPU memory too, but belongs to no job: left out, not guessed.
+        assert [s.job_memory for s in attributed] == [{31: 700}, {}]
+    finally:
+        runtime.stop(31, grace_s=0.5)
+        recorder.wait_exit(31)
+        runtime.close()
+
+
+def test_a_gone_process_and_an_unread_tick_attribute_nothing() -> None:
+    assert session_of(2**22 + 12345) is None and container_of(2**22 + 12345) is None
+    calls: list[int] = []
+
+    def jobs() -> list[RunningJob]:
+        calls.append(1)
+        return [RunningJob(5, ("GPU-a",), "pid:999999")]
+
+    quiet = [sample(), sample("GPU-b")]  # processes not read this tick (the slow read runs every ~10 s)
+    assert JobMemory(jobs).annotate(quiet) == quiet and calls == []  # and the runner was not even asked
+    (gone,) = JobMemory(jobs).annotate([sample(processes=[(2**22 + 12345, 10)])])
+    assert gone.job_memory == {}
+
+
+def test_container_ids_are_read_from_both_cgroup_layouts(tmp_path: Path) -> None:
+    cid = "0123456789abcdef" * 4
+    layouts = {
+        101: f"0::/system.slice/docker-{cid}.scope\n",  # cgroup v2, systemd driver
+        102: f"12:memory:/docker/{cid}\n11:pids:/docker/{cid}\n",  # cgroup v1, cgroupfs driver
+        103: "0::/user.slice/user-1000.slice/session-2.scope\n",  # not in a container
+    }
+    for pid, text in layouts.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text)
+    assert [container_of(pid, tmp_path) for pid in layouts] == [cid, cid, None]
+    jobs = [RunningJob(9, ("GPU-a",), cid)]
+    (out,) = JobMemory(lambda: jobs, proc=tmp_path).annotate([sample(processes=[(101, 300), (102, 200), (103, 5)])])
+    assert out.job_memory == {9: 500}  # every process of the container, summed
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_a_real_containers_process_is_found_by_its_cgroup(docker_runtime: Any, recorder: EventRecorder) -> None:
+    runtime = docker_runtime()
+    assert runtime.launch(LaunchSpec(job_id=41, image=IMAGE, command=["sleep", "60"]))
+    container_id = recorder.wait_started(41)
+    pid = runtime.client.containers.get(container_id).attrs["State"]["Pid"]
+    assert container_of(pid) == container_id
+    (out,) = JobMemory(lambda: [RunningJob(41, ("GPU-a",), container_id)]).annotate([sample(processes=[(pid, 1234)])])
+    assert out.job_memory == {41: 1234}
+    runtime.stop(41, grace_s=0.5)
+    recorder.wait_exit(41)
+
+
+def test_a_job_on_a_mig_instance_uses_what_the_instance_reports() -> None:
+    jobs = [RunningJob(3, ("MIG-a-1",), "pid:999999"), RunningJob(4, ("MIG-a-2",), "pid:999998")]
+    (out,) = JobMemory(lambda: jobs).annotate([sample(mig_memory={"MIG-a-1": 4_000, "MIG-a-3": 10})])
+    # MIG-a-3 holds no job of this agent; job 4's instance was not read: neither is guessed.
+    assert out.job_memory == {3: 4_000}
+
+
+def test_simulated_jobs_sharing_a_gpu_are_told_apart() -> None:
+    backend = SimulatedBackend("n1", ["A100-80GB", "A100-80GB:mig=1g.10gb*7"], seed=3)
+    shared, mig = backend.discover()
+    backend.assign(shared.uuid, "job-11", "const:60:0.2")
+    backend.assign(shared.uuid, "job-12", "const:30:0.1")
+    backend.assign(mig.mig_devices[0].uuid, "job-13", "const:50:0.5")
+    sampler_jobs = [RunningJob(13, (mig.mig_devices[0].uuid,), "")]
+    samples = JobMemory(lambda: sampler_jobs, job_of_pid=backend.job_of_pid).annotate(backend.sample(time.time()))
+    on_shared, on_mig = (s.job_memory or {} for s in samples)
+    assert set(on_shared) == {11, 12}
+    assert on_shared[11] == pytest.approx(0.2 * 81920, rel=0.05)
+    assert on_shared[12] == pytest.approx(0.1 * 81920, rel=0.05)
+    assert set(on_mig) == {13} and on_mig[13] > 0
+    backend.release(shared.uuid, "job-11")
+    later = JobMemory(lambda: sampler_jobs, job_of_pid=backend.job_of_pid).annotate(backend.sample(time.time() + 11))
+    assert set(later[0].job_memory or {}) == {12}
+
+
+def test_job_memory_travels_in_the_row_and_back() -> None:
+    out = sample(processes=[(10, 5)], job_memory={7: 5, 8: 0})
+    row = sample_to_row(out)
+    assert row[-1]["j"] == [[7, 5], [8, 0]]
+    assert row_to_sample(row, 0.0).job_memory == {7: 5, 8: 0}
+    assert "j" not in sample_to_row(sample(processes=[], job_memory={}))[-1]  # nothing attributed: nothing sent
+
+
+def test_a_failing_attribution_does_not_cost_the_tick_its_readings() -> None:
+    sent: list[dict[str, Any]] = []
+    backend = SimulatedBackend("n1", ["A100-80GB"], seed=1)
+    sampler = Sampler(backend, sent.append, node="n1")
+
+    def broken(samples: list[GpuSample]) -> list[GpuSample]:
+        raise OSError("proc is gone")
+
+    sampler.annotate = broken
+    sampler._tick(time.time())
+    assert len(sent) == 1 and sent[0]["g"][0][0] == backend.discover()[0].uuid
+
+
+def test_the_agents_sampler_sends_each_jobs_memory(tmp_path: Path) -> None:
+    # The whole agent side at once: a job started by the runtime, followed by the simulated GPU, attributed.
+    backend = SimulatedBackend("n1", ["A100-80GB"], seed=2, slow_every_s=0.0)
+    (gpu,) = backend.discover()
+    backend.assign(gpu.uuid, "job-21", "const:70:0.3")
+    sent: list[dict[str, Any]] = []
+    sampler = Sampler(backend, sent.append, node="n1")
+    sampler.annotate = JobMemory(lambda: [RunningJob(21, (gpu.uuid,), "")], job_of_pid=backend.job_of_pid).annotate
+    sampler._tick(time.time())
+    (row,) = sent[0]["g"]
+    assert [job for job, _ in row[-1]["j"]] == [21]

@@ -1,0 +1,137 @@
+"""Which portal job uses how much memory on each GPU: the node agent's attribution of GPU processes to jobs.
+
+Why: on a GPU split into shares, NVML's memory used is what all the share's jobs hold together, and a job that
+outgrows its budget cannot be told from its neighbours. NVML lists the processes on each GPU with the memory each
+one holds (read every ~10 s); the agent knows which job each process belongs to:
+- process runtime: a job is its own session (started with `start_new_session`), so a process belongs to the job
+  whose leader's pid is its session id (`/proc/<pid>/stat`), whatever it forked;
+- docker runtime: a container's processes are in cgroups whose path holds the container's id
+  (`/proc/<pid>/cgroup`, both cgroup v1 and v2 layouts);
+- simulated GPUs: the backend knows the pid it gave each job's load (`job_of_pid`);
+- a MIG instance holds one job, so a job on an instance uses what the instance reports, even when NVML gives the
+  processes of a GPU in MIG mode without their memory.
+
+NVML's pids are the host's: an agent run in a container of its own needs the host's PID namespace for this.
+A process that belongs to no job of this agent (a user's shell, another tool) is left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from workers.gpu.base import GpuSample
+from workers.runtimes.process import proc_stat
+
+logger = logging.getLogger(__name__)
+
+PROC = Path("/proc")
+_CONTAINER_ID = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningJob:
+    """What the agent knows of one of its running jobs: the devices it was given and the runtime's handle."""
+
+    job_id: int
+    devices: tuple[str, ...]  # GPU uuids, or the MIG instance uuid
+    handle: str  # "pid:<leader>" (process runtime) or the container id (docker)
+
+
+def session_of(pid: int, proc: Path = PROC) -> int | None:
+    """The session id of a process (field 6 of /proc/<pid>/stat), or None when it is gone or unreadable."""
+    fields = proc_stat(pid, proc)
+    try:
+        return None if fields is None else int(fields[3])
+    except (IndexError, ValueError):
+        return None
+
+
+def container_of(pid: int, proc: Path = PROC) -> str | None:
+    """The 64-hex container id in a process's cgroup paths (Docker's `/docker/<id>` or `docker-<id>.scope`)."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    match = _CONTAINER_ID.search(text)
+    return match.group(1) if match else None
+
+
+class JobMemory:
+    """Fills `GpuSample.job_memory` from the processes and MIG readings of a tick (see the module docstring).
+
+    `jobs` lists the agent's running jobs (called once per tick that has something to attribute); `job_of_pid`,
+    when given, names the job of a pid first (the simulated backend's)."""
+
+    def __init__(
+        self,
+        jobs: Callable[[], list[RunningJob]],
+        *,
+        job_of_pid: Callable[[int], int | None] | None = None,
+        proc: Path = PROC,
+    ) -> None:
+        self._jobs = jobs
+        self._job_of_pid = job_of_pid
+        self._proc = proc
+
+    def annotate(self, samples: list[GpuSample]) -> list[GpuSample]:
+        """The samples, each with the memory of the jobs found on it (unchanged when nothing was read)."""
+        if not any(s.processes or s.mig_memory for s in samples):
+            return samples
+        running = self._jobs()
+        by_session: dict[int, int] = {}
+        by_container: dict[str, int] = {}
+        on_device: dict[str, int] = {}
+        for job in running:
+            if job.handle.startswith("pid:") and job.handle[4:].isdigit():
+                by_session[int(job.handle[4:])] = job.job_id
+            elif job.handle:
+                by_container[job.handle] = job.job_id
+            for device in job.devices:
+                on_device[device] = job.job_id
+        out: list[GpuSample] = []
+        for sample in samples:
+            found = self._attribute(sample, by_session, by_container, on_device)
+            out.append(dataclasses.replace(sample, job_memory=found) if found is not None else sample)
+        return out
+
+    def _attribute(
+        self,
+        sample: GpuSample,
+        by_session: Mapping[int, int],
+        by_container: Mapping[str, int],
+        on_device: Mapping[str, int],
+    ) -> dict[int, int] | None:
+        if sample.processes is None and not sample.mig_memory:
+            return None
+        found: dict[int, int] = {}
+        for pid, mib in sample.processes or ():
+            job_id = self._job_of(pid, by_session, by_container)
+            if job_id is not None:
+                found[job_id] = found.get(job_id, 0) + mib
+        for uuid, mib in (sample.mig_memory or {}).items():
+            job_id = on_device.get(uuid)
+            if job_id is not None:
+                # The instance's own reading counts the job's CUDA context too; it wins over the process sum.
+                found[job_id] = mib
+        if sample.processes is None and not found:
+            return None
+        return found
+
+    def _job_of(self, pid: int, by_session: Mapping[int, int], by_container: Mapping[str, int]) -> int | None:
+        if self._job_of_pid is not None:
+            job_id = self._job_of_pid(pid)
+            if job_id is not None:
+                return job_id
+        if by_session:
+            session = session_of(pid, self._proc)
+            if session is not None and session in by_session:
+                return by_session[session]
+        if by_container:
+            container = container_of(pid, self._proc)
+            if container is not None:
+                return by_container.get(container)
+        return None
