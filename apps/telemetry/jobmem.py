@@ -20,7 +20,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 
 from apps.core.redis import get_redis
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobState
 from apps.telemetry import keys
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,15 @@ def job_memory_readings(pairs: Iterable[tuple[int, str]]) -> dict[tuple[int, str
         if reading is not None:
             out[(job_id, uuid)] = reading
     return out
+
+
+def running_jobs_in(reservation_ids: Iterable[int]) -> list[tuple[int, int]]:
+    """(reservation id, job id) of the jobs running inside these reservations."""
+    ids = list(reservation_ids)
+    if not ids:
+        return []
+    rows = Job.objects.filter(reservation_id__in=ids, state=JobState.RUNNING).values_list("reservation_id", "id")
+    return [(int(r), int(j)) for r, j in rows if r is not None]
 
 
 def job_physical_uuids(job: Job) -> list[str]:

@@ -25,7 +25,7 @@ from apps.core.redis import get_redis
 from apps.fleet.models import Gpu, Node
 from apps.fleet.selectors import gpu_holders, gpu_parts, part_label
 from apps.telemetry import keys
-from apps.telemetry.jobmem import job_memory_readings
+from apps.telemetry.jobmem import job_memory_readings, running_jobs_in
 from apps.telemetry.selectors import all_latest_samples, is_stale
 
 logger = logging.getLogger(__name__)
@@ -164,16 +164,29 @@ def add_parts(
 def share_job_memory(
     parts: Mapping[str, list[dict[str, Any]]], holders: Mapping[str, dict[str, Any]], *, now: float
 ) -> dict[str, int]:
-    """What the job holding each share uses now (by the share's uuid), from its node's attribution of the GPU's
-    processes (apps.telemetry.jobmem): a share has no memory reading of its own. One Redis round trip."""
-    wanted: dict[tuple[int, str], str] = {}
+    """What the jobs on each share use now (by the share's uuid), from their node's attribution of the GPU's
+    processes (apps.telemetry.jobmem): a share has no memory reading of its own. A share held by a reservation shows
+    the jobs running inside it. One Redis round trip, plus one query while a reservation holds a share."""
+    wanted: dict[tuple[int, str], str] = {}  # (job id, GPU uuid) -> the share shown
+    reserved: dict[int, list[tuple[str, str]]] = {}  # reservation id -> [(GPU uuid, share uuid)]
     for gpu_uuid, gpu_parts_ in parts.items():
         for p in gpu_parts_:
             holder = holders.get(p["uuid"])
-            if p["kind"] == "share" and holder is not None and holder["kind"] == "job":
-                wanted[(int(holder["id"]), gpu_uuid)] = p["uuid"]
-    readings = job_memory_readings(wanted)
-    return {wanted[pair]: r.used_mib for pair, r in readings.items() if r.fresh(now)}
+            if p["kind"] != "share" or holder is None:
+                continue
+            if holder["kind"] == "job":
+                wanted.setdefault((int(holder["id"]), gpu_uuid), p["uuid"])
+            else:
+                reserved.setdefault(int(holder["id"]), []).append((gpu_uuid, p["uuid"]))
+    for reservation_id, job_id in running_jobs_in(reserved):
+        for gpu_uuid, share in reserved[reservation_id]:
+            # A job's reading is per GPU: with two shares of one GPU in one reservation, the first one shows it.
+            wanted.setdefault((job_id, gpu_uuid), share)
+    out: dict[str, int] = {}
+    for pair, reading in job_memory_readings(wanted).items():
+        if reading.fresh(now):
+            out[wanted[pair]] = out.get(wanted[pair], 0) + reading.used_mib
+    return out
 
 
 def parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:

@@ -5,11 +5,13 @@ A node reports only for its own GPUs, and a reading for a job that is not on tha
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
+from apps.booking.services import reservation_create
 from apps.core.redis import get_redis
 from apps.fleet import services as fleet_services
 from apps.fleet.messages import MAX_JOBS_PER_GPU, check_row
@@ -83,6 +85,19 @@ def test_a_shares_job_has_its_own_reading_and_peak(alice, vision, ready, sent, a
     assert get_redis().hlen(keys.JOB_MEMORY) == 0
     later = job_memory(Job.objects.get(pk=quarter.pk), now=time.time() + 60)
     assert (later.used_mib, later.peak_mib) == (None, 15_000)  # no fresh reading: nothing "now", the peak stays
+
+
+def test_a_share_held_by_a_reservation_shows_the_job_running_inside_it(alice, vision, ready, sent):
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    booked = reservation_create(user=alice, team=vision, start=start, end=start + timedelta(hours=1), gpu_share="0.25")
+    inside = _started(alice, vision, reservation_id=booked.reservation.pk)
+    _report("shared", "GPU-shared-0", [[inside.pk, 7_000]])
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    (holder,) = shared["holder"]
+    assert (holder["kind"], holder["used"]) == ("reservation", 7_000)
+    flush_job_memory()
+    assert Job.objects.get(pk=inside.pk).gpu_memory_own_peak_mib == 7_000
 
 
 def test_a_stale_reading_is_not_shown_as_now(alice, vision, ready, sent):
