@@ -253,3 +253,20 @@ def test_the_inventory_lists_recent_exits_for_a_while(make_runner, monkeypatch):
     assert runner.inventory() == [{"job_id": 19, "status": "exited"}]
     monkeypatch.setattr(agent_jobs, "EXITED_LISTED_S", 0.0)
     assert runner.inventory() == []
+
+
+def test_running_jobs_name_their_devices_and_handles_for_the_memory_attribution(make_runner) -> None:
+    from workers.gpu.base import GpuSample
+    from workers.jobmem import JobMemory
+
+    runner, sender = make_runner()
+    assert runner.launch(request(41, "sh", "-c", "sleep 30 & echo child $!; wait"))
+    child = int(sender.wait(lambda: [t for _, _, t in sender.lines_of(41)])[0].split()[1])
+    (job,) = runner.running_jobs()
+    assert (job.job_id, job.devices, job.handle.startswith("pid:")) == (41, ("GPU-0001",), True)
+    sample = GpuSample("GPU-0001", 0.0, 0, 500, 81920, 30, 60.0, 210, processes=[(child, 500)])
+    (out,) = JobMemory(runner.running_jobs).annotate([sample])
+    assert out.job_memory == {41: 500}
+    runner.cancel(41, 0.5)
+    sender.exit_of(41)
+    assert runner.running_jobs() == []

@@ -218,3 +218,15 @@ def test_telemetry_backlog_drops_the_oldest(agent: Agent) -> None:
     for seq in range(10):
         agent.link.telemetry({"type": "telemetry", "seq": seq})
     assert agent.link.pending() == 5 and agent.link.stats.dropped_telemetry == 5
+
+
+def test_the_agents_telemetry_names_the_jobs_on_its_gpus(agent: Agent) -> None:
+    # The agent wires its job runner's jobs into the sampler: the simulated load of job 5 comes back as job 5's.
+    assert isinstance(agent.backend, SimulatedBackend)
+    agent.backend.assign(agent.gpus[1].uuid, "job-5", "const:50:0.25")
+    sent: list[dict[str, object]] = []
+    agent.sampler.send = sent.append
+    agent.sampler._tick(time.time())  # the first tick reads the processes
+    rows = {row[0]: row for row in sent[0]["g"]}  # type: ignore[attr-defined]
+    assert [job for job, _ in rows[agent.gpus[1].uuid][-1]["j"]] == [5]
+    assert rows[agent.gpus[0].uuid][-1]["p"] == [] and "j" not in rows[agent.gpus[0].uuid][-1]  # read, no job
