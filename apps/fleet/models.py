@@ -193,3 +193,18 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.index} ({self.model.name})"
+
+    def part_label(self, shares: int | None = None) -> str:
+        """How pages name a part: its MIG profile ("1g.10gb"), or "share 2/4" for the second of four shares; "" for
+        a whole GPU. `shares`: the parent's share count when the caller has it (otherwise read from the parent)."""
+        if self.kind == DeviceKind.MIG:
+            return self.mig_profile
+        if self.kind == DeviceKind.SHARE:
+            count = shares if shares is not None else (self.parent.shares if self.parent is not None else 0)
+            return f"share {self.index + 1}/{count}"
+        return ""
+
+    @property
+    def part_name(self) -> str | None:
+        """`part_label()`, None for a whole GPU (the job API's `part`)."""
+        return self.part_label() or None

@@ -8,7 +8,7 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from apps.accounts.types import AnyUser
-from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, Node, NodeStatus
+from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
 
 
 def gpu_models_visible_to(*, user: AnyUser) -> QuerySet[GpuModel]:
@@ -54,7 +54,7 @@ def gpu_parts(*, gpu_ids: list[int] | None = None) -> dict[int, list[Gpu]]:
 
 def part_label(part: Gpu, shares: int) -> str:
     """How pages name a part: its MIG profile ("1g.10gb"), or "share 2/4" for the second of four shares."""
-    return part.mig_profile if part.kind == DeviceKind.MIG else f"share {part.index + 1}/{shares}"
+    return part.part_label(shares)
 
 
 def gpu_holders() -> dict[str, dict[str, Any]]:

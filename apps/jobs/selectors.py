@@ -59,11 +59,15 @@ def jobs_visible_to(*, user: AnyUser) -> QuerySet[Job]:
     return Job.objects.visible_to(user).select_related("team", "user", "node").order_by("-submitted_at", "-id")
 
 
+# MIG instances and shares are devices of a job too (`Gpu.objects` would hide them); a part names its GPU.
+_DEVICES = Gpu.devices.select_related("model", "node", "parent")
+
+
 def job_detail_queryset(*, user: AnyUser) -> QuerySet[Job]:
     return (
         Job.objects.visible_to(user)
         .select_related("team", "user", "node")
-        .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.select_related("model", "node").order_by("index")))
+        .prefetch_related(Prefetch("gpus", queryset=_DEVICES.order_by("index")))
     )
 
 
@@ -78,13 +82,13 @@ def job_get(*, user: AnyUser, job_id: int) -> Job:
 def job_gpus_used(*, job: Job) -> list[Gpu]:
     """The GPUs the job holds or ran on. `job.gpus` while it is placed; for a job whose placement was not kept
     there, its job allocations, then its ledger rows (a job that ended still shows where it ran)."""
-    gpus = list(job.gpus.all())
+    gpus = list(job.gpus.all())  # the prefetched devices (job_detail_queryset), or a query for them
     if gpus or job.started_at is None:
         return gpus
     ids = set(Allocation.objects.filter(kind=AllocationKind.JOB, job_id=job.pk).values_list("gpu_id", flat=True))
     if not ids:
         ids = set(UsageRecord.objects.filter(source=SourceKind.JOB, source_id=job.pk).values_list("gpu_id", flat=True))
-    return list(Gpu.objects.filter(pk__in=ids).select_related("model", "node").order_by("node__name", "index"))
+    return list(_DEVICES.filter(pk__in=ids).order_by("node__name", "index"))
 
 
 def job_events(*, job: Job) -> QuerySet[JobEvent]:

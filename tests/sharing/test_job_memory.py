@@ -114,6 +114,7 @@ def test_a_share_jobs_guidance_is_judged_against_its_share(alice, vision, ready,
     _report("shared", "GPU-shared-0", [[quarter.pk, 19_500]])  # 95% of the 20 GiB share; 24% of the GPU
     body = api_as(alice).get(f"/api/v1/jobs/{quarter.pk}/").json()
     assert body["gpu_memory_peak_mib"] == 19_500
+    assert [(d["kind"], d["parent_uuid"], d["part"]) for d in body["gpus"]] == [("share", "GPU-shared-0", "share 1/4")]
     codes = {a["code"]: a["detail"] for a in body["advice"]}
     assert "amp" in codes and "of 20480 MiB" in codes["amp"]
     assert "input_bound" not in codes  # the utilization is the whole GPU's, not the job's to judge
@@ -121,6 +122,7 @@ def test_a_share_jobs_guidance_is_judged_against_its_share(alice, vision, ready,
     page = client.get(f"/jobs/{quarter.pk}/").content.decode()
     assert '<strong id="job-mem-peak">19500 MiB</strong> of 20480 MiB' in page
     assert "On a GPU share: the memory is the job's own" in page and 'data-code="amp"' in page
+    assert "<td>shared/0 · share 1/4</td>" in page and 'data-gpus="GPU-shared-0"' in page
 
 
 def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_as, client):
@@ -128,6 +130,12 @@ def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_
     _report("mig", "GPU-mig-0", [[mig.pk, 3_000]])  # the agent's reading of the job's instance
     body = api_as(alice).get(f"/api/v1/jobs/{mig.pk}/").json()
     assert body["gpu_memory_peak_mib"] == 3_000
+    (device,) = body["gpus"]  # the instance it holds, named, with its GPU
+    assert (device["kind"], device["parent_uuid"], device["part"]) == ("mig", "GPU-mig-0", "1g.10gb")
+    assert device["uuid"].startswith("MIG-") and device["node"] == "mig"
+    client.force_login(alice)
+    page = client.get(f"/jobs/{mig.pk}/").content.decode()
+    assert f'<tr data-uuid="GPU-mig-0" data-part="{device["uuid"]}" data-kind="mig"><td>mig/0 · 1g.10gb</td>' in page
     codes = {a["code"]: a["detail"] for a in body["advice"]}
     assert "its 1g.10gb instance's 9728 MiB" in codes["smaller_gpu"]
     flush_job_memory()

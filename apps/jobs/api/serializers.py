@@ -115,10 +115,16 @@ class JobInput(serializers.Serializer[Any]):
 
 
 class JobGpuOutput(FastOutputMixin, serializers.Serializer[Any]):
+    """A device the job holds: a whole GPU, or a MIG instance or share (`kind`) with its GPU's uuid (`parent_uuid`)
+    and its name on the pages (`part`: "1g.10gb", "share 2/4")."""
+
     uuid = serializers.CharField()
     index = serializers.IntegerField()
     model = serializers.CharField(source="model.name")
     node = serializers.CharField(source="node.name")
+    kind = serializers.CharField()
+    parent_uuid = serializers.CharField(source="parent.uuid", default=None)
+    part = serializers.CharField(source="part_name", default=None)
 
 
 class JobOutput(FastOutputMixin, serializers.ModelSerializer[Job]):

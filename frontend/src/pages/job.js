@@ -127,10 +127,17 @@ function init() {
       const rows = body.results || body;
       for (const g of rows) {
         if (!uuids.includes(g.uuid)) continue;
-        const tr = document.querySelector(`#job-gpus tr[data-uuid="${CSS.escape(g.uuid)}"]`);
-        if (!tr) continue;
-        tr.querySelector(".util").textContent = window.Portal.pct(g.utilization);
-        tr.querySelector(".mem").textContent = window.Portal.mib(g.memory_used_mib);
+        for (const tr of document.querySelectorAll(`#job-gpus tr[data-uuid="${CSS.escape(g.uuid)}"]`)) {
+          // A part shows its GPU's utilization (NVML has none per part) and, for a MIG instance, its own memory;
+          // a share's memory is its job's own, in the memory panel below.
+          tr.querySelector(".util").textContent = window.Portal.pct(g.utilization);
+          let mem = g.memory_used_mib;
+          if (tr.dataset.part) {
+            const instance = (g.mig_devices || []).find((d) => d.uuid === tr.dataset.part);
+            mem = instance ? instance.memory_used_mib : null;
+          }
+          tr.querySelector(".mem").textContent = window.Portal.mib(mem);
+        }
       }
     } catch (e) { /* the fleet API may be away for a moment; try again next tick */ }
   }
