@@ -203,8 +203,3 @@ class Gpu(models.Model):
             count = shares if shares is not None else (self.parent.shares if self.parent is not None else 0)
             return f"share {self.index + 1}/{count}"
         return ""
-
-    @property
-    def part_name(self) -> str | None:
-        """`part_label()`, None for a whole GPU (the job API's `part`)."""
-        return self.part_label() or None

@@ -114,7 +114,10 @@ def test_a_share_jobs_guidance_is_judged_against_its_share(alice, vision, ready,
     _report("shared", "GPU-shared-0", [[quarter.pk, 19_500]])  # 95% of the 20 GiB share; 24% of the GPU
     body = api_as(alice).get(f"/api/v1/jobs/{quarter.pk}/").json()
     assert body["gpu_memory_peak_mib"] == 19_500
-    assert [(d["kind"], d["parent_uuid"], d["part"]) for d in body["gpus"]] == [("share", "GPU-shared-0", "share 1/4")]
+    # A share is listed as its GPU with the fraction held (what the container is given), as a booking lists it.
+    assert body["gpus"] == [
+        {"uuid": "GPU-shared-0", "node": "shared", "index": 0, "model": "A100-80GB", "profile": None, "share": 0.25}
+    ]
     codes = {a["code"]: a["detail"] for a in body["advice"]}
     assert "amp" in codes and "of 20480 MiB" in codes["amp"]
     assert "input_bound" not in codes  # the utilization is the whole GPU's, not the job's to judge
@@ -130,9 +133,14 @@ def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_
     _report("mig", "GPU-mig-0", [[mig.pk, 3_000]])  # the agent's reading of the job's instance
     body = api_as(alice).get(f"/api/v1/jobs/{mig.pk}/").json()
     assert body["gpu_memory_peak_mib"] == 3_000
-    (device,) = body["gpus"]  # the instance it holds, named, with its GPU
-    assert (device["kind"], device["parent_uuid"], device["part"]) == ("mig", "GPU-mig-0", "1g.10gb")
-    assert device["uuid"].startswith("MIG-") and device["node"] == "mig"
+    (device,) = body["gpus"]  # the instance it holds, as a booking lists it
+    assert (device["profile"], device["parent"], device["share"], device["node"]) == (
+        "1g.10gb",
+        "GPU-mig-0",
+        0.142857,
+        "mig",
+    )
+    assert device["uuid"].startswith("MIG-")
     client.force_login(alice)
     page = client.get(f"/jobs/{mig.pk}/").content.decode()
     assert f'<tr data-uuid="GPU-mig-0" data-part="{device["uuid"]}" data-kind="mig"><td>mig/0 · 1g.10gb</td>' in page

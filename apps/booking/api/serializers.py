@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.booking.models import Reservation
+from apps.fleet.models import Gpu
 from portal.internals.drf_output import FastOutputMixin
 
 
@@ -81,14 +82,14 @@ class ReservationOutput(FastOutputMixin, serializers.ModelSerializer[Reservation
         return obj.gpu_model.name if obj.gpu_model else None
 
     def get_gpus(self, obj: Reservation) -> list[dict[str, Any]]:
-        rows = []
-        for a in obj.allocations.all():
-            g, parent = a.gpu, a.gpu.parent
-            rows.append(
-                (g.uuid, g.node.name, g.index, g.model.name, g.kind, g.mig_profile, g.capacity,
-                 parent.uuid if parent else None, parent.index if parent else None)
-            )  # fmt: skip
-        return allocated_devices(rows)
+        return allocated_devices([device_row(a.gpu) for a in obj.allocations.all()])
+
+
+def device_row(g: Gpu) -> tuple[Any, ...]:
+    """One device held, as `allocated_devices` reads it (its node, model and parent loaded with it)."""
+    parent = g.parent
+    return (g.uuid, g.node.name, g.index, g.model.name, g.kind, g.mig_profile, g.capacity,
+            parent.uuid if parent else None, parent.index if parent else None)  # fmt: skip
 
 
 def allocated_devices(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.booking.api.serializers import allocated_devices, device_row
 from apps.efficiency.jobinfo import JobEfficiency, job_efficiency
 from apps.jobs.models import ContainerImage, Job, JobEvent, JobLogLine
 from portal.internals.drf_output import FastOutputMixin
@@ -114,17 +115,25 @@ class JobInput(serializers.Serializer[Any]):
     network = NetworkField(required=False, help_text="jobs run without a network")
 
 
-class JobGpuOutput(FastOutputMixin, serializers.Serializer[Any]):
-    """A device the job holds: a whole GPU, or a MIG instance or share (`kind`) with its GPU's uuid (`parent_uuid`)
-    and its name on the pages (`part`: "1g.10gb", "share 2/4")."""
-
-    uuid = serializers.CharField()
-    index = serializers.IntegerField()
-    model = serializers.CharField(source="model.name")
-    node = serializers.CharField(source="node.name")
-    kind = serializers.CharField()
-    parent_uuid = serializers.CharField(source="parent.uuid", default=None)
-    part = serializers.CharField(source="part_name", default=None)
+# What a job holds, in the shape a booking's `gpus` has (apps.booking.api.serializers.allocated_devices): a whole GPU
+# with share 1.0; a MIG instance by its own uuid with its profile and parent GPU; the shares of one GPU as that GPU's
+# uuid with their sum (what the job's container is given).
+_JOB_GPUS_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "uuid": {"type": "string"},
+            "node": {"type": "string"},
+            "index": {"type": "integer"},
+            "model": {"type": "string"},
+            "profile": {"type": "string", "nullable": True, "description": "a MIG instance's profile"},
+            "share": {"type": "number", "description": "of the physical GPU; 1.0 for a whole one"},
+            "parent": {"type": "string", "description": "a MIG instance's GPU"},
+        },
+        "required": ["uuid", "node", "index", "model", "profile", "share"],
+    },
+}
 
 
 class JobOutput(FastOutputMixin, serializers.ModelSerializer[Job]):
@@ -228,7 +237,7 @@ class AdviceOutput(serializers.Serializer[Any]):
 
 
 class JobDetailOutput(JobOutput):
-    gpus = JobGpuOutput(many=True, read_only=True)
+    gpus = serializers.SerializerMethodField()
     events = serializers.SerializerMethodField()
     gpu_memory_peak_mib = serializers.SerializerMethodField()
     gpu_utilization_mean = serializers.SerializerMethodField()
@@ -261,6 +270,11 @@ class JobDetailOutput(JobOutput):
     @extend_schema_field(AdviceOutput(many=True))
     def get_advice(self, job: Job) -> list[dict[str, str]]:
         return self._efficiency(job).advice
+
+    @extend_schema_field(_JOB_GPUS_SCHEMA)
+    def get_gpus(self, job: Job) -> list[dict[str, Any]]:
+        # .all(): the prefetched devices, parts with their GPU (apps.jobs.selectors.job_detail_queryset).
+        return allocated_devices([device_row(g) for g in job.gpus.all()])
 
     def get_events(self, job: Job) -> list[dict[str, Any]]:
         # .all() and a sort here rather than order_by: a prefetched timeline (a job just submitted) is used as is.
