@@ -1,0 +1,71 @@
+"""A job on a MIG instance or a share, on its page in headless Chromium: the device it holds is listed with its GPU,
+the GPU's live utilization and, for an instance, the instance's own memory; the memory panel shows the job's own
+peak against its part."""
+
+from __future__ import annotations
+
+import shutil
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.fleet import services as fleet_services
+from apps.fleet.models import Gpu
+from apps.jobs.models import Job, JobState
+from apps.telemetry.ingest import telemetry_ingest
+from tests.browser.test_pages import signed_in
+from tests.fleet.util import row, telemetry
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium"),
+]
+
+
+def _running(alice: Any, vision: Any, device: Gpu, **fields: Any) -> Job:
+    job = Job.objects.create(
+        team=vision, user=alice, image="x", command=["python", "serve.py"], gpu_count=1, cpus=Decimal(1),
+        memory_mib=1024, max_duration_s=3600, state=JobState.RUNNING, node=device.node,
+        started_at=timezone.now(), **fields,
+    )  # fmt: skip
+    job.gpus.set([device])
+    return job
+
+
+def test_a_part_job_page_shows_its_device_and_memory(
+    live_portal: Any, alice: Any, vision: Any, sharing_fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    instance = Gpu.devices.filter(parent__uuid="GPU-mig-0").order_by("index").first()
+    share = Gpu.devices.filter(parent__uuid="GPU-shared-0").order_by("index").first()
+    assert instance is not None and share is not None
+    on_instance = _running(alice, vision, instance, mig_profile="1g.10gb")
+    on_share = _running(alice, vision, share, gpu_share=Decimal("0.25"))
+    for node, uuid, used, extra in (
+        ("mig", "GPU-mig-0", 7_000, {"m": [[instance.uuid, 5_120]], "j": [[on_instance.pk, 5_120]]}),
+        ("shared", "GPU-shared-0", 30_000, {"j": [[on_share.pk, 19_500]]}),
+    ):
+        _, token = fleet_services.node_token_issue(node_name=node)
+        assert telemetry_ingest(telemetry(node, token, [row(uuid, util=63, mem=used, extra=extra)])).accepted == 1
+
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/jobs/{on_instance.pk}/")
+        part = page.locator(f'#job-gpus tr[data-part="{instance.uuid}"]')
+        assert part.locator("td").first.inner_text() == "mig/0 · 1g.10gb"
+        page.wait_for_function("document.querySelector('#job-gpus tr[data-part] .util').textContent !== '—'")
+        assert part.locator(".util").inner_text() == "63%"  # its GPU's: NVML has no utilization per instance
+        assert part.locator(".mem").inner_text() == "5.0 GiB"  # the instance's own, not the GPU's 7,000 MiB
+        assert page.inner_text("#job-mem-peak") == "5120 MiB"
+
+        page.goto(f"{live_portal.url}/jobs/{on_share.pk}/")
+        part = page.locator(f'#job-gpus tr[data-part="{share.uuid}"]')
+        assert part.locator("td").first.inner_text() == "shared/0 · share 1/4"
+        page.wait_for_function("document.querySelector('#job-gpus tr[data-part] .util').textContent !== '—'")
+        assert part.locator(".util").inner_text() == "63%"
+        assert part.locator(".mem").inner_text() == "—"  # the GPU's 30,000 MiB are its neighbours' too
+        assert page.inner_text("#job-mem-peak") == "19500 MiB"
+        assert "of 20480 MiB" in page.inner_text("#job-efficiency")
+        assert "the utilization is the whole GPU's" in page.inner_text("#job-part-note")
