@@ -164,3 +164,30 @@ def test_drag_on_a_row_picks_that_gpu_and_cancel(page, fleet):
     r.refresh_from_db()
     assert r.status in (ReservationStatus.CANCELLED, ReservationStatus.RELEASED)
     assert r.end - r.start <= timedelta(hours=3)
+
+
+def test_a_gpu_the_teams_quota_excludes_is_refused_when_picked(page, live_portal, fleet, vision, h100):
+    from apps.booking.models import Quota
+
+    Quota.objects.create(team=vision, gpu_hours=None).allowed_models.set([h100])
+    page.reload()  # the page lists each team's allowed models when it loads
+    page.wait_for_selector(".tl-row[data-gpu-uuid]")
+    page.select_option("#tl-days", "3")
+    page.wait_for_timeout(300)
+
+    def drag(uuid: str) -> None:
+        box = page.locator(f'.tl-row[data-gpu-uuid="{uuid}"] .tl-track').bounding_box()
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + box["width"] * (24 + 18) / 72 + 1, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * (24 + 21) / 72 - 1, y, steps=5)
+        page.mouse.up()
+
+    drag("GPU-small-0")  # an A100: not for vision this month
+    assert page.locator("#book-picked").is_hidden()
+    assert "quota does not allow A100-80GB: pick a GPU of H100-80GB" in page.inner_text("#book-error")
+    drag("GPU-small-5")  # an H100: taken, and the refusal is gone
+    assert "small/5" in page.inner_text("#book-picked") and page.locator("#book-error").is_hidden()
+    page.click("#book-submit")
+    page.wait_for_selector("#book-success:not([hidden])")
+    assert [a.gpu.uuid for a in Reservation.objects.get().allocations.all()] == ["GPU-small-5"]

@@ -71,6 +71,16 @@ function setWindow(s, e) {
   el.start.value = toInput(s);
   el.end.value = toInput(e);
 }
+// A GPU the chosen team's quota excludes is refused when it is picked, not at submit.
+function quotaRefuses(gpu) {
+  const team = cfg.teams.find((t) => t.slug === el.team.value);
+  if (!gpu || !team || team.models.includes(gpu.model)) return "";
+  return `${team.name || team.slug}'s quota does not allow ${gpu.model}: pick a GPU of ${team.models.join(", ") || "another model"}, or another team.`;
+}
+function showRefusal(text) {
+  el.error.hidden = false;
+  el.error.replaceChildren(h("p", { "data-code": "quota_model" }, text));
+}
 function pickGpu(gpu) {
   state.gpu = gpu;
   el.picked.hidden = !gpu;
@@ -225,7 +235,11 @@ function syncModels() {
   el.model.replaceChildren(...names.map((n) => new Option(n, n)));
   if (names.includes(keep)) el.model.value = keep;
 }
-el.team.addEventListener("change", syncModels);
+el.team.addEventListener("change", () => {
+  syncModels();
+  const refused = quotaRefuses(state.gpu); // a GPU picked for another team
+  if (refused) { pickGpu(null); clearMessages(); showRefusal(refused); drawPick(); }
+});
 for (const input of [el.team, el.model, el.count, el.start, el.end, el.part].filter(Boolean)) {
   for (const type of ["input", "change"]) input.addEventListener(type, () => { drawPick(); refreshInfo(); });
 }
@@ -344,8 +358,10 @@ function startDrag(ev, gpu, track) {
       if (e <= s) e = new Date(s.getTime() + length);
     }
     setWindow(s, e);
-    pickGpu(gpu);
     clearMessages();
+    const refused = quotaRefuses(gpu);
+    pickGpu(refused ? null : gpu);
+    if (refused) showRefusal(refused);
     drawPick();
     refreshInfo();
   };
