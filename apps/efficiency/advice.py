@@ -100,10 +100,12 @@ def advise(
     failure: str | None,
     memory_mib: int,
     part: str = "",
+    shared: bool = False,
 ) -> list[Advice]:
     """Advice from the job's GPU use and its failure kind, each item with its number. `part` names the MIG instance
     or share the job ran on ("1g.10gb instance", "1/4 share"): memory is then judged against the part's, and
-    utilization, which is the whole GPU's, is not the job's own to judge."""
+    utilization, which is the whole GPU's, is not the job's own to judge. `shared`: the part is a share of a GPU
+    without memory isolation, where going over the budget takes memory from the jobs beside it."""
     out: list[Advice] = []
     peaks = [g.mem_peak_mib for g in gpus if g.mem_peak_mib is not None]
     peak = max(peaks) if peaks else None
@@ -131,6 +133,16 @@ def advise(
                 "nccl",
                 "NCCL failed or timed out between GPUs: check that every rank started (NCCL_DEBUG=INFO), the network "
                 "interface (NCCL_SOCKET_IFNAME), and that no rank ran out of memory first.",
+            )
+        )
+    if shared and peak is not None and total and peak > total:
+        out.append(
+            Advice(
+                "over_share",
+                f"Peak GPU memory {peak} MiB is above the share's budget of {total} MiB ({_pct(peak, total)}%): a "
+                "shared GPU has no memory isolation, so the jobs beside it may run out of memory. Keep the job within "
+                "its budget (it is told it in GPUPORTAL_GPU_MEMORY_MIB; torch.cuda.set_per_process_memory_fraction "
+                "holds PyTorch to it), or ask for a bigger share or a MIG instance.",
             )
         )
     if peak is not None and total:

@@ -107,6 +107,7 @@ def job_efficiency(job: Job) -> JobEfficiency:
         failure=out.failure,
         memory_mib=job.memory_mib,
         part=out.part,
+        shared=bool(parts) and parts[0].kind == DeviceKind.SHARE,
     )
     out.advice = [a.as_dict() for a in items]
     return out

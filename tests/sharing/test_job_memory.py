@@ -121,11 +121,20 @@ def test_a_share_jobs_guidance_is_judged_against_its_share(alice, vision, ready,
     codes = {a["code"]: a["detail"] for a in body["advice"]}
     assert "amp" in codes and "of 20480 MiB" in codes["amp"]
     assert "input_bound" not in codes  # the utilization is the whole GPU's, not the job's to judge
+    assert "over_share" not in codes  # 95% of its budget: within it
     client.force_login(alice)
     page = client.get(f"/jobs/{quarter.pk}/").content.decode()
     assert '<strong id="job-mem-peak">19500 MiB</strong> of 20480 MiB' in page
     assert "On a GPU share: the memory is the job's own" in page and 'data-code="amp"' in page
     assert "<td>shared/0 · share 1/4</td>" in page and 'data-gpus="GPU-shared-0"' in page
+
+
+def test_a_share_job_over_its_budget_is_told_so(alice, vision, ready, sent, api_as):
+    quarter = _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[quarter.pk, 30_000]])  # above the 20 GiB budget: nothing enforces it
+    codes = {a["code"]: a["detail"] for a in api_as(alice).get(f"/api/v1/jobs/{quarter.pk}/").json()["advice"]}
+    assert "above the share's budget of 20480 MiB (146%)" in codes["over_share"]
+    assert "GPUPORTAL_GPU_MEMORY_MIB" in codes["over_share"]
 
 
 def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_as, client):
