@@ -132,6 +132,14 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         else:
             gpus = f"{job['gpu_count']} GPU(s)"
         print(f"  {gpus}  submitted {job['submitted_at']}  cost {job['cost']} {job['currency']}")
+        if job.get("gpus"):
+            print(f"  on {', '.join(device_text(g) for g in job['gpus'])}")
+        if job.get("gpu_memory_peak_mib") is not None:
+            util = job.get("gpu_utilization_mean")
+            mean = f", mean utilization {util}%" if util is not None else ""
+            print(f"  GPU memory peak {job['gpu_memory_peak_mib']} MiB{mean}")
+        for item in job.get("advice") or []:
+            print(f"  advice {item['code']}: {item['detail']}")
     return 0
 
 

@@ -4,6 +4,7 @@ A node reports only for its own GPUs, and a reading for a job that is not on tha
 
 from __future__ import annotations
 
+import argparse
 import time
 from datetime import timedelta
 from typing import Any
@@ -157,3 +158,22 @@ def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_
     assert "its 1g.10gb instance's 9728 MiB" in codes["smaller_gpu"]
     flush_job_memory()
     assert Job.objects.get(pk=mig.pk).gpu_memory_own_peak_mib == 3_000
+
+
+def test_the_cli_status_shows_the_device_the_memory_and_the_advice(alice, vision, ready, sent, api_as, capsys):
+    from cli import gpuportal
+
+    quarter = _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[quarter.pk, 30_000]])
+    body = api_as(alice).get(f"/api/v1/jobs/{quarter.pk}/").json()
+
+    class Portal:  # answers with the API's own answer, as the CLI's client would
+        def request(self, method: str, path: str, **kwargs: Any) -> Any:
+            assert (method, path) == ("GET", f"/jobs/{quarter.pk}/")
+            return body
+
+    assert gpuportal.cmd_status(Portal(), argparse.Namespace(job_id=quarter.pk, json=False)) == 0  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert "  on 0.25 of GPU-shared-0\n" in out
+    assert "  GPU memory peak 30000 MiB\n" in out  # no rollups yet: no mean utilization to show
+    assert "  advice over_share: Peak GPU memory 30000 MiB is above the share's budget" in out
