@@ -157,23 +157,26 @@ def advise(
             )
         elif failure is None and peak * HEADROOM <= FAR_BELOW * total:
             need = peak * HEADROOM
-            out.append(
-                Advice(
-                    "smaller_gpu",
-                    f"Peak GPU memory {peak} MiB is {_pct(peak, total)}% of "
-                    f"{f'its {part}' if part else f'the {model}'}'s {total} MiB: a GPU with "
-                    f"{round(need / 1024)} GB or more would do.",
-                )
-            )
             mig = smallest_mig(model, need)
-            if mig is not None:
+            fits_mig = Advice(
+                "use_mig_profile",
+                f"Peak {peak} MiB with 20% headroom ({round(need)} MiB) fits a MIG {mig[0]} instance ({mig[1]} GB).",
+            ) if mig is not None else None  # fmt: skip
+            if part and not shared:
+                # Already on a MIG instance: only a strictly smaller profile is worth saying.
+                if fits_mig is not None and mig is not None and mig[1] * 1024 * MIG_USABLE < total:
+                    out.append(fits_mig)
+            else:
                 out.append(
                     Advice(
-                        "use_mig_profile",
-                        f"Peak {peak} MiB with 20% headroom ({round(need)} MiB) fits a MIG {mig[0]} instance "
-                        f"({mig[1]} GB).",
+                        "smaller_gpu",
+                        f"Peak GPU memory {peak} MiB is {_pct(peak, total)}% of "
+                        f"{f'its {part}' if part else f'the {model}'}'s {total} MiB: a GPU with "
+                        f"{round(need / 1024)} GB or more would do.",
                     )
                 )
+                if fits_mig is not None:
+                    out.append(fits_mig)
         # Judged on the GPUs that hold memory: an unused GPU beside them is "fewer_gpus", not a slow input.
         holding = [g for g in gpus if g.util_mean is not None and (g.mem_peak_mib or 0) >= 0.25 * g.mem_total_mib]
         held_util = sum(g.util_mean or 0 for g in holding) / len(holding) if holding else None
