@@ -9,21 +9,17 @@ where they outlive Redis.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 
 from apps.core.redis import get_redis
 from apps.jobs.models import Job, JobState
 from apps.telemetry import keys
-
-logger = logging.getLogger(__name__)
 
 # A field not reported for this long belongs to a job that ended or moved on: its peak is in the database by then.
 FORGET_AFTER_S = 600.0
@@ -125,13 +121,14 @@ def flush_job_memory(*, now: float | None = None) -> int:
     for r in readings:
         if (r.job_id, r.uuid) in own:
             peaks[r.job_id] = max(peaks.get(r.job_id, 0), r.peak_mib)
-    with transaction.atomic():
-        for job_id, peak in sorted(peaks.items()):  # sorted: concurrent flushes lock rows in one order
-            Job.objects.filter(pk=job_id).update(
-                gpu_memory_own_peak_mib=Greatest(Coalesce(F("gpu_memory_own_peak_mib"), Value(0)), Value(peak))
-            )
-    # After commit, so a crash in between only repeats the copy. A reading for a GPU that is not the job's is
-    # dropped at once (a node's mistake or lie must not sit in Redis).
+    # One statement per job, each its own transaction: a row lock held for one UPDATE, never across jobs, so the
+    # flush cannot deadlock with a scheduler pass that locks several jobs in its own order.
+    for job_id, peak in peaks.items():
+        Job.objects.filter(pk=job_id).update(
+            gpu_memory_own_peak_mib=Greatest(Coalesce(F("gpu_memory_own_peak_mib"), Value(0)), Value(peak))
+        )
+    # After the copy, so a crash in between only repeats it. A reading for a GPU that is not the job's is dropped
+    # at once (a node's mistake or lie must not sit in Redis).
     gone = [_field(r.job_id, r.uuid) for r in readings if now - r.ts > FORGET_AFTER_S or (r.job_id, r.uuid) not in own]
     if gone:
         redis.hdel(keys.JOB_MEMORY, *gone)
