@@ -60,6 +60,9 @@ def test_a_part_job_page_shows_its_device_and_memory(
         assert part.locator(".mem").inner_text() == "5.0 GiB"  # the instance's own, not the GPU's 7,000 MiB
         assert page.inner_text("#job-mem-peak") == "5120 MiB"
 
+    # A page of its own: leaving a running job's page aborts its log stream, which the page fixture counts as a
+    # failed request.
+    with signed_in(live_portal, alice, monkeypatch) as page:
         page.goto(f"{live_portal.url}/jobs/{on_share.pk}/")
         part = page.locator(f'#job-gpus tr[data-part="{share.uuid}"]')
         assert part.locator("td").first.inner_text() == "shared/0 · share 1/4"
