@@ -79,7 +79,10 @@ def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
     slots = page.locator(f'.tl-slot.mine[data-reservation-id="{reservation.pk}"]')
     slots.first.wait_for()
     assert slots.count() == 2
-    assert page.locator(f'#my-reservations tr[data-reservation-id="{reservation.pk}"]').count() == 1
+    # The timeline and the "my reservations" table reload side by side after a booking; wait for the table too.
+    mine = page.locator(f'#my-reservations tr[data-reservation-id="{reservation.pk}"]')
+    mine.first.wait_for()
+    assert mine.count() == 1
     # Availability follows: the same window now has 10 free.
     page.fill("#book-note", "")
     page.dispatch_event("#book-start", "change")
