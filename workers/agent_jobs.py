@@ -167,7 +167,7 @@ class JobRunner:
         sender: Sender,
         policy: ContainerPolicy,
         runtime_factory: Callable[[RuntimeEvents], Runtime],
-        on_gpus: Callable[[int, list[str], bool], None] | None = None,
+        on_gpus: Callable[[int, list[str], bool, int], None] | None = None,
         mps: MpsControl | None = None,
         gpu_index: Mapping[str, int] | None = None,
     ) -> None:
@@ -295,7 +295,7 @@ class JobRunner:
             # A cancel arrived between our bookkeeping and the runtime knowing the job: stop it now.
             self.runtime.stop(spec.job_id, grace_s=0.0)
         if self.on_gpus is not None:
-            self.on_gpus(spec.job_id, list(spec.gpu_uuids), True)
+            self.on_gpus(spec.job_id, list(spec.gpu_uuids), True, spec.gpu_memory_mib)
         return launched
 
     def _limit_share(self, spec: LaunchSpec) -> None:
@@ -373,7 +373,7 @@ class JobRunner:
             },
         )
         if self.on_gpus is not None and gpus:
-            self.on_gpus(outcome.job_id, gpus, False)
+            self.on_gpus(outcome.job_id, gpus, False, 0)
         # The runtime removes the container once this returns: give the sender a moment to get the report out,
         # so an agent killed right now leaves the container (and the outcome) for its successor, not nothing.
         deadline = time.monotonic() + EXIT_SEND_WAIT_S
@@ -480,17 +480,18 @@ class JobRunner:
 # --- Installing into the agent -----------------------------------------------------------------------------
 
 
-def _simulated_gpus(agent: AgentHost) -> Callable[[int, list[str], bool], None] | None:
-    """With simulated GPUs, make their telemetry follow the jobs (busy while a job runs, idle after)."""
+def _simulated_gpus(agent: AgentHost) -> Callable[[int, list[str], bool, int], None] | None:
+    """With simulated GPUs, make their telemetry follow the jobs (busy while a job runs, idle after). A job on a
+    share keeps to the memory budget it is told, as the job environment asks of it (runtimes/base.py)."""
     backend = agent.backend
     if agent.backend_kind != "simulated" or not isinstance(backend, SimulatedBackend):
         return None
 
-    def follow(job_id: int, gpus: list[str], running: bool) -> None:
+    def follow(job_id: int, gpus: list[str], running: bool, memory_mib: int) -> None:
         for gpu in gpus:
             try:
                 if running:
-                    backend.assign(gpu, f"job-{job_id}")
+                    backend.assign(gpu, f"job-{job_id}", memory_mib=memory_mib)
                 else:
                     backend.release(gpu, f"job-{job_id}")
             except Exception:

@@ -67,13 +67,13 @@ POLICY = ContainerPolicy(allowed_images=("*",), node_gpu_uuids=["GPU-0001", "GPU
 def make_runner(tmp_path: Path) -> Iterator[Callable[..., tuple[JobRunner, RecordingSender]]]:
     made: list[JobRunner] = []
 
-    def make(policy: ContainerPolicy = POLICY) -> tuple[JobRunner, RecordingSender]:
+    def make(policy: ContainerPolicy = POLICY, on_gpus: Any = None) -> tuple[JobRunner, RecordingSender]:
         sender = RecordingSender()
 
         def factory(events: RuntimeEvents) -> ProcessRuntime:
             return ProcessRuntime(state_dir=tmp_path / "state", events=events, timeout_grace_s=0.5)
 
-        runner = JobRunner(sender=sender, policy=policy, runtime_factory=factory)
+        runner = JobRunner(sender=sender, policy=policy, runtime_factory=factory, on_gpus=on_gpus)
         runner.start()
         made.append(runner)
         return runner, sender
@@ -270,3 +270,27 @@ def test_running_jobs_name_their_devices_and_handles_for_the_memory_attribution(
     runner.cancel(41, 0.5)
     sender.exit_of(41)
     assert runner.running_jobs() == []
+
+
+def test_simulated_gpus_follow_a_share_job_within_its_budget(make_runner) -> None:
+    from types import SimpleNamespace
+
+    from workers.agent_jobs import _simulated_gpus
+    from workers.gpu.simulated import SimulatedBackend
+
+    backend = SimulatedBackend("n1", ["A100-80GB"], seed=4)
+    (gpu,) = backend.discover()
+    follow = _simulated_gpus(SimpleNamespace(backend=backend, backend_kind="simulated"))  # type: ignore[arg-type]
+    policy = ContainerPolicy(allowed_images=("*",), node_gpu_uuids=[gpu.uuid])
+    runner, sender = make_runner(policy, on_gpus=follow)
+    body = request(51, "sleep", "30", gpu_uuids=[gpu.uuid], gpu_share=0.25, gpu_memory_mib=20_480)
+    assert runner.launch({**body, "env": {}})
+    assert backend.assignment(gpu.uuid) is not None and backend.assignment(gpu.uuid)[0] == "job-51"
+    backend.sample(time.time())
+    (sample,) = backend.sample(time.time() + 11)  # a slow tick: per-process memory
+    (pid_mib,) = sample.processes or []
+    assert backend.job_of_pid(pid_mib[0]) == 51
+    assert 0 < pid_mib[1] <= 20_480  # what it was told, not what its profile takes of a whole A100
+    runner.cancel(51, 0.5)
+    sender.exit_of(51)
+    assert backend.assignment(gpu.uuid) is None

@@ -131,6 +131,31 @@ def test_release_returns_to_idle() -> None:
     assert after[-1][0].sm_clock_mhz == spec.sm_clock_idle_mhz
 
 
+def test_jobs_on_shares_keep_to_their_memory_budgets() -> None:
+    # Two quarter jobs on one A100-80GB, each told a 20,480 MiB budget: each holds its profile's share of its
+    # budget (a trace profile from the GenAI set, and a constant 0.9 of the device), never more than the budget.
+    backend = SimulatedBackend("node-a", ["A100-80GB"], seed=5)
+    uuid = backend.discover()[0].uuid
+    backend.assign(uuid, "job-1", "const:40:0.9", memory_mib=20_480)
+    backend.assign(uuid, "job-2", memory_mib=20_480)
+    ticks = run(backend, 120)
+    for tick in ticks[::10]:
+        (sample,) = tick
+        assert sample.memory_used_mib <= 2 * 20_480 + 5
+    slow = backend.sample(T0 + 121)[0]
+    by_pid = dict(slow.processes or [])
+    assert len(by_pid) == 2
+    assert all(0 < mib <= 20_480 for mib in by_pid.values()), by_pid
+    assert max(by_pid.values()) == pytest.approx(0.9 * 20_480, rel=0.02)
+    # Without a budget the same constant profile takes 0.9 of the whole device (capped at 97%).
+    whole = SimulatedBackend("node-a", ["A100-80GB"], seed=5)
+    w = whole.discover()[0].uuid
+    whole.assign(w, "job-1", "const:40:0.9")
+    assert whole.sample(T0)[0].memory_used_mib == pytest.approx(0.9 * 81_920, rel=0.02)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        backend.assign(uuid, "job-3", memory_mib=-1)
+
+
 def test_trace_profile_is_followed_minute_by_minute() -> None:
     backend = SimulatedBackend("node-a", ["A100-80GB"], seed=11)
     uuid = backend.discover()[0].uuid

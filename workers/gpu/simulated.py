@@ -146,6 +146,7 @@ class _Run:
     offset_s: float
     started_at: float | None  # set by the first sample after assignment
     pid: int
+    memory_mib: int = 0  # a share's memory budget: the job scales its profile's memory to it (0: the whole GPU)
 
 
 class _SimGpu:
@@ -231,14 +232,19 @@ class SimulatedBackend:
 
     # -- control ---------------------------------------------------------------------------------------------
 
-    def assign(self, uuid: str, job_key: str, profile: str | None = None) -> None:
+    def assign(self, uuid: str, job_key: str, profile: str | None = None, *, memory_mib: int = 0) -> None:
         """Start a job on a GPU or on a MIG instance (a `MIG-` uuid). Without a profile one of the trace's work
         profiles is chosen from the job key, so all GPUs of one job follow the same profile in step (as
-        data-parallel training does)."""
+        data-parallel training does). ``memory_mib``: the budget of a job on a share of the GPU; the job holds
+        what its profile asks of a GPU of that size, as a job on a MIG instance does of the instance's memory
+        (nothing enforces a time-sliced share's budget: the simulated job is one that keeps to it)."""
         if profile is None:
             names = job_profiles()
             profile = names[_stable_int(self.seed, job_key, "profile") % len(names)]
+        if memory_mib < 0:
+            raise ValueError(f"a memory budget cannot be negative ({memory_mib} MiB)")
         run = self._new_run(job_key, parse_profile(profile), job_key)
+        run.memory_mib = memory_mib
         parent = self._by_instance.get(uuid)
         if parent is not None:
             parent.mig_runs[uuid] = run
@@ -350,8 +356,7 @@ class SimulatedBackend:
             if run.started_at is None:
                 run.started_at = now
             base_util, base_mem = run.profile.at(now - run.started_at + run.offset_s)
-            if run.profile.mem_fraction_of_device is not None:
-                base_mem = run.profile.mem_fraction_of_device * spec.memory_mib
+            base_mem = _job_memory(run, base_mem, spec.memory_mib)
             # A per-minute duty cycle of 30% is bursts and gaps at 1 Hz: spread grows with p(1-p).
             noise = rng.gauss(0.0, 1.0)
             if base_util >= 0.5:
@@ -364,8 +369,7 @@ class SimulatedBackend:
             if other.started_at is None:
                 other.started_at = now
             other_util, other_mem = other.profile.at(now - other.started_at + other.offset_s)
-            if other.profile.mem_fraction_of_device is not None:
-                other_mem = other.profile.mem_fraction_of_device * spec.memory_mib
+            other_mem = _job_memory(other, other_mem, spec.memory_mib)
             util += other_util
             mem += other_mem
             tensor_ratio = max(tensor_ratio, other.profile.tensor_ratio)
@@ -475,6 +479,18 @@ class SimulatedBackend:
             gpu.nvlink_kib += _NVLINK_PEAK_KIBPS * load * tensor_ratio * dt
             counters["nvl"] = int(gpu.nvlink_kib)
         return counters
+
+
+def _job_memory(run: _Run, profile_mib: float, device_mib: int) -> float:
+    """MiB a job holds at a point of its profile on a GPU of ``device_mib``: the profile's share of the device,
+    scaled to the job's budget when it has one (and kept under it, as an allocator told its budget does)."""
+    fraction = run.profile.mem_fraction_of_device
+    if fraction is None:
+        fraction = profile_mib / device_mib
+    if run.memory_mib <= 0:
+        return fraction * device_mib
+    budget = min(run.memory_mib, device_mib)
+    return min(fraction * budget, 0.97 * budget)
 
 
 def _approach(value: float, target: float, dt: float, tau: float) -> float:
