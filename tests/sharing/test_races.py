@@ -78,3 +78,17 @@ def test_whole_gpu_and_shares_race_on_one_gpu(alice, bob, charlie, make_token, s
     shares = [w["gpus"][0]["share"] for w in won]
     assert shares == [1.0] or (shares and all(s == 0.25 for s in shares) and len(shares) <= 4), shares
     assert overlapping_pairs() == 0
+
+
+def test_fifty_requests_for_a_quarter_of_any_gpu_give_four_winners(
+    alice, bob, charlie, make_token, sharing_fleet, racing_portal
+):
+    """No model and no GPU named: placement still runs under the placement lock of every model with shares, so
+    the racers pick from what the others left instead of all reaching for the first free share."""
+    tokens = [make_token(u, ["read", "reservations:write"]) for u in (alice, bob, charlie)]
+    codes = _race(racing_portal, tokens, gpu_share=0.25)
+    assert codes == {201: 4, 409: 46}, codes
+    held = Allocation.objects.filter(active=True)
+    assert held.values("gpu_id").distinct().count() == 4
+    assert {a.gpu.parent_id for a in held} == {sharing_fleet["shared"].pk}
+    assert overlapping_pairs() == 0

@@ -152,7 +152,11 @@ def _model_ids(model: GpuModel | None, uuids: Sequence[str]) -> list[int]:
     if model is not None:
         return [model.pk]
     if not uuids:
-        return []  # any model: concurrent picks are settled by the allocation constraint (and the callers' retries)
+        # Any model: every model that has parts, in id order (as every caller takes them), so concurrent requests
+        # pick from what the others left rather than all reaching for the first free part and retrying.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT DISTINCT p.model_id FROM fleet_gpu p WHERE p.parent_id IS NOT NULL ORDER BY 1")
+            return [int(r[0]) for r in cursor.fetchall()]
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT DISTINCT model_id FROM fleet_gpu WHERE uuid = ANY(%s::text[]) ORDER BY model_id", [list(uuids)]
