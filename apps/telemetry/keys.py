@@ -140,8 +140,9 @@ class SnapshotGpu(LatestSample, total=False):
     node_status: str  # online | draining | offline
     stale: bool  # no sample in the last STALE_AFTER_S seconds
     # A GPU in MIG mode or split in shares: one holder per held part (with "part", its profile or share,
-    # "part_uuid", "mem", its memory in MiB, and "used", the MiB a MIG instance uses now, null for a share or when
-    # unknown), and "parts": {"kind": "mig" | "share", "total": n, "free": n free now, "used": {instance uuid: MiB}
+    # "part_uuid", "mem", its memory in MiB, and "used", the MiB the part's job uses now, null when unknown; a
+    # holder of several shares is one entry, "shares 1-2/4", with their memory added and "part_uuid" the first),
+    # and "parts": {"kind": "mig" | "share", "total": n, "free": n free now, "used": {instance uuid: MiB}
     # for every MIG instance with a fresh reading (absent when none)}.
     holder: Holder | list[dict[str, Any]] | None
     parts: dict[str, Any]

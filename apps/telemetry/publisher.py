@@ -154,11 +154,45 @@ def add_parts(
         for p in parts
         if p["uuid"] in holders
     ]
-    entry["holder"] = held or None
+    entry["holder"] = _one_per_holder(held, parts, len(parts)) or None
     entry["parts"] = {"kind": parts[0]["kind"], "total": len(parts), "free": len(parts) - len(held)}
     in_use = {p["uuid"]: used[p["uuid"]] for p in parts if p["uuid"] in used}
     if in_use:  # every instance's reading, held or not (the GPU page lists them all)
         entry["parts"]["used"] = in_use
+
+
+def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:
+    """A job or booking that holds several shares of one GPU (half of a GPU split in four) is one holder: its
+    shares named together ("shares 1-2/4"), their memory added, and its job's reading once (share_job_memory puts
+    it on the first of them), so it is read against all the memory it was given."""
+    index = {p["uuid"]: p.get("index", 0) for p in parts}
+    out: list[dict[str, Any]] = []
+    taken: dict[tuple[Any, Any], list[int]] = {}  # (kind, id) -> the shares' indexes
+    first: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for h in held:
+        key = (h.get("kind"), h.get("id"))
+        if h["part_uuid"] not in index or h.get("id") is None or not h["part"].startswith("share "):
+            out.append(h)
+            continue
+        if key not in first:
+            first[key] = h
+            taken[key] = [index[h["part_uuid"]]]
+            out.append(h)
+            continue
+        into = first[key]
+        taken[key].append(index[h["part_uuid"]])
+        into["mem"] = (into.get("mem") or 0) + (h.get("mem") or 0)
+        if h.get("used") is not None:
+            into["used"] = (into.get("used") or 0) + h["used"]
+    for key, indexes in taken.items():
+        if len(indexes) > 1:
+            indexes.sort()
+            if indexes == list(range(indexes[0], indexes[-1] + 1)):
+                which = f"{indexes[0] + 1}-{indexes[-1] + 1}"
+            else:
+                which = ", ".join(str(i + 1) for i in indexes)
+            first[key]["part"] = f"shares {which}/{total}"
+    return out
 
 
 def share_job_memory(
@@ -196,6 +230,12 @@ def parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
     for gpu_id, parts in gpu_parts(gpu_ids=list(uuid_of)).items():
         for p in parts:
             out.setdefault(uuid_of[gpu_id], []).append(
-                {"uuid": p.uuid, "kind": p.kind, "label": part_label(p, len(parts)), "memory_mib": p.memory_mib}
+                {
+                    "uuid": p.uuid,
+                    "kind": p.kind,
+                    "index": p.index,
+                    "label": part_label(p, len(parts)),
+                    "memory_mib": p.memory_mib,
+                }
             )
     return out

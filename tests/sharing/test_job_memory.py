@@ -101,6 +101,22 @@ def test_a_share_held_by_a_reservation_shows_the_job_running_inside_it(alice, vi
     assert Job.objects.get(pk=inside.pk).gpu_memory_own_peak_mib == 7_000
 
 
+def test_a_job_on_two_shares_is_one_holder_read_against_both(alice, vision, ready, sent):
+    half = _started(alice, vision, gpu_share=0.5)
+    _report("shared", "GPU-shared-0", [[half.pk, 30_000]])  # above one share's 20 GiB, within the half's 40 GiB
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    (holder,) = shared["holder"]
+    assert (holder["kind"], holder["id"], holder["part"]) == ("job", half.pk, "shares 1-2/4")
+    assert (holder["mem"], holder["used"]) == (40_960, 30_000)
+    assert shared["parts"]["free"] == 2
+    # A quarter job beside it is a holder of its own.
+    quarter = _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[half.pk, 31_000], [quarter.pk, 5_000]])
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    by_job = {h["id"]: (h["part"], h["mem"], h["used"]) for h in shared["holder"]}
+    assert by_job == {half.pk: ("shares 1-2/4", 40_960, 31_000), quarter.pk: ("share 3/4", 20_480, 5_000)}
+
+
 def test_a_stale_reading_is_not_shown_as_now(alice, vision, ready, sent):
     quarter = _started(alice, vision, gpu_share=0.25)
     _report("shared", "GPU-shared-0", [[quarter.pk, 12_000]])
