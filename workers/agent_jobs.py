@@ -241,11 +241,16 @@ class JobRunner:
         for job in listed:
             if job.watched:
                 continue
+            running = job.status == "running"
             with self._lock:
                 self._logs[job.job_id] = _LogState(epoch=uuid.uuid4().hex[:12])
-                if job.status == "running":
+                if running:
                     self._running.add(job.job_id)
                     self._handles[job.job_id] = job.handle
+                    if job.gpu_uuids:  # its devices, for the memory attribution and the release at its end
+                        self._gpus[job.job_id] = list(job.gpu_uuids)
+            if running and job.gpu_uuids and self.on_gpus is not None:
+                self.on_gpus(job.job_id, list(job.gpu_uuids), True, job.gpu_memory_mib)
             if self.runtime.adopt(job.job_id):
                 adopted.append(job.job_id)
                 logger.info("adopted job %s (%s)", job.job_id, job.status)

@@ -219,18 +219,26 @@ def test_a_duplicate_launch_starts_nothing_twice(make_runner):
 
 def test_a_restarted_runner_adopts_a_running_job_and_reports_its_end(make_runner):
     first, first_sender = make_runner()
-    first.launch(request(18, "sh", "-c", "echo before; sleep 1.5; echo after"))
+    first.launch(request(18, "sh", "-c", "echo before; sleep 1.5; echo after", gpu_share=0.25, gpu_memory_mib=20480))
     first_sender.wait(lambda: first_sender.lines_of(18))
     first.stop()  # the agent goes away; the process keeps running
 
-    second, sender = make_runner()
+    followed: list[tuple[int, list[str], bool, int]] = []
+    second, sender = make_runner(on_gpus=lambda *call: followed.append(call))
     assert second.reconcile() == [18]
+    (running,) = second.running_jobs()
+    assert running.devices == ("GPU-0001",)  # its devices survive the restart (the memory attribution reads them)
+    assert followed == [(18, ["GPU-0001"], True, 20480)]  # simulated GPUs follow it again, within its budget
     inventory = sender.of("jobs.report_inventory")[0]
     assert inventory["jobs"] == [{"job_id": 18, "status": "running"}]
     report = sender.exit_of(18)
     # An adopted process is not the new agent's child; the runtime's wrapper wrote its exit status.
     assert (report["state"], report["exit_code"]) == ("succeeded", 0)
     assert "after" in [text for _, _, text in sender.lines_of(18)]
+    wait_for = time.monotonic() + 5
+    while len(followed) < 2 and time.monotonic() < wait_for:
+        time.sleep(0.02)
+    assert followed[1] == (18, ["GPU-0001"], False, 0)
 
 
 def test_runtime_choice():

@@ -254,7 +254,9 @@ def test_restarted_agent_adopts_a_running_job_and_reads_back_an_exited_one(
     docker_runtime: MakeRuntime, recorder: EventRecorder, dockerd: str
 ) -> None:
     before_restart = docker_runtime()
-    before_restart.launch(spec(112, "sh", "-c", "echo before; sleep 2; echo after; exit 4"))
+    before_restart.launch(
+        spec(112, "sh", "-c", "echo before; sleep 2; echo after; exit 4", gpu_uuids=["GPU-aaaa"], gpu_memory_mib=20480)
+    )
     before_restart.launch(spec(113, "sh", "-c", "sleep 0.3; exit 5"))
     recorder.wait_started(112)
     recorder.wait_started(113)
@@ -272,6 +274,9 @@ def test_restarted_agent_adopts_a_running_job_and_reads_back_an_exited_one(
     assert listed[112].status == "running" and listed[112].exit_code is None
     assert listed[113].status == "exited" and listed[113].exit_code == 5 and listed[113].oom_killed is False
     assert not listed[112].watched and not listed[113].watched
+    # Its devices and memory budget come back from the container's labels (the agent's memory attribution).
+    assert (listed[112].gpu_uuids, listed[112].gpu_memory_mib) == (("GPU-aaaa",), 20480)
+    assert (listed[113].gpu_uuids, listed[113].gpu_memory_mib) == ((), 0)
 
     assert after_restart.adopt(112)
     assert after_restart.adopt(113)

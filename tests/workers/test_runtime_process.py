@@ -274,13 +274,16 @@ def test_restarted_agent_finds_and_adopts_a_running_process(
     process_runtime: MakeRuntime, recorder: EventRecorder
 ) -> None:
     before_restart = process_runtime()
-    before_restart.launch(spec(211, "sh", "-c", "echo before; sleep 1.5; echo after; exit 4"))
+    before_restart.launch(
+        spec(211, "sh", "-c", "echo before; sleep 1.5; echo after; exit 4", gpu_uuids=["MIG-x"], gpu_memory_mib=0)
+    )
     recorder.wait_line(211, "before")
     before_restart.close()
 
     after_restart = process_runtime()
     (listed,) = after_restart.list_jobs()
     assert (listed.job_id, listed.status, listed.watched) == (211, "running", False)
+    assert listed.gpu_uuids == ("MIG-x",)  # from the state file: a restarted agent still knows its devices
     assert after_restart.launch(spec(211, "true")) is False  # found on the host: adopt, never start twice
     assert after_restart.adopt(211)
 

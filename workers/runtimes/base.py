@@ -35,6 +35,10 @@ LABEL_JOB = "portal.job"
 LABEL_MANAGED = "portal.managed"
 LABEL_AGENT = "portal.agent"
 LABEL_MAX_DURATION = "portal.max_duration_s"
+# The job's devices and a share's memory budget: a restarted agent still knows which GPUs or MIG instances an
+# adopted job holds (its memory attribution, workers/jobmem.py) and what a simulated GPU should show for it.
+LABEL_GPUS = "portal.gpus"
+LABEL_GPU_MEMORY = "portal.gpu_memory_mib"
 
 # Docker's json-file driver splits lines at 16 KiB; the process runtime uses the same bound.
 DEFAULT_MAX_LINE_BYTES = 16 * 1024
@@ -118,6 +122,8 @@ class RuntimeJob:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     watched: bool = False
+    gpu_uuids: tuple[str, ...] = ()  # the GPUs or MIG instances it was launched on (empty: not recorded)
+    gpu_memory_mib: int = 0  # a share's memory budget (0: none)
 
 
 def _ignore_started(job_id: int, handle: str) -> None:

@@ -30,6 +30,8 @@ from docker.types import Mount as DockerMount
 from .base import (
     DEFAULT_MAX_LINE_BYTES,
     LABEL_AGENT,
+    LABEL_GPU_MEMORY,
+    LABEL_GPUS,
     LABEL_JOB,
     LABEL_MANAGED,
     LABEL_MAX_DURATION,
@@ -264,6 +266,8 @@ class DockerRuntime(WatcherRuntime[_Job]):
                 LABEL_MANAGED: "1",
                 LABEL_AGENT: self._agent,
                 LABEL_MAX_DURATION: str(spec.max_duration_s),
+                LABEL_GPUS: ",".join(spec.gpu_uuids),
+                LABEL_GPU_MEMORY: str(spec.gpu_memory_mib),
             },
             "name": f"{self._name_prefix}{spec.job_id}",
             "detach": True,
@@ -542,6 +546,8 @@ class DockerRuntime(WatcherRuntime[_Job]):
             started_at=started_at,
             finished_at=None if running else finished_at,
             watched=watched,
+            gpu_uuids=tuple(g for g in container.labels.get(LABEL_GPUS, "").split(",") if g),
+            gpu_memory_mib=max(0, _int_label(container.labels, LABEL_GPU_MEMORY)),
         )
 
 

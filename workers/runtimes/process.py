@@ -94,6 +94,8 @@ class _Job(WatchedJob):
     proc: subprocess.Popen[bytes] | None = None  # None for an adopted process (not our child)
     started_at: datetime | None = None
     memory_limited: bool = False
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_memory_mib: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
 
@@ -227,12 +229,19 @@ class ProcessRuntime(WatcherRuntime[_Job]):
                     started_at=_parse_time(record.get("started_at")),
                     finished_at=_parse_time(exit_record.get("finished_at")) if exit_record else None,
                     watched=watched,
+                    gpu_uuids=_recorded_gpus(record),
+                    gpu_memory_mib=_recorded_int(record, "gpu_memory_mib"),
                 )
             )
         return sorted(jobs, key=lambda j: j.job_id)
 
     def _new_job(self, spec: LaunchSpec) -> _Job:
-        return _Job(job_id=spec.job_id, max_duration_s=spec.max_duration_s)
+        return _Job(
+            job_id=spec.job_id,
+            max_duration_s=spec.max_duration_s,
+            gpu_uuids=tuple(spec.gpu_uuids),
+            gpu_memory_mib=spec.gpu_memory_mib,
+        )
 
     def _left_behind(self, job_id: int) -> bool:
         # A state file without a watcher is a job from before a restart: adopt it, do not start it twice.
@@ -250,6 +259,8 @@ class ProcessRuntime(WatcherRuntime[_Job]):
             started_at=_parse_time(record.get("started_at")),
             max_duration_s=int(record.get("max_duration_s", 0)),
             memory_limited=bool(record.get("memory_limited")),
+            gpu_uuids=_recorded_gpus(record),
+            gpu_memory_mib=_recorded_int(record, "gpu_memory_mib"),
         )
         job.deadline = adopted_deadline(job.max_duration_s, job.started_at)
         # Decided here, not in the watcher thread: a stop() right after adopt() may kill the process before
@@ -489,6 +500,8 @@ class ProcessRuntime(WatcherRuntime[_Job]):
             "started_at": job.started_at.isoformat() if job.started_at else None,
             "max_duration_s": job.max_duration_s,
             "memory_limited": job.memory_limited,
+            "gpus": list(job.gpu_uuids),
+            "gpu_memory_mib": job.gpu_memory_mib,
             "exit": _outcome_record(outcome) if outcome is not None else None,
         }
         path = self._state_path(job.job_id)
@@ -556,3 +569,14 @@ def _outcome_from_record(job_id: int, record: Mapping[str, Any]) -> JobOutcome:
 
 
 __all__ = ["ProcessRuntime", "proc_stat", "process_start_ticks"]
+
+
+def _recorded_gpus(record: dict[str, Any]) -> tuple[str, ...]:
+    """The devices a state file names (a file from an older agent has none)."""
+    gpus = record.get("gpus")
+    return tuple(g for g in gpus if isinstance(g, str)) if isinstance(gpus, list) else ()
+
+
+def _recorded_int(record: dict[str, Any], key: str) -> int:
+    value = record.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
