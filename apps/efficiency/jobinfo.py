@@ -15,7 +15,7 @@ from apps.efficiency import advice
 from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs.models import Job, JobLogLine
 from apps.telemetry.jobmem import job_memory
-from apps.telemetry.models import GpuRollup
+from apps.telemetry.models import GpuRollup, JobMemoryMinute
 from workers.probes.advisor import RESULT_PREFIX
 
 LOG_LINES_READ = 2000
@@ -115,8 +115,8 @@ def job_efficiency(job: Job) -> JobEfficiency:
 
 def _part_use(job: Job, parts: list[Gpu], out: JobEfficiency) -> list[advice.GpuUse]:
     """A MIG instance's or share's job: utilization from its GPU's rollups (NVML has no per-instance utilization),
-    memory from what its node attributes to the job itself (the GPU's memory is its neighbours' too), against
-    the part's own memory. Fills `out`; the memory series stays empty, there is no per-minute one for a part."""
+    memory from what its node attributes to the job itself (the GPU's memory is its neighbours' too: per minute
+    from `JobMemoryMinute`, the peak from the job's own readings), against the part's own memory. Fills `out`."""
     parent_ids = sorted({p.parent_id for p in parts if p.parent_id is not None})
     end = job.ended_at or timezone.now()
     assert job.started_at is not None
@@ -129,15 +129,29 @@ def _part_use(job: Job, parts: list[Gpu], out: JobEfficiency) -> list[advice.Gpu
     for minute, util in rows:
         if util is not None:
             per_minute.setdefault(minute, []).append(util)
+    own_minutes: dict[datetime, int] = {}
+    for minute, mib in JobMemoryMinute.objects.filter(
+        job=job, minute__gte=_floor(job.started_at), minute__lte=end
+    ).values_list("minute", "mem_used_max"):
+        own_minutes[minute] = max(own_minutes.get(minute, 0), mib)
     out.series = [
-        {"t": m.isoformat(), "util": round(sum(us) / len(us), 1), "mem": None} for m, us in per_minute.items()
+        {
+            "t": m.isoformat(),
+            "util": round(sum(per_minute[m]) / len(per_minute[m]), 1) if per_minute.get(m) else None,
+            "mem": own_minutes.get(m),
+        }
+        for m in sorted(per_minute.keys() | own_minutes.keys())
     ]
     utils = [u for us in per_minute.values() for u in us]
     util_mean = sum(utils) / len(utils) if utils else None
     own = job_memory(job, gpu_uuids={p.parent.uuid for p in parts if p.parent is not None})
     out.gpu_memory_peak_mib = own.peak_mib
     out.gpu_utilization_mean = round(util_mean, 1) if util_mean is not None else None
-    out.gpu_memory_total_mib = max(p.memory_mib for p in parts)
+    # A job on several shares of one GPU (half of a GPU split in four) was given their memory together.
+    given: dict[int | None, int] = {}
+    for p in parts:
+        given[p.parent_id] = given.get(p.parent_id, 0) + p.memory_mib
+    out.gpu_memory_total_mib = max(given.values())
     out.part = _part_name(parts[0])
     return [advice.GpuUse(util_mean=util_mean, mem_peak_mib=own.peak_mib, mem_total_mib=out.gpu_memory_total_mib)]
 

@@ -80,6 +80,7 @@ for i = 0, n - 1 do
     local old = cur and tonumber(string.match(cur, ',(%d+)$'))
     if old and old > peak then peak = old end
     redis.call('HSET', KEYS[6], f, ARGV[3] .. ',' .. mib .. ',' .. peak)
+    keep_max(p .. 'j' .. job, mib)
   end
 end
 if n > 0 then

@@ -60,3 +60,26 @@ class GpuHourlyRollup(RollupFields):
 
     def __str__(self) -> str:
         return f"{self.gpu_id} @ {self.hour:%Y-%m-%d %H:00}"
+
+
+class JobMemoryMinute(models.Model):
+    """The most GPU memory one job's own processes held on one GPU in one minute, as its node attributed them
+    (workers/jobmem.py). Kept for jobs on a MIG instance or a share, whose GPU's rollup is their neighbours' too;
+    a whole-GPU job's memory is its GPU's rollup. Kept as long as the minute rollups."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="memory_minutes")
+    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="+", help_text="the physical GPU")
+    minute = models.DateTimeField(help_text="start of the minute, UTC")
+    mem_used_max = models.PositiveIntegerField(help_text="MiB")
+
+    objects = RollupQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["job", "minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "gpu", "minute"], name="jobmemoryminute_unique_job_gpu_minute")
+        ]
+        indexes = [models.Index(fields=["minute"], name="jobmemoryminute_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on {self.gpu_id} @ {self.minute:%Y-%m-%d %H:%M}"

@@ -21,8 +21,9 @@ from django.utils import timezone
 
 from apps.core.redis import get_redis
 from apps.fleet.models import Gpu
+from apps.jobs.models import Job
 from apps.telemetry import keys
-from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,39 @@ def accumulator_to_rows(raw: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def accumulator_job_memory(raw: Any) -> dict[tuple[int, str], int]:
+    """The job memory of `HGETALL fleet:roll:<minute>`: {(job id, GPU uuid): the most MiB its processes held}
+    (pure; the `<uuid>|j<job id>` fields)."""
+    out: dict[tuple[int, str], int] = {}
+    for key, value in raw.items():
+        k = key.decode() if isinstance(key, bytes) else key
+        uuid, _, metric = k.rpartition("|")
+        if not uuid or metric[:1] != "j" or not metric[1:].isdigit():
+            continue
+        try:
+            out[(int(metric[1:]), uuid)] = int(float(value))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _job_memory_rows(raw: Any, start: datetime) -> list[JobMemoryMinute]:
+    """A minute's job memory rows for the jobs on a MIG instance or a share of that GPU (a whole-GPU job's
+    memory is its GPU's rollup; a reading for a job that holds nothing on the GPU is not the node's to give)."""
+    readings = accumulator_job_memory(raw)
+    if not readings:
+        return []
+    parts = Job.gpus.through.objects.filter(
+        job_id__in={job for job, _ in readings}, gpu__parent__uuid__in={uuid for _, uuid in readings}
+    ).values_list("job_id", "gpu__parent__uuid", "gpu__parent_id")
+    on_part = {(job_id, uuid): parent_id for job_id, uuid, parent_id in parts if parent_id is not None}
+    return [
+        JobMemoryMinute(job_id=job_id, gpu_id=on_part[(job_id, uuid)], minute=start, mem_used_max=mib)
+        for (job_id, uuid), mib in readings.items()
+        if (job_id, uuid) in on_part
+    ]
+
+
 def flush_rollups(*, now: float | None = None) -> int:
     """Upsert every closed minute's accumulator into GpuRollup; returns the number of rows written."""
     now = time.time() if now is None else now
@@ -80,13 +114,22 @@ def flush_rollups(*, now: float | None = None) -> int:
     written = 0
     for minute in minutes:
         key = keys.rollup_key(minute)
-        per_gpu = accumulator_to_rows(redis.hgetall(key))
+        raw = redis.hgetall(key)
+        per_gpu = accumulator_to_rows(raw)
         ids = dict(Gpu.objects.filter(uuid__in=per_gpu).values_list("uuid", "id"))
         start = datetime.fromtimestamp(minute, tz=UTC)
         objs = [GpuRollup(gpu_id=ids[uuid], minute=start, **fig) for uuid, fig in per_gpu.items() if uuid in ids]
+        jobs = _job_memory_rows(raw, start)
         with transaction.atomic():
             GpuRollup.objects.bulk_create(
                 objs, update_conflicts=True, unique_fields=["gpu", "minute"], update_fields=_FIELDS, batch_size=500
+            )
+            JobMemoryMinute.objects.bulk_create(
+                jobs,
+                update_conflicts=True,
+                unique_fields=["job", "gpu", "minute"],
+                update_fields=["mem_used_max"],
+                batch_size=500,
             )
         # After commit: if we die here the next flush upserts the same values again.
         pipe = redis.pipeline(transaction=True)
@@ -165,9 +208,9 @@ def rollup_hours(*, now: datetime | None = None) -> int:
 
 def prune(*, now: datetime | None = None) -> tuple[int, int]:
     now = now or timezone.now()
-    minutes, _ = GpuRollup.objects.filter(
-        minute__lt=now - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
-    ).delete()
+    horizon = now - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
+    minutes, _ = GpuRollup.objects.filter(minute__lt=horizon).delete()
+    JobMemoryMinute.objects.filter(minute__lt=horizon).delete()
     hours, _ = GpuHourlyRollup.objects.filter(
         hour__lt=now - timedelta(days=settings.TELEMETRY_HOURLY_RETENTION_DAYS)
     ).delete()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.booking.services import reservation_create
 from apps.core.redis import get_redis
+from apps.efficiency.jobinfo import job_efficiency
 from apps.fleet import services as fleet_services
 from apps.fleet.messages import MAX_JOBS_PER_GPU, check_row
 from apps.jobs.models import Job
@@ -21,7 +22,9 @@ from apps.jobs.services import job_report_started
 from apps.telemetry import keys
 from apps.telemetry.ingest import telemetry_ingest
 from apps.telemetry.jobmem import FORGET_AFTER_S, flush_job_memory, job_memory
+from apps.telemetry.models import JobMemoryMinute
 from apps.telemetry.publisher import FleetPublisher
+from apps.telemetry.rollups import flush_rollups
 from tests.fleet.util import row, telemetry
 from tests.sharing.test_jobs import one_pass, submit
 
@@ -160,6 +163,43 @@ def test_a_share_job_over_its_budget_is_told_so(alice, vision, ready, sent, api_
     codes = {a["code"]: a["detail"] for a in api_as(alice).get(f"/api/v1/jobs/{quarter.pk}/").json()["advice"]}
     assert "above the share's budget of 20480 MiB (146%)" in codes["over_share"]
     assert "GPUPORTAL_GPU_MEMORY_MIB" in codes["over_share"]
+
+
+def test_a_job_on_half_a_gpu_is_judged_against_both_shares(alice, vision, ready, sent, api_as, client):
+    half = _started(alice, vision, gpu_share=0.5)
+    _report("shared", "GPU-shared-0", [[half.pk, 30_000]])  # above one share's 20 GiB, within the half's 40 GiB
+    codes = {a["code"] for a in api_as(alice).get(f"/api/v1/jobs/{half.pk}/").json()["advice"]}
+    assert "over_share" not in codes
+    client.force_login(alice)
+    page = client.get(f"/jobs/{half.pk}/").content.decode()
+    assert '<strong id="job-mem-peak">30000 MiB</strong> of 40960 MiB' in page
+
+
+def test_a_part_jobs_memory_is_kept_per_minute_and_charted(alice, vision, ready, sent, client, settings):
+    quarter = _started(alice, vision, gpu_share=0.25)
+    whole = _started(alice, vision)  # not on this GPU: the shared node's word about it is not kept
+    minute = int(time.time()) // 60 * 60 - 120  # two minutes ago: within the accepted age, closed soon after
+    settings.TELEMETRY_MAX_AGE_S = 300
+    for offset, mib in ((5, 6_000), (25, 9_500), (45, 7_000)):
+        _report("shared", "GPU-shared-0", [[quarter.pk, mib], [whole.pk, 1_000]], ts=minute + offset)
+    _report("shared", "GPU-shared-0", [[quarter.pk, 4_000]], ts=minute + 65)
+    closing = 60 + 300 + 5  # a minute is flushed once no accepted sample can still fall into it
+    flush_rollups(now=minute + closing + 1)  # the first minute only
+    (row_,) = JobMemoryMinute.objects.all()
+    assert (row_.job_id, row_.gpu.uuid, row_.mem_used_max) == (quarter.pk, "GPU-shared-0", 9_500)
+    flush_rollups(now=minute + 60 + closing + 1)
+    assert sorted(JobMemoryMinute.objects.values_list("mem_used_max", flat=True)) == [4_000, 9_500]
+    flush_rollups(now=minute + 60 + closing + 1)  # again: the same rows, not more
+    assert JobMemoryMinute.objects.count() == 2
+
+    # The job has run since before those minutes (it was started "now" above, after the readings' times).
+    Job.objects.filter(pk=quarter.pk).update(started_at=datetime.fromtimestamp(minute - 60, tz=UTC))
+    eff = job_efficiency(Job.objects.get(pk=quarter.pk))
+    assert [p["mem"] for p in eff.series] == [9_500, 4_000]
+    assert all(p["util"] == 50.0 for p in eff.series)  # the GPU's utilization, as before
+    client.force_login(alice)
+    page = client.get(f"/jobs/{quarter.pk}/").content.decode()
+    assert 'id="chart-job-gpu"' in page and '"mem": 9500' in page
 
 
 def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_as, client):
