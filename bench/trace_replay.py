@@ -25,8 +25,9 @@ is, keeping that share of the nodes clear for gangs, for up to ``--patience-h`` 
 The simulator runs one scheduling pass after each batch of simultaneous events (arrivals, completions),
 as the portal does on events. Output: jobs, mean/p50/p99/max wait, mean JCT, GPU allocation ratio
 (allocated GPU-seconds over N x makespan), each task size's share of the mean wait (``mean_wait_by_size_s``:
-"frac" for fractional tasks, "1", "2", ... GPUs otherwise; the shares add up to the mean) and the core's
-decisions per second of scheduler time.
+"frac" for fractional tasks, "1", "2", ... GPUs otherwise; the shares add up to the mean), each size's own
+waits (``waits_of_size``: jobs, mean, max, how many waited over a day) and the core's decisions per second of
+scheduler time.
 """
 
 from __future__ import annotations
@@ -301,9 +302,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     records: list[tuple[TraceTask, float]] = []
     metrics = replay(runnable, gpus, policy, records=records, sharing=args.sharing)
     by_size: dict[str, float] = {}
+    waits_of: dict[str, list[float]] = {}
     for task, start in records:
         size = "frac" if task.gpu_milli < 1000 else str(task.gpu_count)
         by_size[size] = by_size.get(size, 0.0) + (start - task.arrival) / len(records)
+        waits_of.setdefault(size, []).append(start - task.arrival)
     order = sorted(by_size, key=lambda k: (k != "frac", int(k) if k.isdigit() else 0))
     result: dict[str, object] = {
         "policy": args.policy,
@@ -319,6 +322,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "teams": "qos",
         **metrics,
         "mean_wait_by_size_s": {k: round(by_size[k], 1) for k in order},
+        # Each size's own waits: a mean over all jobs can hide gangs starved for days behind small jobs' speed.
+        "waits_of_size": {
+            k: {
+                "jobs": len(waits_of[k]),
+                "mean_s": round(sum(waits_of[k]) / len(waits_of[k]), 1),
+                "max_s": round(max(waits_of[k]), 1),
+                "over_1d": sum(w > 86_400 for w in waits_of[k]),
+            }
+            for k in order
+        },
         "skipped": skipped,
         "wall_s": round(time.perf_counter() - started, 2),
     }
