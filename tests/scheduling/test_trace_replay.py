@@ -85,5 +85,9 @@ def test_the_long_work_rule_keeps_nodes_clear_for_gangs(tmp_path: Path, capsys: 
     assert off["mean_wait_by_size_s"]["8"] == pytest.approx(1000 / 5)  # one gang waits for the other
     assert on["mean_wait_by_size_s"]["8"] == 0.0
     assert on["mean_wait_by_size_s"]["1"] == pytest.approx(90 / 5)  # long2 waited for room on n0
+    # Each size's own waits: the gang that waited, and the one-GPU job that waited instead.
+    assert off["waits_of_size"]["8"]["max_s"] == 1000 and on["waits_of_size"]["8"]["max_s"] == 0
+    assert on["waits_of_size"]["1"]["max_s"] == 90 and on["waits_of_size"]["1"]["over_1d"] == 0
+    assert sum(size["jobs"] for size in on["waits_of_size"].values()) == on["jobs"]
     with pytest.raises(SystemExit):
         main([*args, "--gang-nodes-kept", "1"])
