@@ -109,8 +109,12 @@ def test_jobs_on_a_share_and_a_mig_instance(
     rows = {line.split()[0] + line.split()[1]: line for line in gpus.stdout.splitlines()[1:] if "└" not in line}
     assert "MIG: 6/7 instances free" in rows["mig0"]
     assert "shared: 3/4 shares free" in rows["shared0"]
-    instances = [line for line in gpus.stdout.splitlines() if "└" in line]
-    assert len(instances) == 7 and all("1g.10gb" in line and "MIG-mig-0-" in line for line in instances)
+    parts = [line for line in gpus.stdout.splitlines() if "└" in line]
+    instances = [line for line in parts if "MIG-mig-0-" in line]
+    assert len(instances) == 7 and all("1g.10gb" in line for line in instances)
+    # The share held, under its GPU (no memory reading yet: its node has not reported).
+    (share,) = [line for line in parts if "MIG-" not in line]
+    assert share.split("└ ")[1].split() == ["share", "1/4", "job", "vision", str(quarter_job["id"])], gpus.stdout
     taken = [line for line in instances if line.rstrip().endswith(f"job vision {mig_job['id']}")]
     assert len(taken) == 1, gpus.stdout
     assert rows["mig1"].split()[-1] == "-"  # a whole GPU's row is as before: nobody holds it

@@ -241,3 +241,37 @@ def test_the_cli_status_shows_the_device_the_memory_and_the_advice(alice, vision
     assert "  on 0.25 of GPU-shared-0\n" in out
     assert "  GPU memory peak 30000 MiB\n" in out  # no rollups yet: no mean utilization to show
     assert "  advice over_share: Peak GPU memory 30000 MiB is above the share's budget" in out
+
+
+def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(alice, vision, ready, sent, api_as, capsys):
+    from cli import gpuportal
+
+    half = _started(alice, vision, gpu_share=0.5)
+    quarter = _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[half.pk, 31_000], [quarter.pk, 5_000]])
+    answer = api_as(alice).get("/api/v1/gpus/", {"node": "shared"}).json()
+    (shared,) = [g for g in answer["results"] if g["uuid"] == "GPU-shared-0"]
+    rows = [
+        (s["index"], s["memory_mib"], s["memory_used_mib"], (s["holder"] or {}).get("id"))
+        for s in shared["share_devices"]
+    ]
+    # The half's reading is on its first share; the free share has neither reading nor holder.
+    assert rows == [
+        (0, 20_480, 31_000, half.pk),
+        (1, 20_480, None, half.pk),
+        (2, 20_480, 5_000, quarter.pk),
+        (3, 20_480, None, None),
+    ]
+    assert shared["shares_free"] == 1
+    assert all(g["share_devices"] == [] for g in answer["results"] if g["uuid"] != "GPU-shared-0")
+
+    class Portal:  # answers with the API's own answer, as the CLI's client would
+        def request(self, method: str, path: str, **kwargs: Any) -> Any:
+            return {"results": [shared]}
+
+    assert gpuportal.cmd_gpus(Portal(), gpuportal.build_parser().parse_args(["gpus"])) == 0  # type: ignore[arg-type]
+    lines = [line.split("└ ")[1] for line in capsys.readouterr().out.splitlines() if "└" in line]
+    assert lines == [
+        f"shares 1-2/4 31000/40960 MiB  job vision {half.pk}",  # the half's two shares: one line, both memories
+        f"share 3/4   5000/20480 MiB  job vision {quarter.pk}",
+    ]

@@ -78,6 +78,10 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
     mig_devices = serializers.SerializerMethodField(
         help_text="MIG instances: uuid, profile, memory_mib, gi_id, memory_used_mib (null: unknown), holder"
     )
+    share_devices = serializers.SerializerMethodField(
+        help_text="a GPU split in shares: each share's uuid, index, memory_mib, memory_used_mib (what the job on it "
+        "uses now, by its processes; null: free or unknown; a job on several shares is read on the first) and holder"
+    )
 
     def _parts(self, gpu: Gpu) -> list[Gpu]:
         parts: Mapping[int, list[Gpu]] | None = self.context.get("parts")
@@ -102,6 +106,17 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
              "memory_used_mib": used.get(p.uuid), "holder": self.get_holder(p)}
             for p in self._parts(gpu)
             if p.kind == DeviceKind.MIG
+        ]  # fmt: skip
+
+    def get_share_devices(self, gpu: Gpu) -> list[dict[str, Any]]:
+        if gpu.shares <= 1:
+            return []
+        used: Mapping[str, int] = self.context.get("share_used", {})
+        return [
+            {"uuid": p.uuid, "index": p.index, "memory_mib": p.memory_mib, "memory_used_mib": used.get(p.uuid),
+             "holder": self.get_holder(p)}
+            for p in self._parts(gpu)
+            if p.kind == DeviceKind.SHARE
         ]  # fmt: skip
 
     def _sample(self, gpu: Gpu) -> LatestSample | None:

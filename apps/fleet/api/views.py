@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
@@ -25,6 +26,7 @@ from apps.fleet.api.serializers import (
 from apps.fleet.filtersets import GpuFilterSet
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.telemetry import selectors as telemetry
+from apps.telemetry.publisher import share_job_memory
 
 
 class GpuModelListView(ScopedListAPIView):
@@ -66,11 +68,16 @@ class GpuListView(ScopedListAPIView):
         qs = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(qs)
         rows = list(page if page is not None else qs)
+        holders = selectors.gpu_holders()
+        parts = selectors.gpu_parts(gpu_ids=[g.pk for g in rows if g.mig_mode or g.shares > 1])
+        shared = {g.uuid: [{"uuid": p.uuid, "kind": p.kind} for p in parts.get(g.pk, [])] for g in rows if g.shares > 1}
         context = {
             **self.get_serializer_context(),
             "latest": telemetry.latest_samples(g.uuid for g in rows),
-            "holders": selectors.gpu_holders(),
-            "parts": selectors.gpu_parts(gpu_ids=[g.pk for g in rows if g.mig_mode or g.shares > 1]),
+            "holders": holders,
+            "parts": parts,
+            # What each held share's job uses now: one Redis round trip for the page, not one per GPU.
+            "share_used": share_job_memory(shared, holders, now=time.time()) if shared else {},
             "team_ids": set(team_ids_of(request.user)),
             "see_all": request.user.is_staff,
         }
