@@ -1,7 +1,8 @@
 """Telemetry ingest at fleet scale: N GPUs at 1 Hz into ONE portal process.
 
     DATABASE_URL=... REDIS_URL=... .venv/bin/python -m bench.fleet_ingest [--path stream|celery] [--nodes 125]
-        [--gpus-per-node 8] [--seconds 30] [--warmup 8] [--heartbeat 5]
+        [--gpus-per-node 8] [--seconds 30] [--warmup 8] [--heartbeat 5] [--counters]
+        [--jobs-per-gpu K [--job-every N]]
 
 What runs:
 - setup (this process, Django): nodes `bench-000`... with tokens and registered GPUs (idempotent), Redis cleaned;
@@ -46,6 +47,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def redis_cpu(r: Any) -> float:
+    """CPU seconds the Redis server has used (user + system), from INFO."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 # --- the load generator (separate process, no Django) -----------------------------------------------------------
 
 
@@ -61,6 +68,8 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
     spec = json.loads(spec_path.read_text())
     nodes: list[dict[str, Any]] = spec["nodes"]
     counters = bool(spec.get("counters"))  # --counters: rows carry the device counters agents send ("x")
+    jobs_per_gpu = int(spec.get("jobs_per_gpu", 0))  # --jobs-per-gpu: rows carry their jobs' memory ("j")
+    job_every = max(1, int(spec.get("job_every", 10)))
     app = make_celery(os.environ["REDIS_URL"], "bench-generator")
     stream = make_stream_client(os.environ["REDIS_URL"])
     rng = random.Random(1)
@@ -98,10 +107,17 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
                             round(util / 250, 3),
                         ]
                     )
+                    extra: dict[str, Any] = {}
                     if counters:
                         # mt, mc, en, ptx, prx, prc, nvl (workers.gpu.base.COUNTER_KEYS)
                         x = [34 + util // 3, 1593, 123_456_789 + seq * 300_000, util * 35_000, util * 117_000, 0]
-                        rows[-1].append({"x": [*x, seq * util * 1_500_000]})
+                        extra["x"] = [*x, seq * util * 1_500_000]
+                    if jobs_per_gpu and (seq + i) % job_every == 0:
+                        # As the agent's slow tick sends them: the memory of each job on the GPU (shares of it).
+                        base = 10_000 + (i * 8 + len(rows)) * jobs_per_gpu
+                        extra["j"] = [[base + j, 2_000 + util * 60 + j] for j in range(jobs_per_gpu)]
+                    if extra:
+                        rows[-1].append(extra)
                 message = {
                     "type": "telemetry",
                     "v": 1,
@@ -219,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat", type=float, default=5.0)
     p.add_argument("--path", choices=["stream", "celery"], default="stream")
     p.add_argument("--counters", action="store_true", help="rows carry the device counters (mem temp, energy...)")
+    p.add_argument("--jobs-per-gpu", type=int, default=0, help="rows carry the memory of this many jobs per GPU")
+    p.add_argument("--job-every", type=int, default=10, help="... on every Nth message of a node (agents: ~10 s)")
     p.add_argument("--generate", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.generate:
@@ -265,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     consumer = ingest or worker
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "nodes.json"
-        spec.write_text(json.dumps({"nodes": nodes, "counters": a.counters}))
+        spec.write_text(
+            json.dumps(
+                {"nodes": nodes, "counters": a.counters, "jobs_per_gpu": a.jobs_per_gpu, "job_every": a.job_every}
+            )
+        )
         total = a.warmup + a.seconds + 2
         gen = subprocess.Popen(
             [
@@ -296,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.monotonic(),
             )
             q0 = backlog(r, a.path)
+            rc0 = redis_cpu(r)
             time.sleep(a.seconds)
             s1, c1, g1, h1, w1 = (
                 stats(r),
@@ -305,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.monotonic(),
             )
             q1 = backlog(r, a.path)
+            rc1 = redis_cpu(r)
             from apps.telemetry.selectors import all_latest_samples
 
             now = time.time()
@@ -326,11 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "path": a.path,
         "gpus": gpus,
+        "jobs_per_gpu": a.jobs_per_gpu,
+        "job_every": a.job_every if a.jobs_per_gpu else None,
         "target_samples_per_s": gpus,
         "samples_per_s": round(samples / wall, 1),
         "telemetry_messages_per_s": round(messages / wall, 1),
         "ingest_process_cpu_per_wall_s": round(cpu / wall, 3),
         "ingest_cpu_per_message_us": round(per_message * 1e6),
+        # The ingest script runs inside Redis: its cost is the server's CPU (which also serves the generator and
+        # the heartbeat worker, the same in every run).
+        "redis_server_cpu_per_wall_s": round((rc1 - rc0) / wall, 3),
         "heartbeat_worker_cpu_per_wall_s": round((h1 - h0) / wall, 3) if a.path == "stream" else None,
         "generator_cpu_per_wall_s": round((g1 - g0) / wall, 3),
         "backlog_start_end": [q0, q1],
