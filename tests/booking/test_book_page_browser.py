@@ -70,8 +70,10 @@ def _fill(page: Any, *, model: str, count: int, start: Any, end: Any, note: str 
 def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
     start, end = slot(days=1, hour=10, hours=3)
     _fill(page, model="A100-80GB", count=2, start=start, end=end, note="browser booking")
-    page.wait_for_selector("#book-availability [data-free]")
-    assert "12 of 12 A100-80GB free" in page.inner_text("#book-availability")
+    # The availability answers each change of the form: wait for the one for the whole form, not an earlier one.
+    page.wait_for_function(
+        "document.querySelector('#book-availability')?.innerText.includes('12 of 12 A100-80GB free')"
+    )
     page.click("#book-submit")
     page.wait_for_selector("#book-success:not([hidden])")
     reservation = Reservation.objects.get(note="browser booking")
@@ -123,7 +125,7 @@ def test_a_drag_over_past_hours_keeps_its_length_from_now(page, fleet):
     today = page.evaluate("(() => { const d = new Date(); d.setHours(22, 0, 0, 0); return d.getTime(); })()")
     page.clock.set_fixed_time(today / 1000)
     page.select_option("#tl-days", "1")
-    page.wait_for_timeout(300)
+    page.wait_for_selector('#timeline[data-days="1"]')  # redrawn for the new window before the drag
     track = page.locator('.tl-row[data-gpu-uuid="GPU-small-5"] .tl-track')
     box = track.bounding_box()
     y = box["y"] + box["height"] / 2
@@ -138,7 +140,7 @@ def test_a_drag_over_past_hours_keeps_its_length_from_now(page, fleet):
 
 def test_drag_on_a_row_picks_that_gpu_and_cancel(page, fleet):
     page.select_option("#tl-days", "3")
-    page.wait_for_timeout(300)
+    page.wait_for_selector('#timeline[data-days="3"]')  # redrawn for the new window before the drag
     track = page.locator('.tl-row[data-gpu-uuid="GPU-small-5"] .tl-track')
     box = track.bounding_box()
     y = box["y"] + box["height"] / 2
@@ -176,7 +178,7 @@ def test_a_gpu_the_teams_quota_excludes_is_refused_when_picked(page, live_portal
     page.reload()  # the page lists each team's allowed models when it loads
     page.wait_for_selector(".tl-row[data-gpu-uuid]")
     page.select_option("#tl-days", "3")
-    page.wait_for_timeout(300)
+    page.wait_for_selector('#timeline[data-days="3"]')  # redrawn for the new window before the drag
 
     def drag(uuid: str) -> None:
         box = page.locator(f'.tl-row[data-gpu-uuid="{uuid}"] .tl-track').bounding_box()

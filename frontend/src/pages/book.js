@@ -247,9 +247,14 @@ for (const input of [el.team, el.model, el.count, el.start, el.end, el.part].fil
 // --- timeline -----------------------------------------------------------------------------------------------
 async function loadTimeline() {
   const q = new URLSearchParams({ start: state.from.toISOString(), end: windowEnd().toISOString() });
+  const asked = q.toString();
   try {
-    state.data = await api(`/api/v1/booking/timeline/?${q}`);
+    const data = await api(`/api/v1/booking/timeline/?${q}`);
+    // A newer window was asked for meanwhile (the days or the dates changed): its answer draws, not this one.
+    if (asked !== new URLSearchParams({ start: state.from.toISOString(), end: windowEnd().toISOString() }).toString()) return;
+    state.data = data;
     drawTimeline();
+    el.timeline.dataset.days = String(state.days); // drawn for this window (tests wait on it)
   } catch (err) {
     el.timeline.replaceChildren(h("p", { class: "form-error" }, err.message));
   }
