@@ -165,13 +165,13 @@ def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], tot
     """A job or booking that holds several shares of one GPU (half of a GPU split in four) is one holder: its
     shares named together ("shares 1-2/4"), their memory added, and its job's reading once (share_job_memory puts
     it on the first of them), so it is read against all the memory it was given."""
-    index = {p["uuid"]: p.get("index", 0) for p in parts}
+    index = {p["uuid"]: p.get("index", 0) for p in parts if p["kind"] == "share"}
     out: list[dict[str, Any]] = []
     taken: dict[tuple[Any, Any], list[int]] = {}  # (kind, id) -> the shares' indexes
     first: dict[tuple[Any, Any], dict[str, Any]] = {}
     for h in held:
         key = (h.get("kind"), h.get("id"))
-        if h["part_uuid"] not in index or h.get("id") is None or not h["part"].startswith("share "):
+        if h["part_uuid"] not in index or h.get("id") is None:  # a MIG instance is always its own
             out.append(h)
             continue
         if key not in first:

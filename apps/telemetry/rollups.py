@@ -107,7 +107,8 @@ def _job_memory_rows(raw: Any, start: datetime) -> list[JobMemoryMinute]:
 
 
 def flush_rollups(*, now: float | None = None) -> int:
-    """Upsert every closed minute's accumulator into GpuRollup; returns the number of rows written."""
+    """Upsert every closed minute's accumulator into GpuRollup (and its part jobs' memory into JobMemoryMinute);
+    returns the number of GpuRollup rows written."""
     now = time.time() if now is None else now
     redis: Any = get_redis()
     minutes = [int(float(m)) for m in redis.zrangebyscore(keys.ROLLUP_PENDING, "-inf", _closed_before(now))]
