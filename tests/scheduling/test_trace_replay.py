@@ -91,3 +91,23 @@ def test_the_long_work_rule_keeps_nodes_clear_for_gangs(tmp_path: Path, capsys: 
     assert sum(size["jobs"] for size in on["waits_of_size"].values()) == on["jobs"]
     with pytest.raises(SystemExit):
         main([*args, "--gang-nodes-kept", "1"])
+
+
+def test_drop_unfinished_skips_the_tasks_still_running_at_the_trace_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods = tmp_path / "pods.csv"
+    # p5 is deleted at the trace's last timestamp (1000, like p0): its runtime is only a lower bound.
+    pods.write_text("\n".join([HEADER, *ROWS, "p5,1000,1024,1,1000,,LS,Running,50,1000,50"]) + "\n")
+    assert main(["--pods", str(pods), "--gpus", "8", "--policy", "fair", "--json"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    assert kept["jobs"] == 4
+    assert "unfinished" not in kept["skipped"]
+
+    assert main(["--pods", str(pods), "--gpus", "8", "--policy", "fair", "--drop-unfinished", "--json"]) == 0
+    dropped = json.loads(capsys.readouterr().out)
+    # p0 and p5 both end at 1000, the trace's end; with p0 gone nothing waits for its 8 GPUs.
+    assert dropped["drop_unfinished"] is True
+    assert dropped["skipped"]["unfinished"] == 2
+    assert dropped["jobs"] == 2
+    assert dropped["max_wait_s"] == 0.0
