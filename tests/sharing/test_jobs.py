@@ -96,6 +96,52 @@ def test_api_submission(api_as, alice, ready):
     assert bad.status_code == 400 and "mig_profile" in bad.json()["fields"]
 
 
+@pytest.mark.parametrize(
+    ("fields", "field", "detail"),
+    [
+        # A profile NVIDIA defines, but no instance of the fleet has it (the MIG GPU is laid out in 1g.10gb).
+        (
+            {"mig_profile": "3g.40gb"},
+            "mig_profile",
+            "No MIG instance of profile '3g.40gb' in the fleet (the fleet's instances are 1g.10gb).",
+        ),
+        # The shared GPU is split in 4: 0.3 is not a whole number of its shares.
+        (
+            {"gpu_share": 0.3},
+            "gpu_share",
+            "No GPU is split so that 0.3 of it is a whole number of shares (splits: 1/4).",
+        ),
+    ],
+)
+def test_a_part_the_fleets_layout_cannot_give_is_400_not_a_job_that_waits_forever(
+    api_as, alice, ready, fields, field, detail
+):
+    body = {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], **fields}
+    resp = api_as(alice).post("/api/v1/jobs/", body, format="json")
+    assert resp.status_code == 400, resp.json()
+    assert resp.json()["code"] == "invalid"
+    assert resp.json()["detail"] == detail
+    assert field in resp.json()["fields"]
+    assert not Job.objects.exists()
+    # Once the layout gives it, the same request is a job.
+    if field == "gpu_share":
+        Gpu.objects.filter(uuid="GPU-shared-1").update(shares=10)
+    else:
+        instance = Gpu.devices.filter(kind="mig").order_by("pk").first()
+        assert instance is not None
+        Gpu.devices.filter(pk=instance.pk).update(mig_profile="3g.40gb")
+    assert api_as(alice).post("/api/v1/jobs/", body, format="json").status_code == 201
+
+
+def test_a_share_with_no_split_gpu_in_the_fleet_is_400(api_as, alice, ready):
+    Gpu.objects.filter(parent__isnull=True).update(shares=1)
+    body = {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], "gpu_share": 0.5}
+    resp = api_as(alice).post("/api/v1/jobs/", body, format="json")
+    assert resp.status_code == 400 and resp.json()["fields"]["gpu_share"] == ["No GPU of the fleet is split in shares."]
+    # A share of 1 is a whole GPU: no split needed.
+    assert api_as(alice).post("/api/v1/jobs/", {**body, "gpu_share": 1}, format="json").status_code == 201
+
+
 def test_job_page_says_what_a_share_means(client, alice, vision, ready):
     job = submit(alice, vision, gpu_share=0.25)
     client.force_login(alice)

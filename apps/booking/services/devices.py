@@ -86,6 +86,52 @@ def profiles_with_memory(min_mib: int, *, model_id: int | None = None, uuids: Se
     return found
 
 
+def share_text(share: Decimal) -> str:
+    """A share as people write it: 0.3, not 0.300000 (the column's scale)."""
+    return format(share.normalize(), "f")
+
+
+def check_part_in_fleet(*, mig_profile: str | None, gpu_share: Decimal | None) -> None:
+    """400 for a part no GPU of the fleet gives as it is laid out now: a MIG profile no live instance has, or a share
+    that is not a whole number of any split GPU's shares. Such a job would only wait until an admin changes the
+    layout; a booking of it is refused the same way."""
+    with connection.cursor() as cursor:
+        if mig_profile:
+            cursor.execute(
+                "SELECT DISTINCT u.mig_profile FROM fleet_gpu u JOIN fleet_gpu p ON p.id = u.parent_id "
+                "WHERE u.kind = 'mig' AND u.retired_at IS NULL AND p.retired_at IS NULL AND p.mig_mode "
+                "ORDER BY 1"
+            )
+            profiles = [str(r[0]) for r in cursor.fetchall()]
+            if mig_profile not in profiles:
+                there = f"the fleet's instances are {', '.join(profiles)}" if profiles else "no GPU is in MIG mode"
+                raise ValidationFailed(
+                    f"No MIG instance of profile {mig_profile!r} in the fleet ({there}).",
+                    fields={"mig_profile": [f"Not in the fleet: {there}."]},
+                )
+        if gpu_share is not None and gpu_share < 1:
+            cursor.execute(
+                "SELECT DISTINCT shares FROM fleet_gpu WHERE parent_id IS NULL AND retired_at IS NULL "
+                "AND NOT mig_mode AND shares > 1 ORDER BY 1"
+            )
+            splits = [int(r[0]) for r in cursor.fetchall()]
+            if not splits:
+                raise ValidationFailed(
+                    "No GPU of the fleet is split in shares: ask for whole GPUs or a MIG instance.",
+                    fields={"gpu_share": ["No GPU of the fleet is split in shares."]},
+                )
+            if all(shares_needed(gpu_share, s) is None for s in splits):
+                raise _not_whole_shares(gpu_share, splits)
+
+
+def _not_whole_shares(gpu_share: Decimal, splits: Sequence[int]) -> ValidationFailed:
+    names = ", ".join(f"1/{s}" for s in splits)
+    return ValidationFailed(
+        f"No GPU is split so that {share_text(gpu_share)} of it is a whole number of shares (splits: {names}).",
+        fields={"gpu_share": [f"A multiple of one of: {names}."]},
+    )
+
+
 def parse_share(value: Any) -> Decimal:
     """A `gpu_share` as a Decimal in (0, 1]; 400 otherwise."""
     try:
@@ -232,12 +278,8 @@ def place_parts_locked(
             if picked is not None:
                 break
         if picked is None and rows and all(shares_needed(gpu_share, s) is None for s in splits):
-            names = ", ".join(f"1/{s}" for s in splits)
-            raise ValidationFailed(
-                f"No GPU is split so that {gpu_share} of it is a whole number of shares (splits: {names}).",
-                fields={"gpu_share": [f"A multiple of one of: {names}."]},
-            )
-        what = f"{gpu_share} of a shared GPU"
+            raise _not_whole_shares(gpu_share, splits)
+        what = f"{share_text(gpu_share)} of a shared GPU"
     if picked is None:
         found = clashes([info.id for info, _, _, _ in seen], start, end) if explain else []
         raise Conflict(

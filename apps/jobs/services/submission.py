@@ -20,7 +20,13 @@ from apps.accounts.types import User
 from apps.booking import quota as quota_math
 from apps.booking import selectors as booking_selectors
 from apps.booking.selectors import local_tz
-from apps.booking.services.devices import check_profile, parse_memory, parse_share, profiles_with_memory
+from apps.booking.services.devices import (
+    check_part_in_fleet,
+    check_profile,
+    parse_memory,
+    parse_share,
+    profiles_with_memory,
+)
 from apps.core.errors import ApplicationError, Forbidden, NotFound, ValidationFailed
 from apps.core.ttlcache import TTLCache
 from apps.fleet.models import Gpu, GpuModel
@@ -183,8 +189,13 @@ def _check_part(
         return None
     if mig_profile:
         check_profile(mig_profile)
+        if check_fleet:
+            check_part_in_fleet(mig_profile=mig_profile, gpu_share=None)
         return None
-    return parse_share(gpu_share)
+    share = parse_share(gpu_share)
+    if check_fleet:
+        check_part_in_fleet(mig_profile=None, gpu_share=share)
+    return share
 
 
 def _reserved_part(
