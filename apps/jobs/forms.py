@@ -37,6 +37,11 @@ class JobForm(forms.Form):
     )
     gpu_count = forms.IntegerField(min_value=1, initial=1, label="GPUs", help_text="whole GPUs, on one node")
     gpu_model = forms.ChoiceField(required=False, label="GPU model")
+    part = forms.ChoiceField(
+        required=False,
+        label="Whole or part",
+        help_text="whole GPUs, one MIG instance, or a share of a shared GPU (one GPU's part: GPUs must be 1)",
+    )
     cpus = forms.FloatField(initial=conf.DEFAULT_CPUS, label="CPUs", help_text="CPU cores for the container")
     memory_mib = forms.IntegerField(
         initial=conf.DEFAULT_MEMORY_MIB, label="Memory (MiB)", help_text="host memory for the container, in MiB"
@@ -61,6 +66,7 @@ class JobForm(forms.Form):
         images: list[str],
         models: list[str],
         reservations: list[Reservation] | None = None,
+        parts: list[dict[str, str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -72,6 +78,8 @@ class JobForm(forms.Form):
             "team": [(t.slug, f"{t.slug} — {t.name}") for t in teams],
             "image": [(name, name) for name in images],
             "gpu_model": [("", "any model"), *[(m, m) for m in models]],
+            # The parts the fleet is laid out in (booking's `bookable_parts`): "mig:<profile>" or "share:<fraction>".
+            "part": [("", "whole GPUs"), *[(p["value"], p["label"]) for p in parts or []]],
             # Grouped by team: the job runs in a reservation of the team it is submitted for.
             "reservation": [("", "none: any free GPU"), *[(slug, rows) for slug, rows in sorted(by_team.items())]],
         }
@@ -79,6 +87,15 @@ class JobForm(forms.Form):
             field = self.fields[name]
             assert isinstance(field, forms.ChoiceField)
             field.choices = options
+
+    def clean_part(self) -> dict[str, str]:
+        """The part as job_submit's keywords: {} (whole GPUs), {"mig_profile": ...} or {"gpu_share": ...}."""
+        kind, _, value = (self.cleaned_data.get("part") or "").partition(":")
+        if kind == "mig":
+            return {"mig_profile": value}
+        if kind == "share":
+            return {"gpu_share": value}
+        return {}
 
     def clean_command(self) -> list[str]:
         return [line.rstrip("\r") for line in self.cleaned_data["command"].split("\n") if line.strip()]

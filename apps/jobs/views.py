@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.accounts.models import Team
-from apps.booking.selectors import reservations_current_and_upcoming
+from apps.booking.selectors import bookable_parts, reservations_current_and_upcoming
 from apps.core.errors import ApplicationError, NotFound
 from apps.fleet.models import GpuModel
 from apps.jobs import selectors, services
@@ -22,6 +22,9 @@ from apps.jobs.filtersets import JobFilterSet
 from apps.jobs.forms import JobForm
 from apps.jobs.models import JobState
 from apps.jobs.users import signed_in
+
+# The service's error fields that the form shows under another field.
+_FORM_FIELD = {"reservation_id": "reservation", "mig_profile": "part", "gpu_share": "part"}
 
 
 def _form_for(request: HttpRequest) -> JobForm:
@@ -38,6 +41,7 @@ def _form_for(request: HttpRequest) -> JobForm:
         images=images,
         models=models,
         reservations=reservations,
+        parts=bookable_parts(),
     )
 
 
@@ -95,11 +99,12 @@ def submit(request: HttpRequest) -> HttpResponse:
                 max_duration_s=data["max_duration_s"],
                 priority=data["priority"],
                 reservation_id=data["reservation"],
+                **data["part"],
             )
         except ApplicationError as exc:
             placed = False
             for field, errors in exc.fields.items():
-                target = "reservation" if field == "reservation_id" else field
+                target = _FORM_FIELD.get(field, field)
                 if target in form.fields:
                     for error in errors:
                         form.add_error(target, error)

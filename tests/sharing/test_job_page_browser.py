@@ -72,3 +72,21 @@ def test_a_part_job_page_shows_its_device_and_memory(
         assert page.inner_text("#job-mem-peak") == "19500 MiB"
         assert "of 20480 MiB" in page.inner_text("#job-efficiency")
         assert "the utilization is the whole GPU's" in page.inner_text("#job-part-note")
+
+
+def test_a_share_job_submitted_from_the_form(
+    live_portal: Any, alice: Any, vision: Any, sharing_fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.jobs.models import ContainerImage
+
+    ContainerImage.objects.create(name="portal-test/busybox:latest", description="busybox")
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/jobs/new/")
+        page.select_option("#id_team", "vision")
+        page.fill("#id_command", "python\nserve.py")
+        page.select_option("#id_part", "share:0.25")
+        page.click("#job-form button[type=submit]")
+        page.wait_for_url(f"{live_portal.url}/jobs/*/")
+        assert "0.25 of one GPU: shared, no memory isolation" in page.inner_text("main")
+    job = Job.objects.get()
+    assert job.gpu_share == Decimal("0.25") and job.command == ["python", "serve.py"]

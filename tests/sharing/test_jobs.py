@@ -142,6 +142,36 @@ def test_a_share_with_no_split_gpu_in_the_fleet_is_400(api_as, alice, ready):
     assert api_as(alice).post("/api/v1/jobs/", {**body, "gpu_share": 1}, format="json").status_code == 201
 
 
+def test_the_submit_form_offers_the_fleets_parts_and_queues_a_job_on_one(client, alice, ready):
+    client.force_login(alice)
+    page = client.get("/jobs/new/").content.decode()
+    # The parts the fleet is laid out in: the seven 1g.10gb instances and the GPU split in 4.
+    for value, label in (
+        ("mig:1g.10gb", "MIG instance 1g.10gb"),
+        ("share:0.25", "0.25 of a shared GPU (no memory isolation)"),
+        ("share:0.5", "0.5 of a shared GPU"),
+    ):
+        assert f'value="{value}"' in page and label in page
+    form = {
+        "team": "vision", "name": "", "image": "portal-test/busybox:latest", "command": "true", "env": "",
+        "gpu_count": "1", "gpu_model": "", "cpus": "1", "memory_mib": "1024", "max_duration_s": "60", "priority": "0",
+    }  # fmt: skip
+
+    # A part is one GPU's: two GPUs of it is an inline error, and nothing is queued.
+    bad = client.post("/jobs/new/", {**form, "gpu_count": "2", "part": "share:0.25"})
+    assert bad.status_code == 200 and 'id="error-gpu_count"' in bad.content.decode()
+    # A part the fleet is not laid out in (an edited form) is the form's own error.
+    assert 'id="error-part"' in client.post("/jobs/new/", {**form, "part": "share:0.3"}).content.decode()
+    assert not Job.objects.exists()
+
+    quarter = client.post("/jobs/new/", {**form, "part": "share:0.25"})
+    mig = client.post("/jobs/new/", {**form, "part": "mig:1g.10gb"})
+    whole = client.post("/jobs/new/", form)
+    assert quarter.status_code == mig.status_code == whole.status_code == 302
+    jobs = list(Job.objects.order_by("pk").values_list("gpu_share", "mig_profile"))
+    assert jobs == [(Decimal("0.25"), ""), (None, "1g.10gb"), (None, "")]
+
+
 def test_job_page_says_what_a_share_means(client, alice, vision, ready):
     job = submit(alice, vision, gpu_share=0.25)
     client.force_login(alice)
