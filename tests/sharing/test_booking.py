@@ -120,6 +120,53 @@ def test_bad_profile_or_share_is_400(api_as, alice, sharing_fleet, extra, field)
     assert not Reservation.objects.exists()
 
 
+@pytest.mark.parametrize(
+    "extra,field,detail",
+    [
+        # An exclusive GPU has no shares, a GPU not in MIG mode no instances: the layout cannot give them.
+        (
+            {"gpu_share": 0.25, "gpus": ["GPU-mig-1"]},
+            "gpu_share",
+            "No GPU among the GPUs named is split in shares: ask for whole GPUs or a MIG instance.",
+        ),
+        (
+            {"mig_profile": "1g.10gb", "gpus": ["GPU-shared-0"]},
+            "mig_profile",
+            "No MIG instance of profile '1g.10gb' among the GPUs named (no GPU in MIG mode).",
+        ),
+        (
+            {"mig_profile": "3g.40gb"},
+            "mig_profile",
+            "No MIG instance of profile '3g.40gb' in the fleet (instances: 1g.10gb).",
+        ),
+        (
+            {"gpu_share": 0.25, "gpu_model": "H100-80GB"},
+            "gpu_share",
+            "No GPU of model H100-80GB is split in shares: ask for whole GPUs or a MIG instance.",
+        ),
+    ],
+)
+def test_a_part_the_layout_cannot_give_is_400_not_409(api_as, alice, sharing_fleet, extra, field, detail):
+    from tests.factories import GpuModelFactory
+
+    GpuModelFactory(name="H100-80GB")
+    resp = api_as(alice).post(URL, body(**extra), format="json")
+    assert resp.status_code == 400, resp.json()
+    assert resp.json()["code"] == "invalid" and resp.json()["detail"] == detail
+    assert field in resp.json()["fields"]
+    assert not Reservation.objects.exists()
+
+
+def test_a_part_of_an_unknown_gpu_is_404(api_as, alice, sharing_fleet):
+    resp = api_as(alice).post(URL, body(gpu_share=0.25, gpus=["GPU-nope"]), format="json")
+    assert resp.status_code == 404 and resp.json()["fields"] == {"gpus": ["Unknown: GPU-nope."]}
+    # Naming the shared GPU, or one of its shares, books it.
+    share = Gpu.devices.filter(parent__uuid="GPU-shared-0").order_by("index").last()
+    assert share is not None
+    for named in ("GPU-shared-0", share.uuid):
+        assert api_as(alice).post(URL, body(gpu_share=0.25, gpus=[named]), format="json").status_code == 201
+
+
 def test_shares_cannot_change_while_held(alice, vision, api_as, sharing_fleet):
     assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 201
     with pytest.raises(Conflict):

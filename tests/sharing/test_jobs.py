@@ -103,7 +103,7 @@ def test_api_submission(api_as, alice, ready):
         (
             {"mig_profile": "3g.40gb"},
             "mig_profile",
-            "No MIG instance of profile '3g.40gb' in the fleet (the fleet's instances are 1g.10gb).",
+            "No MIG instance of profile '3g.40gb' in the fleet (instances: 1g.10gb).",
         ),
         # The shared GPU is split in 4: 0.3 is not a whole number of its shares.
         (
@@ -137,7 +137,7 @@ def test_a_share_with_no_split_gpu_in_the_fleet_is_400(api_as, alice, ready):
     Gpu.objects.filter(parent__isnull=True).update(shares=1)
     body = {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], "gpu_share": 0.5}
     resp = api_as(alice).post("/api/v1/jobs/", body, format="json")
-    assert resp.status_code == 400 and resp.json()["fields"]["gpu_share"] == ["No GPU of the fleet is split in shares."]
+    assert resp.status_code == 400 and resp.json()["fields"]["gpu_share"] == ["No GPU in the fleet is split in shares."]
     # A share of 1 is a whole GPU: no split needed.
     assert api_as(alice).post("/api/v1/jobs/", {**body, "gpu_share": 1}, format="json").status_code == 201
 

@@ -91,34 +91,50 @@ def share_text(share: Decimal) -> str:
     return format(share.normalize(), "f")
 
 
-def check_part_in_fleet(*, mig_profile: str | None, gpu_share: Decimal | None) -> None:
-    """400 for a part no GPU of the fleet gives as it is laid out now: a MIG profile no live instance has, or a share
-    that is not a whole number of any split GPU's shares. Such a job would only wait until an admin changes the
-    layout; a booking of it is refused the same way."""
+# What the layout offers, of the GPUs asked (a model, GPUs or parts named, or the whole fleet): the profiles of live
+# MIG instances, and the splits of live shared GPUs.
+_LAYOUT_PROFILES_SQL = """
+SELECT DISTINCT u.mig_profile FROM fleet_gpu u JOIN fleet_gpu p ON p.id = u.parent_id
+WHERE u.kind = 'mig' AND u.retired_at IS NULL AND p.retired_at IS NULL AND p.mig_mode
+  AND (%(model)s::bigint IS NULL OR p.model_id = %(model)s::bigint)
+  AND (cardinality(%(uuids)s::text[]) = 0 OR p.uuid = ANY(%(uuids)s::text[]) OR u.uuid = ANY(%(uuids)s::text[]))
+ORDER BY 1
+"""
+_LAYOUT_SPLITS_SQL = """
+SELECT DISTINCT p.shares FROM fleet_gpu p
+WHERE p.parent_id IS NULL AND p.retired_at IS NULL AND NOT p.mig_mode AND p.shares > 1
+  AND (%(model)s::bigint IS NULL OR p.model_id = %(model)s::bigint)
+  AND (cardinality(%(uuids)s::text[]) = 0 OR p.uuid = ANY(%(uuids)s::text[])
+       OR EXISTS (SELECT 1 FROM fleet_gpu u WHERE u.parent_id = p.id AND u.uuid = ANY(%(uuids)s::text[])))
+ORDER BY 1
+"""
+
+
+def check_part_in_fleet(
+    *, mig_profile: str | None, gpu_share: Decimal | None, model: GpuModel | None = None, uuids: Sequence[str] = ()
+) -> None:
+    """400 for a part the GPUs asked (of `model`, the GPUs or parts named in `uuids`, or else the whole fleet) do not
+    give as they are laid out now: a MIG profile no live instance has, or a share that is not a whole number of any
+    split GPU's shares. A job would only wait until an admin changes the layout, and a booking could only fail."""
+    where = f"of model {model.name}" if model is not None else "among the GPUs named" if uuids else "in the fleet"
+    params = {"model": model.pk if model is not None else None, "uuids": list(uuids)}
     with connection.cursor() as cursor:
         if mig_profile:
-            cursor.execute(
-                "SELECT DISTINCT u.mig_profile FROM fleet_gpu u JOIN fleet_gpu p ON p.id = u.parent_id "
-                "WHERE u.kind = 'mig' AND u.retired_at IS NULL AND p.retired_at IS NULL AND p.mig_mode "
-                "ORDER BY 1"
-            )
+            cursor.execute(_LAYOUT_PROFILES_SQL, params)
             profiles = [str(r[0]) for r in cursor.fetchall()]
             if mig_profile not in profiles:
-                there = f"the fleet's instances are {', '.join(profiles)}" if profiles else "no GPU is in MIG mode"
+                there = f"instances: {', '.join(profiles)}" if profiles else "no GPU in MIG mode"
                 raise ValidationFailed(
-                    f"No MIG instance of profile {mig_profile!r} in the fleet ({there}).",
-                    fields={"mig_profile": [f"Not in the fleet: {there}."]},
+                    f"No MIG instance of profile {mig_profile!r} {where} ({there}).",
+                    fields={"mig_profile": [f"None {where} ({there})."]},
                 )
         if gpu_share is not None and gpu_share < 1:
-            cursor.execute(
-                "SELECT DISTINCT shares FROM fleet_gpu WHERE parent_id IS NULL AND retired_at IS NULL "
-                "AND NOT mig_mode AND shares > 1 ORDER BY 1"
-            )
+            cursor.execute(_LAYOUT_SPLITS_SQL, params)
             splits = [int(r[0]) for r in cursor.fetchall()]
             if not splits:
                 raise ValidationFailed(
-                    "No GPU of the fleet is split in shares: ask for whole GPUs or a MIG instance.",
-                    fields={"gpu_share": ["No GPU of the fleet is split in shares."]},
+                    f"No GPU {where} is split in shares: ask for whole GPUs or a MIG instance.",
+                    fields={"gpu_share": [f"No GPU {where} is split in shares."]},
                 )
             if all(shares_needed(gpu_share, s) is None for s in splits):
                 raise _not_whole_shares(gpu_share, splits)

@@ -174,6 +174,14 @@ def resolve_model(gpu_model: str | GpuModel | None) -> GpuModel:
     return model
 
 
+def check_named_exist(uuids: Sequence[str]) -> None:
+    """404 for uuids that name no GPU, MIG instance or share (retired ones included: they are known, not bookable)."""
+    known = set(Gpu.devices.filter(uuid__in=list(uuids)).values_list("uuid", flat=True))
+    unknown = [u for u in uuids if u not in known]
+    if unknown:
+        raise NotFound(f"Unknown GPU(s): {', '.join(unknown)}.", fields={"gpus": [f"Unknown: {', '.join(unknown)}."]})
+
+
 def resolve_gpus(
     gpus: Sequence[str | Gpu], start: datetime, end: datetime, *, include_offline: bool = False
 ) -> list[GpuInfo]:

@@ -24,9 +24,16 @@ from apps.booking.services.agents import emit_ended, send_holds
 from apps.booking.services.allocations import allocation_end, allocation_rows
 from apps.booking.services.booking_write import BookingRows, booking_write
 from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso
-from apps.booking.services.devices import check_profile, parse_memory, parse_share, place_parts_locked, whole_gpus
+from apps.booking.services.devices import (
+    check_part_in_fleet,
+    check_profile,
+    parse_memory,
+    parse_share,
+    place_parts_locked,
+    whole_gpus,
+)
 from apps.booking.services.events import publish_reservation
-from apps.booking.services.gpus import GpuInfo, place_locked, precheck, resolve_gpus, resolve_model
+from apps.booking.services.gpus import GpuInfo, check_named_exist, place_locked, precheck, resolve_gpus, resolve_model
 from apps.booking.services.quotas import (
     hold_row,
     lock_usage,
@@ -275,6 +282,10 @@ def reservation_create(
         model = resolve_model(gpu_model) if gpu_model else None
         model_id = model.pk if model is not None else None
         model_ids: Collection[int] = {model.pk} if model is not None else set()
+        if named:
+            check_named_exist(named)
+        if mig_memory_mib is None:  # by memory: `profiles_with_memory` says when no instance has that much
+            check_part_in_fleet(mig_profile=mig_profile or None, gpu_share=share, model=model, uuids=named)
     elif gpus:
         explicit = resolve_gpus(gpus, start, end, include_offline=include_offline)
         if gpu_count is not None and gpu_count != len(explicit):
