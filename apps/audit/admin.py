@@ -7,6 +7,7 @@ from apps.audit.models import AuditEvent
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
     list_display = ("created_at", "action", "actor", "team", "target_repr")
+    list_select_related = ("actor", "team")
     list_filter = ("action", "team")
     search_fields = ("action", "target_repr", "actor__username")
     readonly_fields = [f.name for f in AuditEvent._meta.fields]

@@ -59,6 +59,7 @@ class PriceAdmin(admin.ModelAdmin[Price]):
 
     form = PriceForm
     list_display = ("gpu_model", "valid_from", "hourly_price", "note", "created_by", "created_at")
+    list_select_related = ("gpu_model", "created_by")
     list_filter = ("gpu_model",)
     ordering = ("gpu_model__name", "-valid_from")
 
@@ -111,6 +112,7 @@ class UsageRecordAdmin(_ReadOnly[UsageRecord]):
 @admin.register(MonthClose)
 class MonthCloseAdmin(_ReadOnly[MonthClose]):
     list_display = ("month", "status", "cost", "gpu_seconds", "closed_at", "closed_by", "reopened_at", "reopened_by")
+    list_select_related = ("closed_by", "reopened_by")
     readonly_fields = [f.name for f in MonthClose._meta.fields]
     actions = ["reopen_months", "close_months"]
 
@@ -139,11 +141,13 @@ class MonthCloseAdmin(_ReadOnly[MonthClose]):
 @admin.register(BudgetAlert)
 class BudgetAlertAdmin(_ReadOnly[BudgetAlert]):
     list_display = ("team", "month", "threshold", "budget", "cost", "created_at")
+    list_select_related = ("team",)
     list_filter = ("month", "threshold")
 
 
 @admin.register(Notification)
 class NotificationAdmin(admin.ModelAdmin[Notification]):
     list_display = ("created_at", "team", "level", "title")
+    list_select_related = ("team",)
     list_filter = ("level", "team")
     search_fields = ("title", "body")

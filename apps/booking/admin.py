@@ -40,6 +40,8 @@ class AllocationInline(admin.TabularInline[Allocation, Reservation]):
 @admin.register(Reservation)
 class ReservationAdmin(ReadOnlyAdmin[Reservation]):
     list_display = ("id", "team", "user", "gpu_model", "gpu_count", "start", "end", "status")
+    # Named: Django's automatic select_related follows only the non-null keys, and user and model may be null.
+    list_select_related = ("team", "user", "gpu_model")
     list_filter = ("status", "team", "gpu_model")
     search_fields = ("team__slug", "user__username", "note")
     date_hierarchy = "start"
@@ -49,6 +51,8 @@ class ReservationAdmin(ReadOnlyAdmin[Reservation]):
 @admin.register(Allocation)
 class AllocationAdmin(ReadOnlyAdmin[Allocation]):
     list_display = ("id", "gpu", "team", "kind", "reservation", "job_id", "start", "end", "active")
+    # What each row's labels read: the GPU's node and model, the reservation's team and model.
+    list_select_related = ("gpu__node", "gpu__model", "team", "reservation__team", "reservation__gpu_model")
     list_filter = ("kind", "active", "team")
     search_fields = ("gpu__uuid", "team__slug")
     date_hierarchy = "start"
@@ -86,5 +90,6 @@ class BookingPolicyAdmin(admin.ModelAdmin[BookingPolicy]):
 @admin.register(MaintenanceWindow)
 class MaintenanceWindowAdmin(admin.ModelAdmin[MaintenanceWindow]):
     list_display = ("start", "end", "node", "gpu", "reason")
+    list_select_related = ("node", "gpu__node", "gpu__model")
     list_filter = ("node",)
     date_hierarchy = "start"

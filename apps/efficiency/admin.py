@@ -21,12 +21,14 @@ class IdlePolicyAdmin(admin.ModelAdmin[IdlePolicy]):
 @admin.register(IdleExemption)
 class IdleExemptionAdmin(admin.ModelAdmin[IdleExemption]):
     list_display = ["kind", "source_id", "team", "extra_min", "reason", "created_at"]
+    list_select_related = ["team"]
     list_filter = ["kind"]
 
 
 @admin.register(IdleMark)
 class IdleMarkAdmin(admin.ModelAdmin[IdleMark]):
     list_display = ["kind", "source_id", "team", "user", "state", "loaded", "warned_at", "reclaimed_at"]
+    list_select_related = ["team", "user"]
     list_filter = ["state", "kind"]
     readonly_fields = [f.name for f in IdleMark._meta.fields]
 
@@ -34,4 +36,5 @@ class IdleMarkAdmin(admin.ModelAdmin[IdleMark]):
 @admin.register(WaitlistEntry)
 class WaitlistEntryAdmin(admin.ModelAdmin[WaitlistEntry]):
     list_display = ["user", "team", "gpu_model", "gpu_count", "start", "end", "auto_book", "state", "created_at"]
+    list_select_related = ["user", "team", "gpu_model"]
     list_filter = ["state"]

@@ -11,6 +11,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin[WebhookEndpoint]):
     look, disable or delete. The encrypted secret is never shown."""
 
     list_display = ["id", "url", "team", "is_active", "failing_since", "disabled_at", "created_at"]
+    list_select_related = ["team"]
     list_filter = ["is_active", "team"]
     search_fields = ["url"]
     exclude = ["secret_encrypted"]
@@ -24,6 +25,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin[WebhookEndpoint]):
 @admin.register(OutboxEvent)
 class OutboxEventAdmin(admin.ModelAdmin[OutboxEvent]):
     list_display = ["id", "event_type", "subject", "team", "created_at", "dispatched_at"]
+    list_select_related = ["team"]
     list_filter = ["event_type"]
     search_fields = ["subject"]
 
@@ -34,6 +36,7 @@ class OutboxEventAdmin(admin.ModelAdmin[OutboxEvent]):
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin[WebhookDelivery]):
     list_display = ["id", "endpoint", "event", "status", "attempts", "response_code", "last_attempt_at"]
+    list_select_related = ["endpoint", "event"]
     list_filter = ["status"]
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
@@ -43,6 +46,7 @@ class WebhookDeliveryAdmin(admin.ModelAdmin[WebhookDelivery]):
 @admin.register(MailDelivery)
 class MailDeliveryAdmin(admin.ModelAdmin[MailDelivery]):
     list_display = ["id", "user", "event", "status", "attempts", "sent_at"]
+    list_select_related = ["user", "event"]
     list_filter = ["status"]
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:

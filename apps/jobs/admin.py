@@ -27,6 +27,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Read-mostly: states change only through the services (cancel from the job page or the API)."""
 
     list_display = ("id", "name", "team", "user", "image", "gpu_count", "state", "reason", "node", "submitted_at")
+    list_select_related = ("team", "user", "node")
     list_filter = ("state", "reason", "team")
     search_fields = ("name", "image", "user__username")
     inlines = [JobEventInline]

@@ -13,7 +13,7 @@ _FIGURES = ("samples", "util_min", "util_mean", "util_max", "mem_used_mean", "me
 class RollupAdmin(admin.ModelAdmin[_R]):
     """Rollups are written by the flush tasks only: read-only here."""
 
-    list_select_related = ("gpu", "gpu__node")
+    list_select_related = ("gpu", "gpu__node", "gpu__model")  # a GPU reads as node/index (model)
     search_fields = ("gpu__uuid", "gpu__node__name")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
