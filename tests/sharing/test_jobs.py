@@ -133,6 +133,21 @@ def test_a_part_the_fleets_layout_cannot_give_is_400_not_a_job_that_waits_foreve
     assert api_as(alice).post("/api/v1/jobs/", body, format="json").status_code == 201
 
 
+def test_a_part_of_a_model_not_laid_out_for_it_is_400(api_as, alice, ready):
+    from tests.factories import GpuFactory, GpuModelFactory
+
+    h100 = GpuModelFactory(name="H100-80GB")
+    GpuFactory(node=ready["shared"].node, index=2, model=h100, uuid="GPU-h100-0")
+    body = {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], "gpu_model": "H100-80GB"}
+    share = api_as(alice).post("/api/v1/jobs/", {**body, "gpu_share": 0.25}, format="json")
+    assert share.status_code == 400
+    assert share.json()["detail"].startswith("No GPU of model H100-80GB is split in shares")
+    mig = api_as(alice).post("/api/v1/jobs/", {**body, "mig_profile": "1g.10gb"}, format="json")
+    assert mig.status_code == 400
+    assert mig.json()["detail"] == "No MIG instance of profile '1g.10gb' of model H100-80GB (no GPU in MIG mode)."
+    assert not Job.objects.exists()
+
+
 def test_a_share_with_no_split_gpu_in_the_fleet_is_400(api_as, alice, ready):
     Gpu.objects.filter(parent__isnull=True).update(shares=1)
     body = {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], "gpu_share": 0.5}

@@ -96,14 +96,16 @@ def share_text(share: Decimal) -> str:
 _LAYOUT_PROFILES_SQL = """
 SELECT DISTINCT u.mig_profile FROM fleet_gpu u JOIN fleet_gpu p ON p.id = u.parent_id
 WHERE u.kind = 'mig' AND u.retired_at IS NULL AND p.retired_at IS NULL AND p.mig_mode
-  AND (%(model)s::bigint IS NULL OR p.model_id = %(model)s::bigint)
+  AND (cardinality(%(models)s::text[]) = 0
+       OR p.model_id IN (SELECT m.id FROM fleet_gpumodel m WHERE m.name = ANY(%(models)s::text[])))
   AND (cardinality(%(uuids)s::text[]) = 0 OR p.uuid = ANY(%(uuids)s::text[]) OR u.uuid = ANY(%(uuids)s::text[]))
 ORDER BY 1
 """
 _LAYOUT_SPLITS_SQL = """
 SELECT DISTINCT p.shares FROM fleet_gpu p
 WHERE p.parent_id IS NULL AND p.retired_at IS NULL AND NOT p.mig_mode AND p.shares > 1
-  AND (%(model)s::bigint IS NULL OR p.model_id = %(model)s::bigint)
+  AND (cardinality(%(models)s::text[]) = 0
+       OR p.model_id IN (SELECT m.id FROM fleet_gpumodel m WHERE m.name = ANY(%(models)s::text[])))
   AND (cardinality(%(uuids)s::text[]) = 0 OR p.uuid = ANY(%(uuids)s::text[])
        OR EXISTS (SELECT 1 FROM fleet_gpu u WHERE u.parent_id = p.id AND u.uuid = ANY(%(uuids)s::text[])))
 ORDER BY 1
@@ -111,13 +113,19 @@ ORDER BY 1
 
 
 def check_part_in_fleet(
-    *, mig_profile: str | None, gpu_share: Decimal | None, model: GpuModel | None = None, uuids: Sequence[str] = ()
+    *, mig_profile: str | None, gpu_share: Decimal | None, models: Sequence[str] = (), uuids: Sequence[str] = ()
 ) -> None:
-    """400 for a part the GPUs asked (of `model`, the GPUs or parts named in `uuids`, or else the whole fleet) do not
-    give as they are laid out now: a MIG profile no live instance has, or a share that is not a whole number of any
-    split GPU's shares. A job would only wait until an admin changes the layout, and a booking could only fail."""
-    where = f"of model {model.name}" if model is not None else "among the GPUs named" if uuids else "in the fleet"
-    params = {"model": model.pk if model is not None else None, "uuids": list(uuids)}
+    """400 for a part the GPUs asked (of the `models` named, the GPUs or parts named in `uuids`, or else the whole
+    fleet) do not give as they are laid out now: a MIG profile no live instance has, or a share that is not a whole
+    number of any split GPU's shares. A job would only wait until an admin changes the layout, and a booking could
+    only fail."""
+    if uuids:
+        where = "among the GPUs named"
+    elif models:
+        where = f"of model {'|'.join(models)}"
+    else:
+        where = "in the fleet"
+    params = {"models": list(models), "uuids": list(uuids)}
     with connection.cursor() as cursor:
         if mig_profile:
             cursor.execute(_LAYOUT_PROFILES_SQL, params)

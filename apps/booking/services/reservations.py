@@ -285,7 +285,8 @@ def reservation_create(
         if named:
             check_named_exist(named)
         if mig_memory_mib is None:  # by memory: `profiles_with_memory` says when no instance has that much
-            check_part_in_fleet(mig_profile=mig_profile or None, gpu_share=share, model=model, uuids=named)
+            models = [model.name] if model is not None else []
+            check_part_in_fleet(mig_profile=mig_profile or None, gpu_share=share, models=models, uuids=named)
     elif gpus:
         explicit = resolve_gpus(gpus, start, end, include_offline=include_offline)
         if gpu_count is not None and gpu_count != len(explicit):

@@ -189,13 +189,8 @@ def _check_part(
         return None
     if mig_profile:
         check_profile(mig_profile)
-        if check_fleet:
-            check_part_in_fleet(mig_profile=mig_profile, gpu_share=None)
         return None
-    share = parse_share(gpu_share)
-    if check_fleet:
-        check_part_in_fleet(mig_profile=None, gpu_share=share)
-    return share
+    return parse_share(gpu_share)
 
 
 def _reserved_part(
@@ -320,6 +315,9 @@ def job_submit(
         models = booking_selectors.allowed_model_names(team_id=team.pk, quotas=quotas)
     if check_fleet:
         _check_fleet_shape(gpu_count, models)
+        if reservation_id is None and (mig_profile or share is not None):
+            # A part the GPUs it may run on are not laid out to give (a job in a reservation runs on its parts).
+            check_part_in_fleet(mig_profile=mig_profile or None, gpu_share=share, models=models)
     reservation = None
     if reservation_id is not None:
         reservation = _check_reservation(
