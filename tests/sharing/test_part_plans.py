@@ -135,3 +135,51 @@ def test_a_fault_in_a_plan_does_not_stop_the_pass(alice, vision, ready, sent, mo
     assert waiting.pending_reason == "waiting_for_gpus"
     assert "planning the start of job" in caplog.text
     assert len(holders) == 7
+
+
+def test_a_job_whose_part_the_layout_no_longer_gives_is_told_so(alice, vision, ready, sent):
+    """Admins changed the layout under queued jobs (the GPU split in 4 is now split in 3; the MIG GPU left MIG
+    mode): they cannot start until a GPU gives their part again, and their reason says that, not "waiting for
+    GPUs". Once the layout gives the part again, they start."""
+    from apps.fleet.devices import gpu_set_shares, mig_layout_apply
+    from apps.fleet.models import Gpu
+    from tests.sharing.conftest import seven_1g
+
+    quarter = submit(alice, vision, gpu_share=0.25)
+    mig_job = submit(alice, vision, mig_profile="1g.10gb")
+    by_memory = submit(alice, vision, mig_memory_mib=9000)
+    gpu_set_shares(actor=None, gpu_uuid="GPU-shared-0", shares=3)
+    mig = Gpu.objects.get(uuid="GPU-mig-0")
+    mig_layout_apply(gpu=mig, mig_mode=False, instances=[])
+    third = submit(alice, vision, gpu_share="0.333333")
+
+    assert one_pass().started == [third.pk]  # a third of a GPU split in 3 is one share
+    quarter.refresh_from_db()
+    assert quarter.state == JobState.QUEUED
+    assert quarter.pending_reason == "part_not_in_layout"
+    assert quarter.pending_message.startswith(
+        "cannot start on the GPUs as they are laid out now: No GPU is split so that 0.25 of it is a whole number "
+        "of shares (splits: 1/3)."
+    )
+    mig_job.refresh_from_db()
+    assert mig_job.pending_reason == "part_not_in_layout"
+    assert "No MIG instance of profile '1g.10gb'" in mig_job.pending_message
+    assert "cancel it to ask for another part" in mig_job.pending_message
+    by_memory.refresh_from_db()
+    assert by_memory.pending_reason == "part_not_in_layout"
+    assert "No MIG instance in the fleet has 9000 MiB of memory or more." in by_memory.pending_message
+
+    # The admins lay the GPUs out as before: the jobs start.
+    allocations_end_of_job(job_id=third.pk, at=timezone.now())
+    gpu_set_shares(actor=None, gpu_uuid="GPU-shared-0", shares=4)
+    mig_layout_apply(gpu=Gpu.objects.get(pk=mig.pk), mig_mode=True, instances=seven_1g(mig.uuid))
+    assert set(one_pass().started) == {quarter.pk, mig_job.pk, by_memory.pk}
+
+
+def test_a_job_that_only_waits_for_a_part_is_not_told_the_layout_lacks_it(alice, vision, ready, sent):
+    held = [submit(alice, vision, gpu_share=0.25, max_duration_s=3600) for _ in range(4)]
+    assert set(one_pass().started) == {j.pk for j in held}
+    waiting = submit(alice, vision, gpu_share=0.25)
+    assert one_pass().started == []
+    waiting.refresh_from_db()
+    assert waiting.pending_reason == "next_in_line"

@@ -22,7 +22,7 @@ from django.db import transaction
 
 from apps.booking.models import Reservation, ReservationStatus
 from apps.booking.selectors import reservation_parts
-from apps.booking.services.devices import place_parts_locked
+from apps.booking.services.devices import check_part_in_fleet, place_parts_locked, profiles_with_memory
 from apps.core.errors import ApplicationError
 from apps.fleet.models import Gpu, GpuModel, PoolBackend
 from apps.jobs import conf, occupancy
@@ -83,6 +83,7 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
     started: list[int] = []
     planner = PartPlanner(now=now)
     failed: dict[tuple[object, ...], float] = {}  # shape -> shortest duration that did not fit: longer ones skip
+    layout: dict[tuple[object, ...], str | None] = {}  # shape -> why the layout cannot give it (None: it can)
     for job in jobs:
         if job.reservation_id is not None:
             if _start_in_reservation(job, now=now, claim=claim):
@@ -93,7 +94,7 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
         model = GpuModel.objects.filter(name=job.gpu_models[0]).first() if len(job.gpu_models) == 1 else None
         shape = (job.mig_profile, job.mig_memory_mib, job.gpu_share, tuple(job.gpu_models), job.gpu_count)
         if duration.total_seconds() >= failed.get(shape, INF):
-            planner.plan_or_wait(job, model, shape, duration=duration, detail=None)
+            _wait(job, model, shape, planner, layout, duration=duration, detail=None)
             continue
         # Parts planned for jobs ahead of this one that it would still hold when they are due.
         kept = planner.kept_until(end)
@@ -127,7 +128,7 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
         except ApplicationError as exc:
             # Nothing fitting free now (409), or no longer possible at all (400: the fleet changed): it stays queued.
             failed[shape] = min(failed.get(shape, INF), duration.total_seconds())
-            planner.plan_or_wait(job, model, shape, duration=duration, detail=exc.detail)
+            _wait(job, model, shape, planner, layout, duration=duration, detail=exc.detail)
             continue
         except (TransitionRefused, _Unsuitable):
             continue  # the job moved meanwhile, or the part is not one this job can run on: it stays queued
@@ -137,6 +138,49 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
             # after the start's: the quota rows are locked before GPUs everywhere else, never after.
             occupancy.quota_fit_to_profile(job=job)
     return started
+
+
+def _wait(
+    job: Job,
+    model: GpuModel | None,
+    shape: tuple[object, ...],
+    planner: PartPlanner,
+    layout: dict[tuple[object, ...], str | None],
+    *,
+    duration: timedelta,
+    detail: str | None,
+) -> None:
+    """A job that did not start: told that the GPUs are no longer laid out to give its part, or planned (or told
+    why it waits). Submission refuses such a part, but admins change layouts under queued jobs (a GPU split
+    differently, repartitioned, taken out of MIG mode): such a job can only wait for a layout, not for GPUs."""
+    if shape not in layout:
+        layout[shape] = _not_in_layout(job)
+    why = layout[shape]
+    if why is not None:
+        say(
+            job,
+            ReasonCode.PART_NOT_IN_LAYOUT,
+            f"cannot start on the GPUs as they are laid out now: {why} It starts once an admin lays a GPU out to "
+            "give it; cancel it to ask for another part.",
+        )
+        return
+    planner.plan_or_wait(job, model, shape, duration=duration, detail=detail)
+
+
+def _not_in_layout(job: Job) -> str | None:
+    """Why the GPUs the job may run on (its models, or any) are not laid out to give its part; None if they are.
+    Two small queries, once per shape and pass, and only for jobs that did not start."""
+    try:
+        if job.mig_memory_mib is not None and not job.mig_profile:
+            model = GpuModel.objects.filter(name=job.gpu_models[0]).first() if len(job.gpu_models) == 1 else None
+            profiles_with_memory(job.mig_memory_mib, model_id=model.pk if model is not None else None)
+        else:
+            check_part_in_fleet(
+                mig_profile=job.mig_profile or None, gpu_share=job.gpu_share, models=list(job.gpu_models)
+            )
+    except ApplicationError as exc:
+        return str(exc.detail)
+    return None
 
 
 def _start_in_reservation(job: Job, *, now: datetime, claim: Callable[[], None]) -> bool:

@@ -108,6 +108,8 @@ class ReasonCode(StrEnum):
     RESERVATION_OTHER_TEAM = "reservation_other_team"
     OUTSIDE_RESERVATION_WINDOW = "outside_reservation_window"
     WAITING_FOR_RESERVED_GPUS = "waiting_for_reserved_gpus"
+    PART_NOT_IN_LAYOUT = "part_not_in_layout"
+    """A job on a part (MIG profile, share) that the GPUs, as admins laid them out now, do not give."""
     INVALID = "invalid"
 
 
