@@ -168,16 +168,25 @@ def reservations_with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation
     return _with_details(qs).order_by("start", "id")
 
 
-def bookable_parts() -> list[dict[str, str]]:
-    """What the Book form offers besides whole GPUs: each MIG profile some GPU is laid out in, and each fraction
-    a shared GPU's split makes (1/N, 2/N, ... below 1). `value`: "mig:<profile>" or "share:<fraction>"."""
+def bookable_parts() -> list[dict[str, Any]]:
+    """What the Book and job forms offer besides whole GPUs: each MIG profile some GPU is laid out in, and each
+    fraction a shared GPU's split makes (1/N, 2/N, ... below 1). `value`: "mig:<profile>" or "share:<fraction>";
+    `models`: the models whose GPUs give it (the forms keep the model and the part consistent)."""
     live = Gpu.devices.filter(parent__isnull=False, retired_at__isnull=True, parent__retired_at__isnull=True)
-    profiles = sorted(set(live.filter(kind="mig").values_list("mig_profile", flat=True)))
-    splits = sorted(set(Gpu.objects.filter(retired_at__isnull=True, shares__gt=1).values_list("shares", flat=True)))
-    fractions = sorted({round(k / n, 4) for n in splits for k in range(1, n)})
-    return [{"value": f"mig:{p}", "label": f"MIG instance {p}"} for p in profiles] + [
-        {"value": f"share:{f:g}", "label": f"{f:g} of a shared GPU (no memory isolation)"} for f in fractions
+    profiles: dict[str, set[str]] = {}
+    for profile, model in live.filter(kind="mig").values_list("mig_profile", "parent__model__name"):
+        profiles.setdefault(profile, set()).add(model)
+    fractions: dict[float, set[str]] = {}
+    split_gpus = Gpu.objects.filter(retired_at__isnull=True, shares__gt=1).values_list("shares", "model__name")
+    for n, model in set(split_gpus):
+        for k in range(1, n):
+            fractions.setdefault(round(k / n, 4), set()).add(model)
+    mig = [{"value": f"mig:{p}", "label": f"MIG instance {p}", "models": sorted(profiles[p])} for p in sorted(profiles)]
+    shares = [
+        {"value": f"share:{f:g}", "label": f"{f:g} of a shared GPU (no memory isolation)", "models": sorted(models)}
+        for f, models in sorted(fractions.items())
     ]
+    return mig + shares
 
 
 def timeline(*, user: AnyUser, start: datetime, end: datetime) -> dict[str, Any]:

@@ -66,10 +66,12 @@ class JobForm(forms.Form):
         images: list[str],
         models: list[str],
         reservations: list[Reservation] | None = None,
-        parts: list[dict[str, str]] | None = None,
+        parts: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        # Which models give each part: the page keeps the model and the part consistent (job_submit.js).
+        self.part_models: dict[str, list[str]] = {p["value"]: list(p.get("models", [])) for p in parts or []}
         now = timezone.now()
         by_team: dict[str, list[tuple[int, str]]] = {}
         for r in reservations or []:

@@ -86,3 +86,24 @@ def test_the_quota_line_counts_a_part_as_its_fraction(page, sharing_fleet, visio
     page.select_option("#book-part", "share:0.25")
     page.wait_for_selector("#book-quota [data-fits='true']")  # a quarter for 2 h: half a GPU-hour
     assert "uses 0.5" in page.inner_text("#book-quota")
+
+
+def test_the_part_and_the_model_stay_consistent_and_the_booking_is_of_that_model(page, sharing_fleet, vision):
+    """An H100-80GB without parts beside the A100s: choosing it sets a quarter back to whole GPUs, choosing a quarter
+    again picks the A100 back, and the booking of the part names the model chosen."""
+    from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
+
+    GpuFactory(node=NodeFactory(name="plain"), index=0, model=GpuModelFactory(name="H100-80GB"), uuid="GPU-h100-0")
+    page.reload()
+    page.wait_for_selector(".tl-row[data-gpu-uuid]")
+    models = page.locator("#book-model option").all_inner_texts()
+    assert set(models) == {"A100-80GB", "H100-80GB"}, models
+    page.select_option("#book-part", "share:0.25")
+    page.select_option("#book-model", "H100-80GB")
+    assert page.input_value("#book-part") == ""
+    page.select_option("#book-part", "share:0.25")
+    assert page.input_value("#book-model") == "A100-80GB"
+    start, end = slot(days=1, hour=10, hours=2)
+    quarter = _book(page, "share:0.25", "a quarter of an A100", start, end)
+    assert quarter.gpu_model.name == "A100-80GB"
+    assert quarter.allocations.get().gpu.parent_id == sharing_fleet["shared"].pk

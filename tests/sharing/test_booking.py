@@ -255,3 +255,20 @@ def test_timeline_shows_parts_as_lanes_of_their_gpu(api_as, alice, charlie, shar
             ("GPU-shared-0", None, 0.25, 1, 4),
         ]
         assert gpus[sharing_fleet["shared"].pk]["shares"] == 4 and gpus[sharing_fleet["mig"].pk]["mig_mode"]
+
+
+def test_bookable_parts_name_the_models_that_give_them(sharing_fleet):
+    from apps.booking.selectors import bookable_parts
+    from apps.fleet.devices import gpu_set_shares
+    from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
+
+    h100 = GpuModelFactory(name="H100-80GB")
+    GpuFactory(node=NodeFactory(name="h"), index=0, model=h100, uuid="GPU-h100-0")
+    gpu_set_shares(actor=None, gpu_uuid="GPU-h100-0", shares=2)
+    parts = {p["value"]: p["models"] for p in bookable_parts()}
+    assert parts == {
+        "mig:1g.10gb": ["A100-80GB"],
+        "share:0.25": ["A100-80GB"],
+        "share:0.5": ["A100-80GB", "H100-80GB"],
+        "share:0.75": ["A100-80GB"],
+    }

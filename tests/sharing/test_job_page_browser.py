@@ -90,3 +90,24 @@ def test_a_share_job_submitted_from_the_form(
         assert "0.25 of one GPU: shared, no memory isolation" in page.inner_text("main")
     job = Job.objects.get()
     assert job.gpu_share == Decimal("0.25") and job.command == ["python", "serve.py"]
+
+
+def test_the_form_keeps_the_model_and_the_part_consistent(
+    live_portal: Any, alice: Any, vision: Any, sharing_fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A100-80GB gives 1g.10gb instances and quarters; an H100-80GB added here gives neither. Choosing H100 sets a
+    quarter back to whole GPUs; choosing 1g.10gb while H100 is chosen picks the A100; "any model" takes any part."""
+    from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
+
+    GpuFactory(node=NodeFactory(name="plain"), index=0, model=GpuModelFactory(name="H100-80GB"), uuid="GPU-h100-0")
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/jobs/new/")
+        assert page.get_attribute('#id_part option[value="share:0.25"]', "title") == "on A100-80GB"
+        page.select_option("#id_part", "share:0.25")
+        assert page.input_value("#id_gpu_model") == ""  # any model: left alone
+        page.select_option("#id_gpu_model", "H100-80GB")
+        assert page.input_value("#id_part") == ""  # H100 has no shares: whole GPUs
+        page.select_option("#id_part", "mig:1g.10gb")
+        assert page.input_value("#id_gpu_model") == "A100-80GB"
+        page.select_option("#id_gpu_model", "A100-80GB")
+        assert page.input_value("#id_part") == "mig:1g.10gb"

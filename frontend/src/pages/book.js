@@ -152,6 +152,7 @@ form.addEventListener("submit", async (ev) => {
   else if (part.startsWith("share:")) body.gpu_share = Number(part.slice(6));
   if (state.gpu) body.gpus = [state.gpu.uuid];
   else if (!part) { body.gpu_model = el.model.value; body.gpu_count = Number(el.count.value); }
+  else body.gpu_model = el.model.value; // a part of the model chosen (the quota line asked for the same)
   state.lastBody = body;
   el.submit.disabled = true;
   try {
@@ -235,8 +236,27 @@ function syncModels() {
   el.model.replaceChildren(...names.map((n) => new Option(n, n)));
   if (names.includes(keep)) el.model.value = keep;
 }
+// The model and the part stay consistent: a part the chosen model does not give (a MIG profile, a share of a GPU
+// split so) picks a model of the team's that gives it; a model that does not give the chosen part sets the part
+// back to whole GPUs. The server refuses a mismatch all the same (400).
+const partModels = Object.fromEntries((cfg.parts || []).map((p) => [p.value, p.models || []]));
+const gives = (partValue, modelName) => !partValue || !partModels[partValue] || partModels[partValue].includes(modelName);
+function syncPart() {
+  if (el.part && !gives(el.part.value, el.model.value)) el.part.value = "";
+}
+el.part?.addEventListener("change", () => {
+  if (gives(el.part.value, el.model.value)) return;
+  const offered = [...el.model.options].map((o) => o.value);
+  const other = partModels[el.part.value].find((name) => offered.includes(name));
+  if (other) el.model.value = other;
+});
+el.model.addEventListener("change", syncPart);
+for (const option of el.part ? el.part.options : []) {
+  if (partModels[option.value]) option.title = `on ${partModels[option.value].join(", ")}`;
+}
 el.team.addEventListener("change", () => {
   syncModels();
+  syncPart();
   const refused = quotaRefuses(state.gpu); // a GPU picked for another team
   if (refused) { pickGpu(null); clearMessages(); showRefusal(refused); drawPick(); }
 });
