@@ -243,7 +243,9 @@ def test_the_cli_status_shows_the_device_the_memory_and_the_advice(alice, vision
     assert "  advice over_share: Peak GPU memory 30000 MiB is above the share's budget" in out
 
 
-def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(alice, vision, ready, sent, api_as, capsys):
+def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(
+    alice, vision, ready, sent, api_as, capsys, charlie
+):
     from cli import gpuportal
 
     half = _started(alice, vision, gpu_share=0.5)
@@ -264,6 +266,18 @@ def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(alice, vi
     ]
     assert shared["shares_free"] == 1
     assert all(g["share_devices"] == [] for g in answer["results"] if g["uuid"] != "GPU-shared-0")
+    # Per holder: the half is one row, read against both its shares' memory.
+    holders = [
+        (h["holder"]["id"], h["indexes"], h["memory_mib"], h["memory_used_mib"], len(h["share_uuids"]))
+        for h in shared["share_holders"]
+    ]
+    assert holders == [(half.pk, [0, 1], 40_960, 31_000, 2), (quarter.pk, [2], 20_480, 5_000, 1)]
+    assert all(g["share_holders"] == [] for g in answer["results"] if g["uuid"] != "GPU-shared-0")
+    # Another team sees that the shares are taken and by which team, not by whom or which job.
+    other = api_as(charlie).get("/api/v1/gpus/", {"node": "shared"}).json()
+    (seen,) = [g for g in other["results"] if g["uuid"] == "GPU-shared-0"]
+    assert [h["holder"] for h in seen["share_holders"]] == [s["holder"] for s in seen["share_devices"][:3:2]]
+    assert all("user" not in h["holder"] and "id" not in h["holder"] for h in seen["share_holders"])
 
     class Portal:  # answers with the API's own answer, as the CLI's client would
         def request(self, method: str, path: str, **kwargs: Any) -> Any:

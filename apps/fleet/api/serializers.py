@@ -82,6 +82,10 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
         help_text="a GPU split in shares: each share's uuid, index, memory_mib, memory_used_mib (what the job on it "
         "uses now, by its processes; null: free or unknown; a job on several shares is read on the first) and holder"
     )
+    share_holders = serializers.SerializerMethodField(
+        help_text="a GPU split in shares: one row per holder (a job or booking on several shares is one), with its "
+        "shares' uuids and indexes, their memory added up (memory_mib) and what its job uses now (memory_used_mib)"
+    )
 
     def _parts(self, gpu: Gpu) -> list[Gpu]:
         parts: Mapping[int, list[Gpu]] | None = self.context.get("parts")
@@ -118,6 +122,30 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
             for p in self._parts(gpu)
             if p.kind == DeviceKind.SHARE
         ]  # fmt: skip
+
+    def get_share_holders(self, gpu: Gpu) -> list[dict[str, Any]]:
+        if gpu.shares <= 1:
+            return []
+        holders: Mapping[str, Holder] = self.context.get("holders", {})
+        used: Mapping[str, int] = self.context.get("share_used", {})
+        rows: dict[tuple[Any, Any], dict[str, Any]] = {}
+        for p in self._parts(gpu):
+            holder = holders.get(p.uuid)
+            if p.kind != DeviceKind.SHARE or holder is None:
+                continue
+            key = (holder.get("kind"), holder.get("id"))
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = {
+                    "holder": self.get_holder(p), "share_uuids": [], "indexes": [], "memory_mib": 0,
+                    "memory_used_mib": None,
+                }  # fmt: skip
+            row["share_uuids"].append(p.uuid)
+            row["indexes"].append(p.index)
+            row["memory_mib"] += p.memory_mib or 0
+            if p.uuid in used:  # share_job_memory puts a job's reading on its first share
+                row["memory_used_mib"] = (row["memory_used_mib"] or 0) + used[p.uuid]
+        return list(rows.values())
 
     def _sample(self, gpu: Gpu) -> LatestSample | None:
         latest: Mapping[str, LatestSample] = self.context.get("latest", {})
