@@ -154,7 +154,7 @@ def _wait(
     why it waits). Submission refuses such a part, but admins change layouts under queued jobs (a GPU split
     differently, repartitioned, taken out of MIG mode): such a job can only wait for a layout, not for GPUs."""
     if shape not in layout:
-        layout[shape] = _not_in_layout(job)
+        layout[shape] = _not_in_layout(job, model)
     why = layout[shape]
     if why is not None:
         say(
@@ -167,12 +167,11 @@ def _wait(
     planner.plan_or_wait(job, model, shape, duration=duration, detail=detail)
 
 
-def _not_in_layout(job: Job) -> str | None:
-    """Why the GPUs the job may run on (its models, or any) are not laid out to give its part; None if they are.
-    Two small queries, once per shape and pass, and only for jobs that did not start."""
+def _not_in_layout(job: Job, model: GpuModel | None) -> str | None:
+    """Why the GPUs the job may run on (its models, or any; `model`: its one model) are not laid out to give its
+    part; None if they are. One small query, once per shape and pass, and only for jobs that did not start."""
     try:
         if job.mig_memory_mib is not None and not job.mig_profile:
-            model = GpuModel.objects.filter(name=job.gpu_models[0]).first() if len(job.gpu_models) == 1 else None
             profiles_with_memory(job.mig_memory_mib, model_id=model.pk if model is not None else None)
         else:
             check_part_in_fleet(

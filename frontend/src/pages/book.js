@@ -1,6 +1,7 @@
 // Book page: a timeline of GPUs (rows, by node) against time (columns), a booking form, live availability and
 // quota, "my reservations" with cancel/release. Plain DOM; times shown in the browser's zone, sent as UTC ISO.
 import "../css/book.css";
+import { linkModelAndPart, partModels } from "../lib/parts.js";
 import { waitlistOffer } from "../lib/waitlist.js";
 
 const { api } = window.Portal;
@@ -236,24 +237,9 @@ function syncModels() {
   el.model.replaceChildren(...names.map((n) => new Option(n, n)));
   if (names.includes(keep)) el.model.value = keep;
 }
-// The model and the part stay consistent: a part the chosen model does not give (a MIG profile, a share of a GPU
-// split so) picks a model of the team's that gives it; a model that does not give the chosen part sets the part
-// back to whole GPUs. The server refuses a mismatch all the same (400).
-const partModels = Object.fromEntries((cfg.parts || []).map((p) => [p.value, p.models || []]));
-const gives = (partValue, modelName) => !partValue || !partModels[partValue] || partModels[partValue].includes(modelName);
-function syncPart() {
-  if (el.part && !gives(el.part.value, el.model.value)) el.part.value = "";
-}
-el.part?.addEventListener("change", () => {
-  if (gives(el.part.value, el.model.value)) return;
-  const offered = [...el.model.options].map((o) => o.value);
-  const other = partModels[el.part.value].find((name) => offered.includes(name));
-  if (other) el.model.value = other;
-});
-el.model.addEventListener("change", syncPart);
-for (const option of el.part ? el.part.options : []) {
-  if (partModels[option.value]) option.title = `on ${partModels[option.value].join(", ")}`;
-}
+// The model and the part stay consistent (lib/parts.js); a booking of a part is of the model chosen. The server
+// refuses a mismatch all the same (400).
+const syncPart = linkModelAndPart(el.model, el.part, partModels(cfg.parts));
 el.team.addEventListener("change", () => {
   syncModels();
   syncPart();
