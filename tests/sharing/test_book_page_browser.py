@@ -61,7 +61,14 @@ def test_book_an_instance_and_a_share_by_the_form(page, sharing_fleet):
     assert "MIG instance 1g.10gb" in options and "0.25 of a shared GPU (no memory isolation)" in options
     start, end = slot(days=1, hour=10, hours=2)
     mig = _book(page, "mig:1g.10gb", "an instance", start, end)
+    assert f"Booked #{mig.pk}: mig/0 · 1g.10gb," in page.inner_text("#book-success")
     quarter = _book(page, "share:0.25", "a quarter", start, end)
+    assert f"Booked #{quarter.pk}: shared/0 · 0.25 of it," in page.inner_text("#book-success")
+    half = _book(page, "share:0.5", "a half", start, end)  # two shares of one GPU, named once
+    assert f"Booked #{half.pk}: shared/0 · 0.5 of it," in page.inner_text("#book-success")
+    row = page.locator(f'#my-reservations tr[data-reservation-id="{half.pk}"]')
+    row.wait_for()
+    assert "shared/0 · 0.5 of it" in row.inner_text()
     assert mig.allocations.get().gpu.mig_profile == "1g.10gb"
     assert quarter.allocations.get().gpu.parent_id == sharing_fleet["shared"].pk
     lane = page.locator(f'.tl-slot.mine[data-reservation-id="{quarter.pk}"]')

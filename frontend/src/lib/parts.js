@@ -32,3 +32,16 @@ export function linkModelAndPart(modelSelect, partSelect, models) {
   modelSelect.addEventListener("change", syncPart);
   return syncPart;
 }
+
+// A reservation's GPUs in words: "node/index" for a whole GPU, "node/index · 1g.10gb" for a MIG instance,
+// "node/index · 0.5 of it" for shares of one GPU (the API gives a booking's shares of a GPU as one entry).
+export function gpusText(gpus) {
+  return (gpus || [])
+    .map((g) => {
+      const where = `${g.node}/${g.index}`;
+      if (g.profile) return `${where} · ${g.profile}`;
+      if (g.share != null && g.share < 1) return `${where} · ${Number(g.share.toFixed(4))} of it`;
+      return where;
+    })
+    .join(", ");
+}

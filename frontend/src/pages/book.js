@@ -1,7 +1,7 @@
 // Book page: a timeline of GPUs (rows, by node) against time (columns), a booking form, live availability and
 // quota, "my reservations" with cancel/release. Plain DOM; times shown in the browser's zone, sent as UTC ISO.
 import "../css/book.css";
-import { linkModelAndPart, partModels } from "../lib/parts.js";
+import { gpusText, linkModelAndPart, partModels } from "../lib/parts.js";
 import { waitlistOffer } from "../lib/waitlist.js";
 
 const { api } = window.Portal;
@@ -159,7 +159,7 @@ form.addEventListener("submit", async (ev) => {
   try {
     const r = await api("/api/v1/reservations/", { method: "POST", body, headers: { "Idempotency-Key": idempotencyKey() } });
     el.success.hidden = false;
-    const gpus = r.gpus.map((g) => `${g.node}/${g.index}`).join(", ");
+    const gpus = gpusText(r.gpus);
     el.success.textContent = `Booked #${r.id}: ${gpus}, ${span(r.start, r.end)}.`;
     for (const wng of r.warnings || []) el.success.textContent += ` Note: over the soft budget for ${wng.month}.`;
     pickGpu(null);
@@ -421,7 +421,7 @@ async function loadMine() {
       const btn = h("button", { class: "danger small", type: "button", "data-action": action.toLowerCase(), onclick: () => endReservation(r, action) }, action);
       return h("tr", { "data-reservation-id": r.id },
         h("td", {}, `#${r.id}`), h("td", {}, r.team),
-        h("td", {}, r.gpus.map((g) => `${g.node}/${g.index}`).join(", "), h("div", { class: "muted small" }, r.gpu_model || "")),
+        h("td", {}, gpusText(r.gpus), h("div", { class: "muted small" }, r.gpu_model || "")),
         h("td", {}, fmt(r.start)), h("td", {}, fmt(r.end)),
         h("td", {}, h("span", { class: `badge status-${r.status}` }, r.status)),
         h("td", {}, r.user || ""), h("td", {}, btn));
