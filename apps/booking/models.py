@@ -99,6 +99,22 @@ class Reservation(models.Model):
         model = self.gpu_model.name if self.gpu_model else "GPU"
         return f"#{self.pk} {self.team}: {self.gpu_count} x {model}, {_span(self.start, self.end)}"
 
+    @property
+    def size_text(self) -> str:
+        """What it holds, short, for lists: "2 x A100-80GB", "1g.10gb instance of A100-80GB", "0.5 of A100-80GB".
+        Parts are read from `part_allocations` where a selector preloaded them (`reservations_current_and_upcoming`);
+        without it the booking reads as whole GPUs."""
+        model = self.gpu_model.name if self.gpu_model else "GPU"
+        parts: list[Allocation] = getattr(self, "part_allocations", [])
+        if not parts:
+            return f"{self.gpu_count} x {model}"
+        profiles = sorted({a.gpu.mig_profile for a in parts if a.gpu.mig_profile})
+        if profiles:
+            n = len(parts)
+            return f"{n} {'/'.join(profiles)} instance{'' if n == 1 else 's'} of {model}"
+        share = sum((a.gpu.capacity for a in parts), Decimal(0))
+        return f"{share.normalize():f} of {model}"
+
 
 class AllocationQuerySet(ScopedQuerySet["Allocation"]):
     team_path = "team"

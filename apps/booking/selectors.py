@@ -10,7 +10,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.db.models import Q, QuerySet, Sum, prefetch_related_objects
+from django.db.models import Prefetch, Q, QuerySet, Sum, prefetch_related_objects
 from django.utils import timezone
 
 from apps.accounts.models import Team
@@ -279,6 +279,10 @@ def reservations_due(*, now: datetime) -> bool:
 def reservations_current_and_upcoming(*, user: AnyUser, now: datetime, limit: int = 100) -> list[Reservation]:
     """The user's teams' reservations a job can still run in (booked or active, not yet ended), soonest first:
     what the job form and the home page offer. Admins see their own teams' only, as a member would."""
+    # The parts it holds (MIG instances, shares), for `Reservation.size_text`: one query for the page.
+    parts = Allocation.objects.filter(
+        kind=AllocationKind.RESERVATION, active=True, gpu__parent__isnull=False
+    ).select_related("gpu")
     return list(
         Reservation.objects.filter(
             team_id__in=team_ids_of(user),
@@ -286,6 +290,7 @@ def reservations_current_and_upcoming(*, user: AnyUser, now: datetime, limit: in
             end__gt=now,
         )
         .select_related("team", "user", "gpu_model")
+        .prefetch_related(Prefetch("allocations", queryset=parts, to_attr="part_allocations"))
         .order_by("start", "id")[:limit]
     )
 

@@ -16,9 +16,8 @@ def reservation_label(reservation: Reservation, *, now: datetime) -> str:
     """How a reservation reads in a select: id, GPUs, local start and end, and whether it is on now."""
     start, end = timezone.localtime(reservation.start), timezone.localtime(reservation.end)
     until = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%a %d %b %H:%M}"
-    model = reservation.gpu_model.name if reservation.gpu_model else "GPU"
     on_now = " (now)" if reservation.start <= now < reservation.end else ""
-    return f"#{reservation.pk} · {reservation.gpu_count} x {model} · {start:%a %d %b %H:%M} to {until}{on_now}"
+    return f"#{reservation.pk} · {reservation.size_text} · {start:%a %d %b %H:%M} to {until}{on_now}"
 
 
 class JobForm(forms.Form):

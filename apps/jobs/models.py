@@ -211,6 +211,17 @@ class Job(models.Model):
         return bool(self.mig_profile) or self.gpu_share is not None or self.mig_memory_mib is not None
 
     @property
+    def size_text(self) -> str:
+        """What the job asks for, short, for lists: "2 GPUs", "1g.10gb instance", "0.25 of a GPU"."""
+        if self.mig_profile:
+            return f"{self.mig_profile} instance"
+        if self.gpu_share is not None:
+            return f"{self.gpu_share.normalize():f} of a GPU"
+        if self.mig_memory_mib is not None:
+            return f"MIG instance of {self.mig_memory_mib} MiB+"
+        return f"{self.gpu_count} GPU{'' if self.gpu_count == 1 else 's'}"
+
+    @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 

@@ -7,6 +7,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.booking.models import Allocation, Reservation
@@ -272,3 +274,36 @@ def test_bookable_parts_name_the_models_that_give_them(sharing_fleet):
         "share:0.5": ["A100-80GB", "H100-80GB"],
         "share:0.75": ["A100-80GB"],
     }
+
+
+def test_lists_say_what_a_booking_or_job_of_parts_holds(alice, vision, ready, sent, client):
+    """The home page, the jobs list and the job form's reservation choice name the part, not "1 x GPU"."""
+    from apps.booking.selectors import reservations_current_and_upcoming
+    from apps.booking.services import reservation_create
+    from apps.jobs import services as job_services
+
+    start, end = slot(days=1, hour=10, hours=2)
+    kw: dict[str, Any] = {"user": alice, "team": vision, "start": start, "end": end}
+    mig = reservation_create(**kw, mig_profile="1g.10gb", gpu_count=2).reservation
+    half = reservation_create(**kw, gpu_share="0.5").reservation
+    whole = reservation_create(**kw, gpu_model="A100-80GB", gpu_count=1).reservation
+    with CaptureQueriesContext(connection) as queries:
+        texts = {r.pk: r.size_text for r in reservations_current_and_upcoming(user=alice, now=timezone.now())}
+    assert len(queries) == 2  # the reservations, and the parts of them all
+    assert texts == {
+        mig.pk: "2 1g.10gb instances of A100-80GB",
+        half.pk: "0.5 of A100-80GB",
+        whole.pk: "1 x A100-80GB",
+    }
+    job = job_services.job_submit(
+        user=alice, team=vision, image="portal-test/busybox:latest", command=["true"], max_duration_s=600,
+        gpu_share=0.25,
+    )  # fmt: skip
+    client.force_login(alice)
+    home = client.get("/").content.decode()
+    assert f"#{half.pk} · 0.5 of A100-80GB" in home
+    assert "vision · 0.25 of a GPU" in home
+    listing = client.get("/jobs/").content.decode()
+    assert f'<tr data-job="{job.pk}">' in listing and "<td>0.25 of a GPU</td>" in listing
+    form = client.get("/jobs/new/").content.decode()
+    assert f"#{mig.pk} · 2 1g.10gb instances of A100-80GB · " in form
