@@ -364,26 +364,23 @@ def holder_text(holder: dict[str, Any] | None) -> str:
     return " ".join(str(holder[k]) for k in ("kind", "team", "id") if holder.get(k) is not None)
 
 
-def share_lines(shares: list[dict[str, Any]]) -> list[str]:
-    """One line per holder of a GPU's shares: which shares, what its job's own processes use of their memory (the
-    GPU's reading is every share's), who. A job on half of a GPU split in four holds two shares: one line."""
-    held: list[tuple[Any, list[dict[str, Any]]]] = []
-    for s in shares:
-        holder = s.get("holder")
-        if not holder:
-            continue
-        key = (holder.get("kind"), holder.get("team"), holder.get("id"))
-        if held and held[-1][0] == key and key[2] is not None:
-            held[-1][1].append(s)
-        else:
-            held.append((key, [s]))
+def share_lines(gpu: dict[str, Any]) -> list[str]:
+    """One line per holder of a GPU's shares (the API's `share_holders`): which shares, what its job's own processes
+    use of their memory (the GPU's reading is every share's), who. A job on half of a GPU split in four: one line."""
+    total = gpu.get("shares") or len(gpu.get("share_devices") or [])
     lines = []
-    for _, group in held:
-        first, last = int(group[0].get("index", 0)) + 1, int(group[-1].get("index", 0)) + 1
-        name = f"share {first}/{len(shares)}" if len(group) == 1 else f"shares {first}-{last}/{len(shares)}"
-        used = [s["memory_used_mib"] for s in group if s.get("memory_used_mib") is not None]
-        mem = sum(int(s.get("memory_mib") or 0) for s in group)
-        lines.append(f"{name:<11} {f'{sum(used)}/{mem} MiB  ' if used else ''}{holder_text(group[0].get('holder'))}")
+    for row in gpu.get("share_holders") or []:
+        indexes = sorted(int(i) + 1 for i in row.get("indexes") or [])
+        if not indexes:
+            continue
+        if len(indexes) == 1:
+            name = f"share {indexes[0]}/{total}"
+        elif indexes == list(range(indexes[0], indexes[-1] + 1)):
+            name = f"shares {indexes[0]}-{indexes[-1]}/{total}"
+        else:
+            name = f"shares {','.join(map(str, indexes))}/{total}"
+        used, mem = row.get("memory_used_mib"), int(row.get("memory_mib") or 0)
+        lines.append(f"{name:<11} {f'{used}/{mem} MiB  ' if used is not None else ''}{holder_text(row.get('holder'))}")
     return lines
 
 
@@ -527,7 +524,7 @@ def cmd_gpus(client: Client, args: argparse.Namespace) -> int:
             m_mem = "" if used_mib is None else f"{used_mib}/{m.get('memory_mib', '?')} MiB  "
             line = f"{'':<19} └ {m.get('profile', '?'):<11} {m.get('uuid', '')}  {m_mem}{holder_text(m.get('holder'))}"
             print(line.rstrip())
-        for line in share_lines(g.get("share_devices") or []):
+        for line in share_lines(g):
             print(f"{'':<19} └ {line}".rstrip())
     return 0
 

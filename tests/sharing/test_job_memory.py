@@ -289,3 +289,7 @@ def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(
         f"shares 1-2/4 31000/40960 MiB  job vision {half.pk}",  # the half's two shares: one line, both memories
         f"share 3/4   5000/20480 MiB  job vision {quarter.pk}",
     ]
+    shared = seen  # another team's answer: the same lines, without the job ids
+    assert gpuportal.cmd_gpus(Portal(), gpuportal.build_parser().parse_args(["gpus"])) == 0  # type: ignore[arg-type]
+    lines = [line.split("└ ")[1] for line in capsys.readouterr().out.splitlines() if "└" in line]
+    assert lines == ["shares 1-2/4 31000/40960 MiB  job vision", "share 3/4   5000/20480 MiB  job vision"]
