@@ -50,6 +50,22 @@ def test_a_share_on_a_time_sliced_gpu_is_told_its_budget():
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
 
 
+@pytest.mark.parametrize(
+    ("own", "given"),
+    [
+        ("max_split_size_mb:128", "max_split_size_mb:128,expandable_segments:True"),
+        ("expandable_segments:False", "expandable_segments:False"),  # the job chose: kept
+        (" garbage_collection_threshold:0.6 , ", "garbage_collection_threshold:0.6,expandable_segments:True"),
+    ],
+)
+def test_a_shares_allocator_options_keep_the_jobs_own(own, given):
+    policy = ContainerPolicy(allowed_images=("*",), node_gpu_uuids=[GPU])
+    request = _request(gpu_uuids=[GPU], gpu_share=0.25, gpu_memory_mib=20480, env={"PYTORCH_CUDA_ALLOC_CONF": own})
+    assert gpu_env(validate_launch_request(request, policy))["PYTORCH_CUDA_ALLOC_CONF"] == given
+    whole = _request(gpu_uuids=[GPU], env={"PYTORCH_CUDA_ALLOC_CONF": own})
+    assert gpu_env(validate_launch_request(whole, policy))["PYTORCH_CUDA_ALLOC_CONF"] == own  # not touched
+
+
 def test_a_share_on_an_mps_node_gets_mps_limits():
     policy = ContainerPolicy(allowed_images=("*",), node_gpu_uuids=[GPU], mps=True)
     spec = validate_launch_request(_request(gpu_uuids=[GPU], gpu_share=0.5, gpu_memory_mib=40960), policy)

@@ -197,8 +197,20 @@ def gpu_env(spec: LaunchSpec) -> dict[str, str]:
     visible = ",".join(spec.gpu_uuids)
     env["CUDA_VISIBLE_DEVICES"] = visible
     env["NVIDIA_VISIBLE_DEVICES"] = visible
-    env.update(share_env(spec))
+    shared = share_env(spec)
+    if "PYTORCH_CUDA_ALLOC_CONF" in shared:
+        shared["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf(env.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    env.update(shared)
     return env
+
+
+def alloc_conf(own: str) -> str:
+    """PyTorch's allocator options for a job on a share: the job's own (``max_split_size_mb:128``, ...) kept, with
+    ``expandable_segments:True`` added unless the job chose that option itself."""
+    options = [o.strip() for o in own.split(",") if o.strip()]
+    if not any(o.partition(":")[0].strip() == "expandable_segments" for o in options):
+        options.append("expandable_segments:True")
+    return ",".join(options)
 
 
 def share_env(spec: LaunchSpec) -> dict[str, str]:
@@ -209,8 +221,9 @@ def share_env(spec: LaunchSpec) -> dict[str, str]:
     per client (``set_default_device_pinned_mem_limit``, ``set_default_active_thread_percentage``), so the node's
     daemon must carry the same defaults. Without MPS the GPU is time-sliced: nothing enforces the memory budget;
     the job is told it (``GPUPORTAL_GPU_MEMORY_MIB``, the MPS-style variable for tools that read it) and PyTorch's
-    caching allocator is asked to give freed memory back (``expandable_segments``) rather than hold it from the
-    other tenants. ``GPUPORTAL_GPU_ISOLATION`` says which ("mps" or "none"). Empty for a whole GPU."""
+    caching allocator is asked to give freed memory back (``expandable_segments``, added to the job's own
+    allocator options by ``gpu_env``) rather than hold it from the other tenants. ``GPUPORTAL_GPU_ISOLATION``
+    says which ("mps" or "none"). Empty for a whole GPU."""
     if spec.gpu_share >= 1.0 or len(spec.gpu_uuids) != 1:
         return {}
     env = {
