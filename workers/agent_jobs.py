@@ -170,12 +170,14 @@ class JobRunner:
         on_gpus: Callable[[int, list[str], bool, int], None] | None = None,
         mps: MpsControl | None = None,
         gpu_index: Mapping[str, int] | None = None,
+        gpu_memory: Mapping[str, int] | None = None,
     ) -> None:
         self.sender = sender
         self.policy = policy
         self.on_gpus = on_gpus
         self.mps = mps  # with a policy that says the node runs MPS: shares get the daemon's limits (gpu/mps.py)
         self.gpu_index = dict(gpu_index or {})
+        self.gpu_memory = dict(gpu_memory or {})  # MiB per GPU uuid: what a whole-GPU job's MPS limit goes back to
         self._lock = threading.Lock()
         self._logs: dict[int, _LogState] = {}
         self._launching: set[int] = set()
@@ -304,8 +306,20 @@ class JobRunner:
         return launched
 
     def _limit_share(self, spec: LaunchSpec) -> None:
-        """On an MPS node, have the control daemon hold a job on a share to it before the job can connect."""
-        if self.mps is None or not spec.mps or spec.gpu_share >= 1.0 or len(spec.gpu_uuids) != 1:
+        """On an MPS node, have the control daemon hold a job on a share to it before the job can connect; for a
+        whole-GPU job on a GPU whose shares were limited before (a split GPU taken whole), lift the limit: the
+        daemon's defaults are per device and the job's clients would get one share's memory."""
+        if self.mps is None or not spec.mps:
+            return
+        if spec.gpu_share >= 1.0:
+            for uuid in spec.gpu_uuids:
+                device = self.gpu_index.get(uuid)
+                memory = self.gpu_memory.get(uuid, 0)
+                limit = self.mps.memory_limit(device) if device is not None else None
+                if device is not None and limit is not None and limit < memory:
+                    self.mps.limit_share(device, memory, 100)
+            return
+        if len(spec.gpu_uuids) != 1:
             return
         index = self.gpu_index.get(spec.gpu_uuids[0])
         if index is None:
@@ -531,6 +545,7 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
         policy=policy,
         mps=mps,
         gpu_index={uuid: gpu.index for uuid, gpu in agent.gpu_by_uuid.items()},
+        gpu_memory={uuid: gpu.memory_mib for uuid, gpu in agent.gpu_by_uuid.items()},
         runtime_factory=lambda events: make_runtime(
             kind, agent_name=agent.cfg.name, events=events, state_dir=state_dir, url=url
         ),

@@ -89,11 +89,31 @@ def test_whole_gpu_of_a_free_shared_gpu_holds_every_share(api_as, alice, sharing
     assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 409
 
 
-def test_by_model_whole_gpus_skip_shared_and_mig_gpus(api_as, alice, sharing_fleet):
-    resp = api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=2), format="json")
+def test_by_model_whole_gpus_take_exclusive_ones_first_then_a_shared_one_through_all_its_shares(
+    api_as, alice, sharing_fleet
+):
+    client = api_as(alice)
+    resp = client.post(URL, body(gpu_model="A100-80GB", gpu_count=2), format="json")
     assert resp.status_code == 201, resp.json()
     assert {g["uuid"] for g in resp.json()["gpus"]} == {"GPU-mig-1", "GPU-shared-1"}
-    assert api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json").status_code == 409
+    # No exclusive one left: the shared GPU, all of whose shares are free, is booked whole (never the MIG one).
+    whole = client.post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json")
+    assert whole.status_code == 201, whole.json()
+    assert whole.json()["gpus"] == [
+        {"uuid": "GPU-shared-0", "node": "shared", "index": 0, "model": "A100-80GB", "profile": None, "share": 1.0}
+    ]
+    held = Allocation.objects.filter(reservation_id=whole.json()["id"]).select_related("gpu")
+    assert sorted(a.gpu.kind for a in held) == ["share"] * 4
+    assert client.post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json").status_code == 409
+    assert client.post(URL, body(gpu_share=0.25), format="json").status_code == 409
+
+
+def test_by_model_a_held_share_keeps_the_shared_gpu_from_whole_bookings(api_as, alice, bob, sharing_fleet):
+    assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 201
+    assert api_as(bob).post(URL, body(gpu_model="A100-80GB", gpu_count=2), format="json").status_code == 201
+    refused = api_as(bob).post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json")
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "conflict"
 
 
 def test_mig_mode_gpu_is_not_booked_whole(api_as, alice, sharing_fleet):

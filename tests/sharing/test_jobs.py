@@ -1,6 +1,7 @@
 """Jobs on parts of GPUs: submitted with mig_profile or gpu_share, started by the scheduler's pass on exactly such a
 part (never on a whole GPU), the launch naming the MIG instance or the shared GPU with the share and its memory;
-a whole-GPU job never lands on a shared or MIG-mode GPU; bad parts are 400."""
+a whole-GPU job never lands on a MIG-mode GPU, nor on a shared one while a queued job asks for a share
+(test_whole_on_split.py has when it does); bad parts are 400."""
 
 from __future__ import annotations
 

@@ -95,6 +95,7 @@ def _runner(tmp_path: Path, binary: Path) -> tuple[JobRunner, RecordingSender]:
         runtime_factory=factory,
         mps=MpsControl(str(binary)),
         gpu_index={"GPU-0001": 0, "GPU-0002": 1},
+        gpu_memory={"GPU-0001": 81920, "GPU-0002": 81920},
     )
     runner.start()
     return runner, sender
@@ -125,6 +126,36 @@ def test_the_agent_sets_the_limits_before_a_share_job_starts(control: tuple[Path
         before = len(_commands(log))
         assert runner.launch(request(32, "true", gpu_uuids=["GPU-0001"]))
         assert sender.exit_of(32)["state"] == "succeeded"
+        assert len(_commands(log)) == before
+    finally:
+        runner.stop()
+
+
+def test_a_whole_gpu_job_after_shares_gets_the_gpus_memory_back(control: tuple[Path, Path], tmp_path: Path) -> None:
+    """A split GPU taken whole (all its shares free): the daemon's per-device default still says one share's
+    memory, and the whole-GPU job's clients would get only that; the agent lifts it to the GPU's memory first."""
+    binary, log = control
+    runner, sender = _runner(tmp_path, binary)
+    try:
+        body = request(41, "true", gpu_uuids=["GPU-0002"], gpu_share=0.25, gpu_memory_mib=20480)
+        assert runner.launch(body)
+        assert sender.exit_of(41)["state"] == "succeeded"
+        before = len(_commands(log))
+        assert runner.launch(request(42, "sh", "-c", 'echo "[$GPUPORTAL_GPU_SHARE]"', gpu_uuids=["GPU-0002"]))
+        assert sender.exit_of(42)["state"] == "succeeded"
+        assert [text for _, _, text in sender.lines_of(42)] == ["[]"]  # told nothing of shares
+        assert _commands(log)[before:] == [
+            "get_server_list",
+            "set_default_device_pinned_mem_limit 1 81920M",
+            "set_default_active_thread_percentage 100",
+            "set_device_pinned_mem_limit 4242 1 81920M",
+            "set_active_thread_percentage 4242 100",
+        ]
+        # Lifted once: the next whole-GPU job there, and one on a GPU never limited, send nothing.
+        before = len(_commands(log))
+        assert runner.launch(request(43, "true", gpu_uuids=["GPU-0002"]))
+        assert runner.launch(request(44, "true", gpu_uuids=["GPU-0001"]))
+        assert sender.exit_of(43)["state"] == "succeeded" and sender.exit_of(44)["state"] == "succeeded"
         assert len(_commands(log)) == before
     finally:
         runner.stop()

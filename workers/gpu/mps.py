@@ -37,6 +37,7 @@ class MpsControl:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._thread_pct = 0
+        self._memory: dict[int, int] = {}  # device -> the pinned-memory limit this process last set on it
 
     def command(self, line: str) -> str:
         """Send one command; returns what the daemon printed."""
@@ -84,4 +85,9 @@ class MpsControl:
             for line in lines:
                 self.command(line)
             self._thread_pct = pct
+            self._memory[device] = memory_mib
             return lines
+
+    def memory_limit(self, device: int) -> int | None:
+        """The pinned-memory limit (MiB) last set on ``device`` through this object, or None if none was."""
+        return self._memory.get(device)

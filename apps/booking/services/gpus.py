@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -70,6 +70,8 @@ class GpuInfo:
     parent_uuid: str | None = None
     parent_id: int | None = None
     parent_index: int | None = None
+    # A GPU split in shares, picked whole by model (placement_pool with `split`): booked through all its shares.
+    split: bool = False
 
 
 # A PL/pgSQL function that keeps one generic plan per connection: PostgreSQL planned this query anew for every
@@ -135,16 +137,31 @@ FROM fleet_gpu g JOIN fleet_node n ON n.id = g.node_id JOIN fleet_gpumodel m ON 
 WHERE g.model_id = %(model)s AND g.parent_id IS NULL AND NOT g.mig_mode AND g.shares = 1
   AND CASE WHEN %(include_offline)s THEN g.status <> %(lost)s ELSE g.status = %(ok)s AND n.status = %(online)s END
 ORDER BY n.name, g."index"
-""".replace("{held}", held_sql(gpu="g.id", start="%(start)s", end="%(end)s"))
+"""
+
+
+# The same for the model's GPUs split in shares, each taken when any of its live shares is held (a split GPU is
+# booked whole through all its shares: services.devices.whole_gpus).
+_SPLIT_POOL_SQL = (
+    _POOL_SQL.replace("g.shares = 1", "g.shares > 1")
+    .replace(
+        "{held}",
+        "{held} OR EXISTS (SELECT 1 FROM fleet_gpu s WHERE s.parent_id = g.id AND s.kind = 'share' "
+        "AND s.retired_at IS NULL AND {held_share})",
+        1,
+    )
+    .replace("{held_share}", held_sql(gpu="s.id", start="%(start)s", end="%(end)s"))
+)
+_POOL_SQL = _POOL_SQL.replace("{held}", held_sql(gpu="g.id", start="%(start)s", end="%(end)s"))
+_SPLIT_POOL_SQL = _SPLIT_POOL_SQL.replace("{held}", held_sql(gpu="g.id", start="%(start)s", end="%(end)s"))
 
 
 def placement_pool(
-    model_id: int, start: datetime, end: datetime, *, include_offline: bool = False
+    model_id: int, start: datetime, end: datetime, *, include_offline: bool = False, split: bool = False
 ) -> list[tuple[GpuInfo, bool]]:
     """Each bookable GPU of the model (selectors.bookable_gpus), ordered by node name and index, with whether it is
-    taken in [start, end): held by an active allocation or blocked by a maintenance window. Exclusive GPUs only:
-    a GPU in MIG mode is booked by its instances, and a shared GPU stays for fractions unless it is named
-    (services.devices)."""
+    taken in [start, end): held by an active allocation or blocked by a maintenance window. Exclusive GPUs, or with
+    `split` those split in shares (taken when a share is): a GPU in MIG mode is booked by its instances only."""
     params: dict[str, Any] = {
         "model": model_id,
         "start": start,
@@ -155,9 +172,9 @@ def placement_pool(
         "online": NodeStatus.ONLINE.value,
     }
     with connection.cursor() as cursor:
-        cursor.execute(_POOL_SQL, params)
+        cursor.execute(_SPLIT_POOL_SQL if split else _POOL_SQL, params)
         rows = cursor.fetchall()
-    return [(_gpu_row(r), bool(r[10])) for r in rows]
+    return [(replace(_gpu_row(r), split=True) if split else _gpu_row(r), bool(r[10])) for r in rows]
 
 
 def resolve_model(gpu_model: str | GpuModel | None) -> GpuModel:
@@ -242,16 +259,24 @@ def place_locked(
     include_offline: bool = False,
 ) -> list[GpuInfo]:
     """Pick `count` free GPUs of `model` for [start, end) under the model's placement lock (inside the caller's
-    transaction); 409 when there are not enough."""
+    transaction); 409 when there are not enough. Exclusive GPUs first; only when they cannot give the booking,
+    GPUs split in shares with all their shares free (shares are what admins split them for), which the caller
+    books through all their shares (services.devices.whole_gpus)."""
     lock_model(model.pk)
     pool = placement_pool(model.pk, start, end, include_offline=include_offline)
-    sizes: dict[str, int] = {}
-    for info, _ in pool:
-        sizes[info.node] = sizes.get(info.node, 0) + 1
-    free = [info for info, taken in pool if not taken]
-    picked = place(
-        [FreeGpu(g.id, g.node, g.index) for g in free], count, sizes, allow_multi_node=policy.allow_multi_node
-    )
+    picked: list[int] | None = None
+    for split in (False, True):
+        if split:
+            pool += placement_pool(model.pk, start, end, include_offline=include_offline, split=True)
+        sizes: dict[str, int] = {}
+        for info, _ in pool:
+            sizes[info.node] = sizes.get(info.node, 0) + 1
+        free = [info for info, taken in pool if not taken]
+        picked = place(
+            [FreeGpu(g.id, g.node, g.index) for g in free], count, sizes, allow_multi_node=policy.allow_multi_node
+        )
+        if picked is not None:
+            break
     if picked is None:
         found = clashes([g.id for g, _ in pool], start, end)
         raise Conflict(

@@ -360,6 +360,8 @@ def reservation_create(
                         user=user,
                         include_offline=include_offline,
                     )
+                    if any(g.split for g in chosen):
+                        chosen = whole_gpus(chosen, start, end)
                 reservation, warnings = _book(
                     team=team,
                     user=user,

@@ -60,7 +60,9 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
         for start in decisions.starts:
             job = ctx.pending.get(start.job_id)
             node = node_by_id.get(ctx.nodes.get(start.node, 0))
-            chosen = [gpu_by_id.get(int(g)) for g in start.gpu_ids]
+            # A split GPU is held whole through all its shares (as a whole-GPU booking of it is).
+            ids = [i for g in start.gpu_ids for i in ctx.split_shares.get(g, [int(g)])]
+            chosen = [gpu_by_id.get(i) for i in ids]
             if job is None or node is None or any(g is None for g in chosen):
                 continue  # a GPU or node deleted since the snapshot: the next pass sees the fleet as it is
             items.append(starting.StartItem(job=job, node=node, gpus=[g for g in chosen if g is not None]))
@@ -122,12 +124,16 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
 
 
 def _instances_for(ctx: PassContext, decisions: Decisions) -> tuple[dict[int, Gpu], dict[int, Node]]:
-    """The GPUs (with their model: prices) and nodes (token digest: signing) this pass starts jobs on."""
-    gpu_ids = sorted({int(g) for start in decisions.starts for g in start.gpu_ids})
+    """The GPUs or shares (with their model: prices) and nodes (token digest: signing) this pass starts jobs on."""
+    gpu_ids = sorted(
+        {i for start in decisions.starts for g in start.gpu_ids for i in ctx.split_shares.get(g, [int(g)])}
+    )
     if not gpu_ids:
         return {}, {}
     node_ids = sorted({ctx.nodes[start.node] for start in decisions.starts if start.node in ctx.nodes})
-    return Gpu.objects.select_related("model").in_bulk(gpu_ids), Node.objects.in_bulk(node_ids)
+    # Gpu.devices: a split GPU's shares are parts, which `Gpu.objects` leaves out.
+    gpus = Gpu.devices.select_related("model", "parent").in_bulk(gpu_ids)
+    return gpus, Node.objects.in_bulk(node_ids)
 
 
 def _store_reasons(ctx: PassContext, decisions: Decisions, result: PassResult) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +22,7 @@ from django.db.models import Field, Model
 from apps.accounts.models import Team
 from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
 from apps.core.ttlcache import TTLCache
-from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus, Pool
+from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, Node, NodeStatus, Pool
 from apps.jobs import conf
 from apps.jobs.models import ON_NODE_STATES, Job, JobState
 from apps.jobs.scheduling import Gpu as CoreGpu
@@ -62,6 +62,7 @@ class GpuRow:
     node_id: int
     node: str
     model: str
+    shares: int = 1  # N: split in N shares, which a whole-GPU job takes all of (apply step)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class PassContext:
     nodes: dict[str, int] = field(default_factory=dict)  # node name -> id
     pending: dict[str, Job] = field(default_factory=dict)
     part_jobs: list[Job] = field(default_factory=list)
+    split_shares: dict[str, list[int]] = field(default_factory=dict)  # a split GPU's id -> its shares' ids
     running: dict[str, RunningRow] = field(default_factory=dict)
     reservation_ends: dict[str, datetime] = field(default_factory=dict)
 
@@ -144,14 +146,14 @@ def _snapshot_sql() -> dict[str, str]:
     return {
         "gpus": (
             f"SELECT {_col(Gpu, 'id', 'g')}, {_col(Gpu, 'node', 'g')}, {_col(Node, 'name', 'n')}, "  # noqa: S608
-            f"{_col(GpuModel, 'name', 'm')} FROM {gpu} g JOIN {node} n ON {_col(Node, 'id', 'n')} = "
-            f"{_col(Gpu, 'node', 'g')} JOIN {model} m ON {_col(GpuModel, 'id', 'm')} = {_col(Gpu, 'model', 'g')} "
+            f"{_col(GpuModel, 'name', 'm')}, {_col(Gpu, 'shares', 'g')} FROM {gpu} g "
+            f"JOIN {node} n ON {_col(Node, 'id', 'n')} = {_col(Gpu, 'node', 'g')} "
+            f"JOIN {model} m ON {_col(GpuModel, 'id', 'm')} = {_col(Gpu, 'model', 'g')} "
             f"WHERE {_col(Gpu, 'retired_at', 'g')} IS NULL AND {_col(Gpu, 'status', 'g')} = %s "
             f"AND {_col(Node, 'status', 'n')} = %s AND {_col(Node, 'draining', 'n')} = %s "
-            # Whole GPUs only: MIG instances and shares are parts (fleet.Gpu.parent); a GPU in MIG mode or split in
-            # shares is held through its parts, never whole by the scheduler (gangs stay on exclusive GPUs).
+            # Whole GPUs only: MIG instances and shares are parts (fleet.Gpu.parent). A GPU in MIG mode is held
+            # through its instances only; one split in shares is a whole GPU too, held through all its shares.
             f"AND {_col(Gpu, 'parent', 'g')} IS NULL AND NOT {_col(Gpu, 'mig_mode', 'g')} "
-            f"AND {_col(Gpu, 'shares', 'g')} = 1 "
             # A node without a token cannot verify a launch command: nothing is placed there.
             f"AND {_col(Node, 'token_digest', 'n')} <> '' "
             # GPUs of a pool another scheduler runs (Slurm) are its to place (apps/pools/backends.py).
@@ -184,6 +186,15 @@ def _snapshot_sql() -> dict[str, str]:
             f"FROM {window} WHERE {_col(MaintenanceWindow, 'end')} > %s ORDER BY {_col(MaintenanceWindow, 'id')}"
         ),
         "shares": f"SELECT {_col(Team, 'id')}, {_col(Team, 'share')} FROM {team}",  # noqa: S608
+        # The live shares of split GPUs, and those of them held now by anything (a job, a reservation).
+        "split_shares": (
+            f"SELECT {_col(Gpu, 'id')}, {_col(Gpu, 'parent')} FROM {gpu} WHERE {_col(Gpu, 'parent')} = ANY(%s) "  # noqa: S608
+            f"AND {_col(Gpu, 'kind')} = %s AND {_col(Gpu, 'retired_at')} IS NULL ORDER BY {_col(Gpu, 'index')}"
+        ),
+        "split_held": (
+            f"SELECT DISTINCT {a('gpu')} FROM {alloc} WHERE {a('gpu')} = ANY(%s) AND {a('active')} = %s "  # noqa: S608
+            f"AND {a('start')} <= %s AND {a('end')} > %s"
+        ),
     }
 
 
@@ -245,6 +256,7 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
     explained = {int(gid) for r in running for gid in r.gpu_ids}
     held_now = {r[0] for r in _rows(_sql("held_now"), [True, AllocationKind.JOB, now, now])}
     blocked = held_now - explained
+    share_parent = _split_gpus(ctx, now, blocked)
 
     # Reservations: booked/active ones not over yet, and those of running jobs (even released: the core stops
     # their jobs once the reservation's end has passed).
@@ -253,6 +265,9 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
     if resv_rows:
         for rid, gid in _rows(_sql("reservation_gpus"), [AllocationKind.RESERVATION, [r[0] for r in resv_rows]]):
             resv_gpus.setdefault(rid, set()).add(str(gid))
+    # A reservation of shares of a split GPU reserves that GPU for whole-GPU jobs: one must be done before it.
+    for held in resv_gpus.values():
+        held.update({share_parent[g] for g in held if g in share_parent})
     reservations = [
         CoreReservation(str(rid), str(team_id), frozenset(resv_gpus.get(rid, ())), epoch(begin), epoch(end))
         for rid, team_id, begin, end in resv_rows
@@ -292,8 +307,11 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         )
         for j in pending_rows
     ]
+    left_to_shares = _wanted_by_shares(ctx)
     gpus = tuple(
-        CoreGpu(id=gid, node=g.node, model=g.model, free=0.0 if g.id in blocked else 1.0) for gid, g in ctx.gpus.items()
+        CoreGpu(id=gid, node=g.node, model=g.model, free=0.0 if g.id in blocked else 1.0, split=g.shares > 1)
+        for gid, g in ctx.gpus.items()
+        if not (g.shares > 1 and (gid not in ctx.split_shares or left_to_shares(g.model)))
     )
     shares = {str(pk): float(share) for pk, share in _rows(_sql("shares"), [])}
     ctx.snapshot = Snapshot(
@@ -305,6 +323,41 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         team_shares=shares,
     )
     return ctx
+
+
+def _split_gpus(ctx: PassContext, now: datetime, blocked: set[int]) -> dict[str, str]:
+    """Find the shares of the split GPUs in `ctx.gpus`: `ctx.split_shares` gets each GPU whose live shares are its
+    N (one whose layout is being changed waits for the next pass), `blocked` each whose share is held now (by a
+    job or a reservation), and the result maps each share's id to its GPU's. Two queries, only when some GPU of
+    the fleet is split."""
+    split = [g.id for g in ctx.gpus.values() if g.shares > 1]
+    if not split:
+        return {}
+    found: dict[int, list[int]] = {}
+    for share_id, parent_id in _rows(_sql("split_shares"), [split, DeviceKind.SHARE]):
+        found.setdefault(parent_id, []).append(share_id)
+    ctx.split_shares = {str(pid): ids for pid, ids in found.items() if len(ids) == ctx.gpus[str(pid)].shares}
+    share_ids = [sid for ids in found.values() for sid in ids]
+    parent_of = {sid: pid for pid, ids in found.items() for sid in ids}
+    for (share_id,) in _rows(_sql("split_held"), [share_ids, True, now, now]):
+        blocked.add(parent_of[share_id])
+    return {str(sid): str(pid) for sid, pid in parent_of.items()}
+
+
+def _wanted_by_shares(ctx: PassContext) -> Callable[[str], bool]:
+    """Whether the split GPUs of a model are left to the queued jobs asking for a share this pass: a share job
+    of that model (or of any model) waits outside a reservation. Shares are what admins split the GPU for, so
+    a whole-GPU job takes a split GPU only when no fractional job wants it."""
+    wanted: set[str] = set()
+    anything = False
+    for job in ctx.part_jobs:
+        if job.gpu_share is None or job.reservation_id is not None:
+            continue
+        if not job.gpu_models:
+            anything = True
+            break
+        wanted.update(job.gpu_models)
+    return lambda model: anything or model in wanted
 
 
 def _pending_jobs() -> list[Job]:

@@ -22,7 +22,8 @@ class Gpu:
     """One schedulable GPU. Capacity and free capacity are in slices: a whole GPU is 1.0.
 
     A job takes whole GPUs, so a GPU is free for it only when ``free`` is a whole slice (1.0).
-    The shell leaves out GPUs of offline or draining nodes.
+    The shell leaves out GPUs of offline or draining nodes. ``split``: admins split it in shares for fractional
+    jobs; a whole-GPU job may take it (all its shares free), but only after the node's other free GPUs.
     """
 
     id: str
@@ -30,6 +31,7 @@ class Gpu:
     model: str
     capacity: float = 1.0
     free: float = 1.0
+    split: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,14 +30,15 @@ _NOWHERE = 0
 _COMPLEX = -1
 
 
-def _gpu_sort_key(gpu: Gpu) -> tuple[str, str]:
-    return (gpu.node, gpu.id)
+def _gpu_sort_key(gpu: Gpu) -> tuple[str, bool, str]:
+    # A split GPU last on its node: a job takes the node's first free GPUs, so it takes one only when it needs it.
+    return (gpu.node, gpu.split, gpu.id)
 
 
 class ClusterState:
     """The free GPUs of one pass, indexed for placement; mutated as the pass starts jobs.
 
-    GPUs are numbered 0..n-1 in (node, id) order and nodes 0..m-1 in name order, so every tie breaks the
+    GPUs are numbered 0..n-1 in (node, split, id) order and nodes 0..m-1 in name order, so every tie breaks the
     same way whatever order the shell loaded the rows in.
     """
 

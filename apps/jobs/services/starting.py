@@ -28,16 +28,23 @@ def launch_request(job: Job, gpus: Sequence[Gpu]) -> dict[str, Any]:
     uuids: list[str] = []
     share = Decimal(0)
     memory = 0
+    held: dict[str, int] = {}  # shares held per split GPU
+    split: dict[str, int] = {}
     for g in gpus:
         if g.kind == DeviceKind.SHARE and g.parent is not None:
             if g.parent.uuid not in uuids:
                 uuids.append(g.parent.uuid)
+            held[g.parent.uuid] = held.get(g.parent.uuid, 0) + 1
+            split[g.parent.uuid] = g.parent.shares
             share += g.capacity
             memory += g.memory_mib
         else:
             uuids.append(g.uuid)
+    # Every share of a split GPU is the whole GPU (the shares' capacities are rounded: 3 x 0.3333), launched as
+    # one: no share, no memory budget (the agent lifts an MPS limit it set on the GPU for shares before).
+    whole = bool(held) and all(n >= split[u] for u, n in held.items())
     extra: dict[str, Any] = {}
-    if 0 < share < 1:
+    if 0 < share < 1 and not whole:
         extra = {"gpu_share": float(share), "gpu_memory_mib": memory}
     return {
         **extra,
@@ -132,7 +139,7 @@ def jobs_start_many(*, items: Sequence[StartItem], now: datetime, savepoint: boo
         by_target: dict[tuple[int, Decimal], list[int]] = {}
         prices: dict[int, Decimal] = {}
         for item in items:
-            price = sum((g.model.hourly_price for g in item.gpus), Decimal("0"))
+            price = sum((g.model.hourly_price * g.capacity for g in item.gpus), Decimal("0"))
             prices[item.job.pk] = price
             by_target.setdefault((item.node.pk, price), []).append(item.job.pk)
         common: dict[str, Any] = {

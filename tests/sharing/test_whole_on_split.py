@@ -1,0 +1,152 @@
+"""A whole-GPU job on a GPU split in shares: the scheduler gives it one only when all its shares are free, after the
+exclusive GPUs of the node and when no queued job asks for a share; the job holds all the shares (so no share can be
+taken while it runs), is launched on the GPU with nothing of shares, and is billed the whole GPU's price.
+
+Fleet (tests/sharing/conftest.py): node "mig" with GPU-mig-0 in MIG mode and the exclusive GPU-mig-1; node "shared"
+with GPU-shared-0 split in 4 and the exclusive GPU-shared-1. A100-80GB at 2.80/h.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.booking.models import Allocation
+from apps.booking.services import allocations_end_of_job, reservation_create
+from apps.core.errors import Conflict
+from apps.fleet.models import Gpu, GpuStatus
+from apps.jobs import scheduler, services
+from apps.jobs.models import Job, JobState
+from apps.jobs.scheduling import FAIR
+from tests.booking.conftest import slot
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(user: Any, team: Any, **fields: Any) -> Job:
+    fields.setdefault("max_duration_s", 600)
+    return services.job_submit(user=user, team=team, image="portal-test/busybox:latest", command=["true"], **fields)
+
+
+def one_pass(now: Any = None) -> scheduler.PassResult:
+    return scheduler.run_pass(token=1, leader="test", policy=FAIR, now=now)
+
+
+def held_by(job: Job) -> list[Gpu]:
+    return [a.gpu for a in Allocation.objects.filter(job_id=job.pk, active=True).select_related("gpu__parent")]
+
+
+def shares_of_split(job: Job) -> set[str]:
+    """The uuids of the GPUs whose shares the job holds, if it holds all 4 of GPU-shared-0's."""
+    gpus = held_by(job)
+    shares = [g for g in gpus if g.kind == "share"]
+    return {g.parent.uuid for g in shares if g.parent is not None} if len(shares) == 4 else set()
+
+
+def exclusive_gpus_lost() -> None:
+    """Take the two exclusive GPUs out of the schedulable fleet: only the split one is left for whole-GPU jobs."""
+    Gpu.objects.filter(uuid__in=["GPU-mig-1", "GPU-shared-1"]).update(status=GpuStatus.LOST)
+
+
+def test_a_whole_gpu_job_takes_a_split_gpu_after_the_exclusive_ones_and_holds_all_its_shares(
+    api_as, alice, vision, ready, sent, django_capture_on_commit_callbacks
+):
+    jobs = [submit(alice, vision) for _ in range(3)]
+    with django_capture_on_commit_callbacks(execute=True):
+        result = one_pass()
+    assert sorted(result.started) == sorted(j.pk for j in jobs)
+    on_split = [j for j in jobs if shares_of_split(j)]
+    assert len(on_split) == 1  # the exclusive GPUs went first
+    whole = on_split[0]
+    assert {g.uuid for j in jobs if j is not whole for g in held_by(j)} == {"GPU-mig-1", "GPU-shared-1"}
+    launch = next(b for b in sent if b["job_id"] == whole.pk)
+    assert launch["gpu_uuids"] == ["GPU-shared-0"]
+    assert "gpu_share" not in launch and "gpu_memory_mib" not in launch  # the whole GPU: no budget, no MPS limit
+    assert Job.objects.get(pk=whole.pk).hourly_price == Decimal("2.8000")
+    body = api_as(alice).get(f"/api/v1/jobs/{whole.pk}/").json()
+    assert [(g["uuid"], g["share"]) for g in body["gpus"]] == [("GPU-shared-0", 1.0)]
+
+    # While it runs, no share of that GPU can be had: not by a job, not by a booking.
+    quarter = submit(alice, vision, gpu_share=0.25)
+    assert quarter.pk not in one_pass().started
+    assert Job.objects.get(pk=quarter.pk).state == JobState.QUEUED
+    now = timezone.now().replace(second=0, microsecond=0)
+    this_slot = now - timedelta(minutes=now.minute % 15)  # the booking grid's current slot (UTC: whole hours)
+    with pytest.raises(Conflict):
+        reservation_create(
+            user=alice, team=vision, start=this_slot, end=this_slot + timedelta(hours=1), gpu_share="0.25"
+        )
+    # When it ends, the shares are free again.
+    allocations_end_of_job(job_id=whole.pk, at=timezone.now())
+    Job.objects.filter(pk=whole.pk).update(state=JobState.SUCCEEDED)
+    assert one_pass().started == [quarter.pk]
+
+
+def test_a_held_share_keeps_whole_gpu_jobs_off_the_gpu_until_it_ends(alice, vision, ready, sent):
+    exclusive_gpus_lost()
+    quarter = submit(alice, vision, gpu_share=0.25)
+    assert one_pass().started == [quarter.pk]
+    whole = submit(alice, vision)
+    assert one_pass().started == []
+    allocations_end_of_job(job_id=quarter.pk, at=timezone.now())
+    Job.objects.filter(pk=quarter.pk).update(state=JobState.SUCCEEDED)
+    assert one_pass().started == [whole.pk]
+    assert shares_of_split(whole) == {"GPU-shared-0"}
+
+
+def test_queued_share_jobs_keep_the_split_gpu_from_whole_gpu_jobs_that_came_first(alice, vision, ready, sent):
+    """Shares are what the GPU was split for: a queued share job (of its model, or of any) has it, even after a
+    whole-GPU job of higher priority."""
+    exclusive_gpus_lost()
+    whole = submit(alice, vision, priority=5)
+    quarter = submit(alice, vision, gpu_share=0.25)
+    assert one_pass().started == [quarter.pk]
+    assert Job.objects.get(pk=whole.pk).state == JobState.QUEUED
+    other_model = submit(alice, vision, gpu_share=0.25, gpu_models=["H100-80GB"], check_fleet=False)
+    allocations_end_of_job(job_id=quarter.pk, at=timezone.now())
+    Job.objects.filter(pk=quarter.pk).update(state=JobState.SUCCEEDED)
+    # A share job that cannot use this GPU's model does not hold it back.
+    assert one_pass().started == [whole.pk]
+    assert Job.objects.get(pk=other_model.pk).state == JobState.QUEUED
+
+
+def test_a_booked_share_later_keeps_a_long_whole_gpu_job_off_and_lets_a_short_one_run(alice, vision, ready, sent):
+    exclusive_gpus_lost()
+    start, end = slot(hours=2)
+    reservation_create(user=alice, team=vision, start=start, end=end, gpu_share="0.25")
+    before = start - timedelta(minutes=30)
+    long = submit(alice, vision, max_duration_s=2 * 3600)
+    assert one_pass(before).started == []
+    short = submit(alice, vision, max_duration_s=600)
+    assert one_pass(before).started == [short.pk]
+    assert shares_of_split(short) == {"GPU-shared-0"}
+    assert Job.objects.get(pk=long.pk).state == JobState.QUEUED
+
+
+def test_a_gang_takes_an_exclusive_gpu_and_a_split_one_of_its_node(
+    alice, vision, ready, sent, django_capture_on_commit_callbacks
+):
+    Gpu.objects.filter(uuid="GPU-mig-1").update(status=GpuStatus.LOST)
+    gang = submit(alice, vision, gpu_count=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert one_pass().started == [gang.pk]
+    held = held_by(gang)
+    assert sorted(g.uuid for g in held if g.kind == "gpu") == ["GPU-shared-1"]
+    assert shares_of_split(gang) == {"GPU-shared-0"}
+    launch = next(b for b in sent if b["job_id"] == gang.pk)
+    assert sorted(launch["gpu_uuids"]) == ["GPU-shared-0", "GPU-shared-1"] and "gpu_share" not in launch
+    assert Job.objects.get(pk=gang.pk).hourly_price == Decimal("5.6000")
+
+
+def test_a_split_gpu_whose_shares_are_being_relaid_is_not_taken_whole(alice, vision, ready, sent):
+    """Its live shares are not its N (a layout change under way): no whole-GPU job lands on a half-made layout."""
+    exclusive_gpus_lost()
+    shared = Gpu.objects.get(uuid="GPU-shared-0")
+    Gpu.devices.filter(parent=shared, index=3).update(retired_at=timezone.now())
+    whole = submit(alice, vision)
+    assert one_pass().started == []
+    assert Job.objects.get(pk=whole.pk).state == JobState.QUEUED
