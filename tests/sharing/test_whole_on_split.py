@@ -150,3 +150,20 @@ def test_a_split_gpu_whose_shares_are_being_relaid_is_not_taken_whole(alice, vis
     whole = submit(alice, vision)
     assert one_pass().started == []
     assert Job.objects.get(pk=whole.pk).state == JobState.QUEUED
+
+
+def test_a_whole_gpu_job_only_gpus_in_mig_mode_could_hold_is_400_not_a_job_that_waits_forever(alice, vision, ready):
+    from apps.core.errors import ValidationFailed
+    from tests.factories import GpuFactory, GpuModelFactory
+
+    a30 = GpuModelFactory(name="A30-24GB", memory_mib=24576)
+    node = Gpu.objects.get(uuid="GPU-mig-0").node
+    GpuFactory(node=node, index=2, model=a30, uuid="GPU-a30-0", mig_mode=True)
+    with pytest.raises(ValidationFailed) as refused:
+        submit(alice, vision, gpu_models=["A30-24GB"])
+    assert "MIG mode" in str(refused.value.detail)
+    # Node "mig" has two A100s, one of them in MIG mode: two whole A100s fit only on node "shared" (split or not).
+    assert submit(alice, vision, gpu_models=["A100-80GB"], gpu_count=2).state == JobState.QUEUED
+    Gpu.objects.filter(uuid="GPU-shared-1").update(mig_mode=True)
+    with pytest.raises(ValidationFailed, match="No node has 2"):  # (another key of the short-lived size cache)
+        submit(alice, vision, gpu_models=["A100-80GB", "A30-24GB"], gpu_count=2)

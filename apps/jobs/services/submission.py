@@ -103,7 +103,7 @@ _largest_node = TTLCache[tuple[str, ...], int](ttl_s=10.0)
 
 
 def _check_fleet_shape(gpu_count: int, models: list[str]) -> None:
-    """Refuse what can never run: an unknown model, or more GPUs of the models than any one node has.
+    """Refuse what can never run: an unknown model, or more whole GPUs of the models than any one node has.
 
     The largest node's size is remembered for a few seconds and only used to accept (the query counts every GPU of
     the fleet, on every submission): a refusal is always decided on fresh numbers. A node retired in those
@@ -117,14 +117,18 @@ def _check_fleet_shape(gpu_count: int, models: list[str]) -> None:
         unknown = [m for m in models if m not in known]
         if unknown:
             raise _field_error("gpu_model", f"Unknown GPU model {unknown[0]!r}.")
-    gpus = Gpu.objects.filter(retired_at__isnull=True)
+    # A GPU in MIG mode runs jobs on its instances only, never whole (a GPU split in shares is taken whole).
+    gpus = Gpu.objects.filter(retired_at__isnull=True, mig_mode=False)
     if models:
         gpus = gpus.filter(model__name__in=models)
     largest = gpus.values("node_id").annotate(n=Count("id")).order_by("-n").values_list("n", flat=True).first() or 0
     _largest_node.set(key, largest)
     what = f"GPUs of model {'|'.join(models)}" if models else "GPUs"
     if largest == 0:
-        raise _field_error("gpu_model" if models else "gpu_count", f"No {what} in the fleet.")
+        raise _field_error(
+            "gpu_model" if models else "gpu_count",
+            f"No {what} outside MIG mode in the fleet (a GPU in MIG mode runs jobs on its instances: mig_profile).",
+        )
     if gpu_count > largest:
         raise _field_error(
             "gpu_count", f"No node has {gpu_count} {what} (the largest has {largest}); a job runs on one node."
