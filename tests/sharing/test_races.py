@@ -92,3 +92,32 @@ def test_fifty_requests_for_a_quarter_of_any_gpu_give_four_winners(
     assert held.values("gpu_id").distinct().count() == 4
     assert {a.gpu.parent_id for a in held} == {sharing_fleet["shared"].pk}
     assert overlapping_pairs() == 0
+
+
+def test_whole_bookings_by_model_and_shares_race_for_the_last_gpu(
+    alice, bob, charlie, make_token, sharing_fleet, racing_portal
+):
+    """The model's exclusive GPUs are booked: whole-GPU requests by model (which then take the shared GPU through
+    all its shares) and quarter requests at once give one whole booking and no share, or four shares."""
+    from apps.accounts.models import Team
+    from apps.booking.services import reservation_create
+
+    start, end = slot(hours=2)
+    for _ in range(2):
+        reservation_create(
+            user=alice, team=Team.objects.get(slug="vision"), start=start, end=end, gpu_model="A100-80GB", gpu_count=1
+        )
+    tokens = {t: make_token(u, ["read", "reservations:write"]) for t, u in (("vision", alice), ("nlp", charlie))}
+
+    def make(i: int) -> tuple[str, str, dict[str, Any], str]:
+        team = ("vision", "nlp")[i % 3 % 2]
+        extra: dict[str, Any] = {"gpu_share": 0.25} if i % 2 else {"gpu_model": "A100-80GB", "gpu_count": 1}
+        return ("POST", racing_portal.url + URL, body(team, start, end, **extra), tokens[team])
+
+    responses = race(40, make)
+    assert {r.status_code for r in responses} <= {201, 409}
+    won = [r.json()["gpus"] for r in responses if r.status_code == 201]
+    shares = sorted(g["share"] for gpus in won for g in gpus)
+    assert shares in ([1.0], [0.25] * 4), won
+    assert {g["uuid"] for gpus in won for g in gpus} == {"GPU-shared-0"}
+    assert overlapping_pairs() == 0
