@@ -167,3 +167,25 @@ def test_a_whole_gpu_job_only_gpus_in_mig_mode_could_hold_is_400_not_a_job_that_
     Gpu.objects.filter(uuid="GPU-shared-1").update(mig_mode=True)
     with pytest.raises(ValidationFailed, match="No node has 2"):  # (another key of the short-lived size cache)
         submit(alice, vision, gpu_models=["A100-80GB", "A30-24GB"], gpu_count=2)
+
+
+def test_a_share_booked_between_the_snapshot_and_the_start_wins_and_the_job_stays_queued(alice, vision, ready, sent):
+    """The allocation constraint on each share is the last guard: a quarter booked after the pass read the fleet
+    makes the whole-GPU start on that GPU fail, with nothing of it written."""
+    from apps.jobs.scheduler.apply import apply_decisions
+    from apps.jobs.scheduler.snapshot import epoch, load_snapshot
+    from apps.jobs.scheduling import schedule
+
+    exclusive_gpus_lost()
+    whole = submit(alice, vision)
+    now = timezone.now()
+    ctx = load_snapshot(now)
+    decisions = schedule(ctx.snapshot, policy=FAIR, now=epoch(now))
+    assert [s.job_id for s in decisions.starts] == [str(whole.pk)]
+    this_slot = now.replace(second=0, microsecond=0) - timedelta(minutes=now.minute % 15)
+    reservation_create(user=alice, team=vision, start=this_slot, end=this_slot + timedelta(hours=1), gpu_share="0.25")
+    result = apply_decisions(ctx, decisions, token=1, leader="test")
+    assert result.started == [] and result.refused == {whole.pk: "conflict"}
+    assert Job.objects.get(pk=whole.pk).state == JobState.QUEUED
+    assert not Allocation.objects.filter(job_id=whole.pk).exists()
+    assert not Job.gpus.through.objects.filter(job_id=whole.pk).exists()
