@@ -114,6 +114,12 @@ def test_by_model_a_held_share_keeps_the_shared_gpu_from_whole_bookings(api_as, 
     refused = api_as(bob).post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json")
     assert refused.status_code == 409
     assert refused.json()["code"] == "conflict"
+    # What is in the way: the two whole GPUs bob booked and alice's quarter, shown on its GPU.
+    assert sorted((c["node"], c["gpu_index"]) for c in refused.json()["conflicts"]) == [
+        ("mig", 1),
+        ("shared", 0),
+        ("shared", 1),
+    ]
 
 
 def test_mig_mode_gpu_is_not_booked_whole(api_as, alice, sharing_fleet):

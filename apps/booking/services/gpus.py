@@ -26,7 +26,7 @@ from apps.booking.services.conflicts import (
 )
 from apps.booking.services.locks import lock_model
 from apps.core.errors import Conflict, NotFound, ValidationFailed
-from apps.fleet.models import Gpu, GpuModel, GpuStatus, NodeStatus
+from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, NodeStatus
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,12 @@ def place_locked(
         if picked is not None:
             break
     if picked is None:
-        found = clashes([g.id for g, _ in pool], start, end)
+        ids = [g.id for g, _ in pool]
+        split_ids = [g.id for g, _ in pool if g.split]
+        if split_ids:  # a shared GPU is held through its shares: those are what clash
+            shares = Gpu.devices.filter(parent_id__in=split_ids, kind=DeviceKind.SHARE, retired_at__isnull=True)
+            ids += list(shares.values_list("id", flat=True))
+        found = clashes(ids, start, end)
         raise Conflict(
             f"Not enough {model.name} GPUs are free in that time ({len(free)} free, {count} asked).",
             extra={"conflicts": describe_slots(found, team_id=team.pk, viewer=user), "free": len(free)},
