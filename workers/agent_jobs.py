@@ -178,6 +178,7 @@ class JobRunner:
         self.mps = mps  # with a policy that says the node runs MPS: shares get the daemon's limits (gpu/mps.py)
         self.gpu_index = dict(gpu_index or {})
         self.gpu_memory = dict(gpu_memory or {})  # MiB per GPU uuid: what a whole-GPU job's MPS limit goes back to
+        self._share_memory: dict[int, tuple[int, int]] = {}  # job on a share -> (device, its memory in MiB)
         self._lock = threading.Lock()
         self._logs: dict[int, _LogState] = {}
         self._launching: set[int] = set()
@@ -324,7 +325,18 @@ class JobRunner:
         index = self.gpu_index.get(spec.gpu_uuids[0])
         if index is None:
             raise MpsError(f"{spec.gpu_uuids[0]} is not a GPU of this node the daemon knows")
-        self.mps.limit_share(index, spec.gpu_memory_mib, max(1, round(spec.gpu_share * 100)))
+        # The daemon's default is per device, and a client's own variable can only lower it: it must be the most
+        # that any job on a share of this device may use (half of a GPU beside a quarter), or a client the bigger
+        # job creates later would get the smaller job's memory. Each job's variable lowers its own to its share.
+        with self._lock:
+            self._share_memory[spec.job_id] = (index, spec.gpu_memory_mib)
+            ceiling = max(memory for device, memory in self._share_memory.values() if device == index)
+        try:
+            self.mps.limit_share(index, ceiling, max(1, round(spec.gpu_share * 100)))
+        except MpsError:
+            with self._lock:
+                self._share_memory.pop(spec.job_id, None)
+            raise
 
     def cancel(self, job_id: int, grace_s: float) -> bool:
         """SIGTERM, grace, SIGKILL. A job this node never launched is reported cancelled and never started."""
@@ -373,6 +385,7 @@ class JobRunner:
             self._launching.discard(outcome.job_id)
             self._running.discard(outcome.job_id)
             gpus = self._gpus.pop(outcome.job_id, [])
+            self._share_memory.pop(outcome.job_id, None)
             self._handles.pop(outcome.job_id, None)
             self._reported.add(outcome.job_id)
             self._exited[outcome.job_id] = time.monotonic()
@@ -403,6 +416,7 @@ class JobRunner:
     def _report_exit_now(self, job_id: int, state: str, reason: str, exit_code: int | None, message: str) -> None:
         with self._lock:
             self._launching.discard(job_id)
+            self._share_memory.pop(job_id, None)
             self._reported.add(job_id)
             self._exited[job_id] = time.monotonic()
         self.sender.send(

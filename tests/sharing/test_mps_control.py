@@ -161,6 +161,39 @@ def test_a_whole_gpu_job_after_shares_gets_the_gpus_memory_back(control: tuple[P
         runner.stop()
 
 
+def test_a_quarter_beside_a_half_does_not_lower_the_halfs_limit(control: tuple[Path, Path], tmp_path: Path) -> None:
+    """The daemon's memory limit is per device: while a job on half the GPU runs, a quarter started beside it keeps
+    the default at the half's memory (its own variable lowers its clients to the quarter); once the half has ended,
+    the next quarter brings the default down to a quarter's."""
+    binary, log = control
+    release = tmp_path / "release"
+    runner, sender = _runner(tmp_path, binary)
+
+    def limits_sent(since: int) -> list[str]:
+        return [c for c in _commands(log)[since:] if c.startswith("set_default_device_pinned_mem_limit")]
+
+    try:
+        wait = f"while [ ! -e {release} ]; do sleep 0.05; done"
+        assert runner.launch(request(51, "sh", "-c", wait, gpu_uuids=["GPU-0002"], gpu_share=0.5, gpu_memory_mib=40960))
+        assert limits_sent(0) == ["set_default_device_pinned_mem_limit 1 40960M"]
+        before = len(_commands(log))
+        script = 'echo "$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"'
+        assert runner.launch(
+            request(52, "sh", "-c", script, gpu_uuids=["GPU-0002"], gpu_share=0.25, gpu_memory_mib=20480)
+        )
+        assert sender.exit_of(52)["state"] == "succeeded"
+        assert [text for _, _, text in sender.lines_of(52)] == ["0=20480M"]  # the quarter's own clients: a quarter
+        assert limits_sent(before) == ["set_default_device_pinned_mem_limit 1 40960M"]  # the half's stays
+        release.touch()
+        assert sender.exit_of(51)["state"] == "succeeded"
+        before = len(_commands(log))
+        assert runner.launch(request(53, "true", gpu_uuids=["GPU-0002"], gpu_share=0.25, gpu_memory_mib=20480))
+        assert sender.exit_of(53)["state"] == "succeeded"
+        assert limits_sent(before) == ["set_default_device_pinned_mem_limit 1 20480M"]
+    finally:
+        runner.stop()
+
+
 def test_a_share_job_whose_limits_the_daemon_refuses_does_not_run(
     control: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,9 +6,11 @@ it, so a job that unsets them would get whatever the daemon allows: all of the G
 otherwise. Before a job on a share starts, the agent sets its device's pinned-memory limit to the share's memory and
 the thread percentage to at least the share's, on the running MPS servers (``set_device_pinned_mem_limit``,
 ``set_active_thread_percentage``: clients created afterwards observe them) and as defaults for servers started later
-(``set_default_*``). A GPU's shares are equal, so the memory limit of a device is the same for every job on it.
-The thread percentage is per server, not per device: it is raised to the largest share this agent has started,
-and each job's environment lowers its own (compute is provisioned, memory is enforced).
+(``set_default_*``). The memory limit is per device, not per job: the agent sets it to the most any job on a share
+of that device holds now (jobs on one, two or three quarters of a GPU can run side by side), and each job's
+environment lowers its own clients' to its share. The thread percentage is per server: it is raised to the largest
+share this agent has started, and each job's environment lowers its own. So a job that keeps its environment gets
+exactly its share; one that unsets it gets at most what the biggest job beside it holds, and never the whole GPU.
 
 The daemon names devices by CUDA ordinal; start it with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so ordinals are NVML's
 (and nvidia-smi's) indices, which the agent passes. Commands go to ``nvidia-cuda-mps-control`` on its standard
