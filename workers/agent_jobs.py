@@ -51,7 +51,7 @@ from celery import Celery, signals
 
 from workers.agent_host import AgentHost, command_body
 from workers.gpu.mps import DEFAULT_BINARY as DEFAULT_MPS_BINARY
-from workers.gpu.mps import MpsControl, MpsError
+from workers.gpu.mps import MpsControl, MpsError, ShareLimits
 from workers.gpu.simulated import SimulatedBackend
 from workers.jobmem import JobMemory, RunningJob
 from workers.runtimes.base import JobOutcome, LaunchSpec, LogStream, Runtime, RuntimeEvents
@@ -175,10 +175,8 @@ class JobRunner:
         self.sender = sender
         self.policy = policy
         self.on_gpus = on_gpus
-        self.mps = mps  # with a policy that says the node runs MPS: shares get the daemon's limits (gpu/mps.py)
-        self.gpu_index = dict(gpu_index or {})
-        self.gpu_memory = dict(gpu_memory or {})  # MiB per GPU uuid: what a whole-GPU job's MPS limit goes back to
-        self._share_memory: dict[int, tuple[int, int]] = {}  # job on a share -> (device, its memory in MiB)
+        # With a policy that says the node runs MPS: shares get the daemon's limits (gpu/mps.py).
+        self.mps_limits = ShareLimits(mps, gpu_index or {}, gpu_memory or {}) if mps is not None else None
         self._lock = threading.Lock()
         self._logs: dict[int, _LogState] = {}
         self._launching: set[int] = set()
@@ -307,36 +305,10 @@ class JobRunner:
         return launched
 
     def _limit_share(self, spec: LaunchSpec) -> None:
-        """On an MPS node, have the control daemon hold a job on a share to it before the job can connect; for a
-        whole-GPU job on a GPU whose shares were limited before (a split GPU taken whole), lift the limit: the
-        daemon's defaults are per device and the job's clients would get one share's memory."""
-        if self.mps is None or not spec.mps:
-            return
-        if spec.gpu_share >= 1.0:
-            for uuid in spec.gpu_uuids:
-                device = self.gpu_index.get(uuid)
-                memory = self.gpu_memory.get(uuid, 0)
-                limit = self.mps.memory_limit(device) if device is not None else None
-                if device is not None and limit is not None and limit < memory:
-                    self.mps.limit_share(device, memory, 100)
-            return
-        if len(spec.gpu_uuids) != 1:
-            return
-        index = self.gpu_index.get(spec.gpu_uuids[0])
-        if index is None:
-            raise MpsError(f"{spec.gpu_uuids[0]} is not a GPU of this node the daemon knows")
-        # The daemon's default is per device, and a client's own variable can only lower it: it must be the most
-        # that any job on a share of this device may use (half of a GPU beside a quarter), or a client the bigger
-        # job creates later would get the smaller job's memory. Each job's variable lowers its own to its share.
-        with self._lock:
-            self._share_memory[spec.job_id] = (index, spec.gpu_memory_mib)
-            ceiling = max(memory for device, memory in self._share_memory.values() if device == index)
-        try:
-            self.mps.limit_share(index, ceiling, max(1, round(spec.gpu_share * 100)))
-        except MpsError:
-            with self._lock:
-                self._share_memory.pop(spec.job_id, None)
-            raise
+        """On an MPS node, have the control daemon hold a job on a share to it before the job can connect, or lift
+        the limit for a whole-GPU job on a GPU whose shares were limited before (gpu/mps.py: ShareLimits)."""
+        if self.mps_limits is not None and spec.mps:
+            self.mps_limits.before_launch(spec.job_id, list(spec.gpu_uuids), spec.gpu_share, spec.gpu_memory_mib)
 
     def cancel(self, job_id: int, grace_s: float) -> bool:
         """SIGTERM, grace, SIGKILL. A job this node never launched is reported cancelled and never started."""
@@ -379,13 +351,14 @@ class JobRunner:
 
     def _on_exit(self, outcome: JobOutcome) -> None:
         self.flush(outcome.job_id, started=False)
+        if self.mps_limits is not None:
+            self.mps_limits.forget(outcome.job_id)
         with self._lock:
             started = self._started.pop(outcome.job_id, None)
             state = self._logs.pop(outcome.job_id, None)
             self._launching.discard(outcome.job_id)
             self._running.discard(outcome.job_id)
             gpus = self._gpus.pop(outcome.job_id, [])
-            self._share_memory.pop(outcome.job_id, None)
             self._handles.pop(outcome.job_id, None)
             self._reported.add(outcome.job_id)
             self._exited[outcome.job_id] = time.monotonic()
@@ -414,9 +387,10 @@ class JobRunner:
         logger.info("job %s %s (%s, exit %s)", outcome.job_id, outcome.state, outcome.reason, outcome.exit_code)
 
     def _report_exit_now(self, job_id: int, state: str, reason: str, exit_code: int | None, message: str) -> None:
+        if self.mps_limits is not None:
+            self.mps_limits.forget(job_id)
         with self._lock:
             self._launching.discard(job_id)
-            self._share_memory.pop(job_id, None)
             self._reported.add(job_id)
             self._exited[job_id] = time.monotonic()
         self.sender.send(

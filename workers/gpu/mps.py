@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from collections.abc import Mapping, Sequence
 
 DEFAULT_BINARY = "nvidia-cuda-mps-control"
 
@@ -93,3 +94,48 @@ class MpsControl:
     def memory_limit(self, device: int) -> int | None:
         """The pinned-memory limit (MiB) last set on ``device`` through this object, or None if none was."""
         return self._memory.get(device)
+
+
+class ShareLimits:
+    """What an agent tells its MPS daemon as jobs start and end (workers/agent_jobs.JobRunner).
+
+    A job on a share: the device's memory limit becomes the most any job on a share of it holds now (the limit is per
+    device, and a client's own variable can only lower it, so a half-GPU job beside a quarter must not have the
+    processes it starts later held to the quarter's memory). A whole-GPU job on a device whose shares were limited
+    before (a GPU split in shares, taken whole): the limit goes back to the GPU's memory first."""
+
+    def __init__(self, control: MpsControl, gpu_index: Mapping[str, int], gpu_memory: Mapping[str, int]) -> None:
+        self.control = control
+        self.gpu_index = dict(gpu_index)  # GPU uuid -> CUDA ordinal (= NVML index with CUDA_DEVICE_ORDER=PCI_BUS_ID)
+        self.gpu_memory = dict(gpu_memory)  # GPU uuid -> MiB
+        self._lock = threading.Lock()
+        self._held: dict[int, tuple[int, int]] = {}  # job on a share -> (device, its memory in MiB)
+
+    def before_launch(self, job_id: int, gpu_uuids: Sequence[str], share: float, memory_mib: int) -> None:
+        """Set (or lift) the limits for a job about to start; raises MpsError when the daemon refuses."""
+        if share >= 1.0:
+            for uuid in gpu_uuids:
+                device = self.gpu_index.get(uuid)
+                whole = self.gpu_memory.get(uuid, 0)
+                limit = self.control.memory_limit(device) if device is not None else None
+                if device is not None and limit is not None and limit < whole:
+                    self.control.limit_share(device, whole, 100)
+            return
+        if len(gpu_uuids) != 1:
+            return
+        device = self.gpu_index.get(gpu_uuids[0])
+        if device is None:
+            raise MpsError(f"{gpu_uuids[0]} is not a GPU of this node the daemon knows")
+        with self._lock:
+            self._held[job_id] = (device, memory_mib)
+            ceiling = max(memory for d, memory in self._held.values() if d == device)
+        try:
+            self.control.limit_share(device, ceiling, max(1, round(share * 100)))
+        except MpsError:
+            self.forget(job_id)
+            raise
+
+    def forget(self, job_id: int) -> None:
+        """The job ended (or never started): its share no longer counts towards its device's limit."""
+        with self._lock:
+            self._held.pop(job_id, None)
