@@ -116,17 +116,29 @@ def busy_gpu_ids(*, start: datetime, end: datetime, gpu_ids: Iterable[int] | Non
     return set(qs.values_list("gpu_id", flat=True))
 
 
+def _whole_held_ids(*, start: datetime, end: datetime) -> set[int]:
+    """Ids of GPUs not free whole at some instant of [start, end): held themselves or through a part (a share of a
+    split GPU, an instance of a GPU in MIG mode), or blocked by a maintenance window."""
+    held: set[int] = set()
+    for gpu_id, parent_id in Allocation.objects.active().overlapping(start, end).values_list("gpu_id", "gpu__parent"):
+        held.add(parent_id if parent_id is not None else gpu_id)
+    return held | maintenance_blocked_gpu_ids(start=start, end=end)
+
+
 def free_gpus(*, start: datetime, end: datetime, model: GpuModel | None = None) -> list[Gpu]:
-    """Bookable GPUs free for the whole of [start, end): no active allocation, no maintenance window."""
-    gpus = list(bookable_gpus(model=model).select_related("node", "model").order_by("node__name", "index"))
-    taken = busy_gpu_ids(start=start, end=end) | maintenance_blocked_gpu_ids(start=start, end=end)
-    return [g for g in gpus if g.pk not in taken]
+    """GPUs that can be booked whole and are free for the whole of [start, end): no active allocation of them or
+    of their shares, no maintenance window. A GPU in MIG mode is booked by its instances only: never listed."""
+    gpus = bookable_gpus(model=model).filter(mig_mode=False).select_related("node", "model")
+    taken = _whole_held_ids(start=start, end=end)
+    return [g for g in gpus.order_by("node__name", "index") if g.pk not in taken]
 
 
 def gpu_availability(*, start: datetime, end: datetime, model: GpuModel | None = None) -> dict[str, Any]:
-    """Free and total bookable GPUs for [start, end), per model and per node (and model on each node)."""
-    gpus = list(bookable_gpus(model=model).select_related("node", "model").order_by("node__name", "index"))
-    taken = busy_gpu_ids(start=start, end=end) | maintenance_blocked_gpu_ids(start=start, end=end)
+    """Free and total GPUs that can be booked whole for [start, end), per model and per node (and model on each
+    node): a GPU split in shares counts free only while none of its shares is held; GPUs in MIG mode not at all."""
+    gpus = bookable_gpus(model=model).filter(mig_mode=False).select_related("node", "model")
+    gpus = gpus.order_by("node__name", "index")
+    taken = _whole_held_ids(start=start, end=end)
     models: dict[str, dict[str, Any]] = {}
     nodes: dict[str, dict[str, Any]] = {}
     for gpu in gpus:

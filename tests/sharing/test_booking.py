@@ -333,3 +333,27 @@ def test_lists_say_what_a_booking_or_job_of_parts_holds(alice, vision, ready, se
     assert f'<tr data-job="{job.pk}">' in listing and "<td>0.25 of a GPU</td>" in listing
     form = client.get("/jobs/new/").content.decode()
     assert f"#{mig.pk} · 2 1g.10gb instances of A100-80GB · " in form
+
+
+def test_availability_counts_whole_gpus_a_shared_one_free_only_while_none_of_its_shares_is_held(
+    api_as, alice, sharing_fleet
+):
+    start, end = slot(hours=2)
+    window = {"start": start.isoformat(), "end": end.isoformat()}
+
+    def a100() -> dict[str, Any]:
+        body = api_as(alice).get("/api/v1/availability/", window).json()
+        return next(m for m in body["models"] if m["model"] == "A100-80GB")
+
+    # Three can be booked whole (the GPU in MIG mode is booked by its instances): all free, and four never fit.
+    assert (a100()["total"], a100()["free"]) == (3, 3)
+    four = api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=4), format="json")
+    assert four.status_code == 400 and four.json()["fields"]["gpu_count"] == ["At most 3."], four.json()
+    assert api_as(alice).post(URL, body(mig_profile="1g.10gb"), format="json").status_code == 201
+    assert a100()["free"] == 3  # an instance of the MIG GPU takes no whole GPU
+    assert api_as(alice).post(URL, body(gpu_share=0.25), format="json").status_code == 201
+    assert (a100()["free"], a100()["max_free_on_one_node"]) == (2, 1)  # a quarter held: that GPU is not free whole
+    # By model, the two free ones are what a whole booking gets; a third is refused, as availability said.
+    assert api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=2), format="json").status_code == 201
+    assert a100()["free"] == 0
+    assert api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json").status_code == 409

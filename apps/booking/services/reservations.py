@@ -310,6 +310,7 @@ def reservation_create(
         # GPUs per node, counted by the database (a row per node, not per GPU).
         per_node = dict(
             selectors.bookable_gpus(model=model, include_offline=include_offline)
+            .filter(mig_mode=False)  # booked by its instances only
             .order_by()
             .values("node_id")
             .annotate(n=Count("id"))
