@@ -375,6 +375,8 @@ def share_lines(gpu: dict[str, Any]) -> list[str]:
             continue
         if len(indexes) == 1:
             name = f"share {indexes[0]}/{total}"
+        elif len(indexes) == total:  # a whole-GPU job or booking of a shared GPU
+            name = f"all {total} shares"
         elif indexes == list(range(indexes[0], indexes[-1] + 1)):
             name = f"shares {indexes[0]}-{indexes[-1]}/{total}"
         else:

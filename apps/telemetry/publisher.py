@@ -185,7 +185,9 @@ def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], tot
         if h.get("used") is not None:
             into["used"] = (into.get("used") or 0) + h["used"]
     for key, indexes in taken.items():
-        if len(indexes) > 1:
+        if len(indexes) == total and total > 1:  # a whole-GPU job or booking of a shared GPU
+            first[key]["part"] = f"all {total} shares"
+        elif len(indexes) > 1:
             indexes.sort()
             if indexes == list(range(indexes[0], indexes[-1] + 1)):
                 which = f"{indexes[0] + 1}-{indexes[-1] + 1}"

@@ -120,6 +120,19 @@ def test_a_job_on_two_shares_is_one_holder_read_against_both(alice, vision, read
     assert by_job == {half.pk: ("shares 1-2/4", 40_960, 31_000), quarter.pk: ("share 3/4", 20_480, 5_000)}
 
 
+def test_a_whole_gpu_job_on_a_shared_gpu_is_one_holder_of_all_its_shares(alice, vision, ready, sent):
+    from apps.fleet.models import Gpu, GpuStatus
+
+    Gpu.objects.filter(uuid__in=["GPU-mig-1", "GPU-shared-1"]).update(status=GpuStatus.LOST)  # only the split one
+    whole = _started(alice, vision)
+    _report("shared", "GPU-shared-0", [[whole.pk, 70_000]])  # more than three shares' memory: it has them all
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    (holder,) = shared["holder"]
+    assert (holder["kind"], holder["id"], holder["part"]) == ("job", whole.pk, "all 4 shares")
+    assert (holder["mem"], holder["used"]) == (81_920, 70_000)
+    assert shared["parts"]["free"] == 0
+
+
 def test_a_stale_reading_is_not_shown_as_now(alice, vision, ready, sent):
     quarter = _started(alice, vision, gpu_share=0.25)
     _report("shared", "GPU-shared-0", [[quarter.pk, 12_000]])
@@ -293,3 +306,17 @@ def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(
     assert gpuportal.cmd_gpus(Portal(), gpuportal.build_parser().parse_args(["gpus"])) == 0  # type: ignore[arg-type]
     lines = [line.split("└ ")[1] for line in capsys.readouterr().out.splitlines() if "└" in line]
     assert lines == ["shares 1-2/4 31000/40960 MiB  job vision", "share 3/4   5000/20480 MiB  job vision"]
+
+
+def test_the_cli_names_a_holder_of_every_share_all_of_them():
+    from cli import gpuportal
+
+    gpu = {
+        "shares": 4,
+        "share_holders": [
+            {"holder": {"kind": "job", "id": 9, "team": "vision"}, "indexes": [3, 1, 0, 2], "memory_mib": 81_920,
+             "memory_used_mib": 70_000},
+        ],
+    }  # fmt: skip
+    (line,) = gpuportal.share_lines(gpu)
+    assert line.startswith("all 4 shares 70000/81920 MiB  job vision")
