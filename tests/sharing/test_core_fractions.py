@@ -72,3 +72,28 @@ def test_replay_with_sharing_runs_quarters_side_by_side():
     assert whole["mean_wait_s"] == 150.0  # 0, 100, 200, 300
     assert shared["mean_wait_s"] == 0.0
     assert (whole["mean_jct_s"], shared["mean_jct_s"]) == (250.0, 100.0)
+
+
+def _split(cluster: list[Gpu], *ids: str) -> list[Gpu]:
+    return [dataclasses.replace(g, split=True) if g.id in ids else g for g in cluster]
+
+
+def test_a_whole_gpu_job_takes_exclusive_gpus_anywhere_before_a_gpu_split_in_shares():
+    # Node a has one free GPU, split in shares: best fit alone would choose it (the fullest node).
+    cluster = _split(gpus({"a": ("A100", 1), "b": ("A100", 2)}), "a-g0")
+    assert _starts(Snapshot(gpus=tuple(cluster), pending=(job("one"),))) == {"one": ("b-g0",)}
+    # Two one-GPU jobs and a third: the exclusive ones first, then the split one.
+    pending = tuple(job(f"j{i}", submitted=NOW - 100 + i) for i in range(3))
+    starts = _starts(Snapshot(gpus=tuple(cluster), pending=pending))
+    assert sorted(starts.values()) == [("a-g0",), ("b-g0",), ("b-g1",)]
+    assert starts["j2"] == ("a-g0",)
+
+
+def test_a_gang_takes_a_split_gpu_only_where_no_node_has_enough_exclusive_ones():
+    cluster = _split(gpus({"a": ("A100", 2), "b": ("A100", 3)}), "a-g1", "b-g2")
+    # Node a has one exclusive and one split GPU, node b two exclusive and one split: the pair goes on b's two.
+    assert _starts(Snapshot(gpus=tuple(cluster), pending=(job("pair", gpus=2),))) == {"pair": ("b-g0", "b-g1")}
+    # Three GPUs fit only on b, with its split one last.
+    assert _starts(Snapshot(gpus=tuple(cluster), pending=(job("three", gpus=3),))) == {
+        "three": ("b-g0", "b-g1", "b-g2")
+    }

@@ -1,5 +1,5 @@
 """A whole-GPU job on a GPU split in shares: the scheduler gives it one only when all its shares are free, after the
-exclusive GPUs of the node and when no queued job asks for a share; the job holds all the shares (so no share can be
+exclusive GPUs (anywhere) and when no queued job asks for a share; the job holds all the shares (so no share can be
 taken while it runs), is launched on the GPU with nothing of shares, and is billed the whole GPU's price.
 
 Fleet (tests/sharing/conftest.py): node "mig" with GPU-mig-0 in MIG mode and the exclusive GPU-mig-1; node "shared"

@@ -23,7 +23,7 @@ class Gpu:
 
     A job takes whole GPUs, so a GPU is free for it only when ``free`` is a whole slice (1.0).
     The shell leaves out GPUs of offline or draining nodes. ``split``: admins split it in shares for fractional
-    jobs; a whole-GPU job may take it (all its shares free), but only after the node's other free GPUs.
+    jobs; a whole-GPU job may take it (all its shares free), but only where no node gives it exclusive GPUs.
     """
 
     id: str

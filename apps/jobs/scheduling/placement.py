@@ -50,6 +50,7 @@ class ClusterState:
         if len(self.index_of) != len(gpus):
             raise ValueError("duplicate GPU id in snapshot")
         self.gpu_model: list[str] = [g.model for g in gpus]
+        self.gpu_split: list[bool] = [g.split for g in gpus]
         self.gpu_node: list[int] = []
         self.node_names: list[str] = []
         self.node_gpus: list[list[int]] = []
@@ -64,6 +65,9 @@ class ClusterState:
             self.gpu_node.append(n)
             self.node_gpus[n].append(i)
         n_nodes = len(self.node_names)
+        # A node with a GPU split in shares is placed on as a complex node, so that a job takes such a GPU only
+        # where no node gives it exclusive GPUs (find's key); none in the trace replay, few in a fleet.
+        self.node_split: list[bool] = [any(self.gpu_split[i] for i in members) for members in self.node_gpus]
         self.node_model: list[str | None] = []
         for members in self.node_gpus:
             models = {self.gpu_model[i] for i in members}
@@ -148,7 +152,7 @@ class ClusterState:
             self.node_where[n] = _NOWHERE
             return
         model = self.node_model[n]
-        if model is not None and not cfree:
+        if model is not None and not cfree and not self.node_split[n]:
             self.buckets[model][len(free)][n] = None
             self.node_where[n] = len(free)
         else:
@@ -195,6 +199,9 @@ class ClusterState:
             key=lambda i: (until[i], i),
         )
         bound.extend(i for i in self.node_free[n] if models is None or model_of[i] in models)
+        if self.node_split[n]:  # split GPUs last: taken only when the node's others are not enough
+            split = self.gpu_split
+            bound = [i for i in bound if not split[i]] + [i for i in bound if split[i]]
         return bound
 
     def find(
@@ -203,7 +210,9 @@ class ClusterState:
         """Best-fit node and GPUs for a gang that would run [now, now + duration), or None.
 
         ``nodes`` narrows the choice to those nodes (``longwork``: long work goes where long work is)."""
-        best_key: tuple[int, int] | None = None
+        # (GPUs split in shares taken, free GPUs left on the node, node): exclusive GPUs anywhere before a split
+        # one, then best fit.
+        best_key: tuple[int, int, int] | None = None
         best_node = -1
         for model in self.models_for(models):
             buckets = self.buckets[model]
@@ -217,8 +226,8 @@ class ClusterState:
                         if found is None:
                             continue
                         n = found
-                    if best_key is None or (count, n) < best_key:
-                        best_key = (count, n)
+                    if best_key is None or (0, count, n) < best_key:
+                        best_key = (0, count, n)
                         best_node = n
                     break
         best_gpus: list[int] | None = None
@@ -229,7 +238,8 @@ class ClusterState:
                     continue
                 usable = self._usable_on(n, models, end)
                 if len(usable) >= gpu_count:
-                    key = (len(self.node_free[n]) + len(self.node_cfree[n]), n)
+                    splits = sum(1 for i in usable[:gpu_count] if self.gpu_split[i]) if self.node_split[n] else 0
+                    key = (splits, len(self.node_free[n]) + len(self.node_cfree[n]), n)
                     if best_key is None or key < best_key:
                         best_key = key
                         best_node = n
