@@ -69,6 +69,11 @@ def test_a_whole_gpu_job_takes_a_split_gpu_after_the_exclusive_ones_and_holds_al
     assert Job.objects.get(pk=whole.pk).hourly_price == Decimal("2.8000")
     body = api_as(alice).get(f"/api/v1/jobs/{whole.pk}/").json()
     assert [(g["uuid"], g["share"]) for g in body["gpus"]] == [("GPU-shared-0", 1.0)]
+    # The next pass sees it as holding one GPU (its fair-share weight), busy until the job's end.
+    from apps.jobs.scheduler.snapshot import load_snapshot
+
+    (running,) = [r for r in load_snapshot(timezone.now()).snapshot.running if r.id == str(whole.pk)]
+    assert running.gpu_ids == (str(Gpu.objects.get(uuid="GPU-shared-0").pk),)
 
     # While it runs, no share of that GPU can be had: not by a job, not by a booking.
     quarter = submit(alice, vision, gpu_share=0.25)

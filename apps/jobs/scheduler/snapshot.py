@@ -234,9 +234,15 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         for r in _rows(_sql("running"), on_node)
     ]
     ctx.running = {str(r.id): r for r in running_rows}
+    share_parent, split_held = _split_gpus(ctx, now)
     held_by: dict[int, list[str]] = {}
     for job_id, gpu_id in _rows(_sql("held_by"), on_node):
-        held_by.setdefault(job_id, []).append(str(gpu_id))
+        # A job on shares holds their GPU, once, as the core sees it: the GPU is busy until the job's end, and a
+        # whole-GPU job on all four shares counts as one GPU held (fair share), not four.
+        key = share_parent.get(str(gpu_id), str(gpu_id))
+        ids = held_by.setdefault(job_id, [])
+        if key not in ids:
+            ids.append(key)
     running: list[CoreRunning] = []
     for row in running_rows:
         start = row.started_at or row.scheduled_at or now
@@ -253,10 +259,11 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
 
     # A GPU held now by an allocation the snapshot cannot explain (a job row that ended without cutting it, a
     # hold of some other kind) is not free.
+    # A split GPU whose share is held now by anything (a job, a reservation) is not free whole either.
     explained = {int(gid) for r in running for gid in r.gpu_ids}
+    explained |= {int(sid) for sid, pid in share_parent.items() if int(pid) in explained}
     held_now = {r[0] for r in _rows(_sql("held_now"), [True, AllocationKind.JOB, now, now])}
-    blocked = held_now - explained
-    share_parent = _split_gpus(ctx, now, blocked)
+    blocked = (held_now - explained) | split_held
 
     # Reservations: booked/active ones not over yet, and those of running jobs (even released: the core stops
     # their jobs once the reservation's end has passed).
@@ -325,23 +332,21 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
     return ctx
 
 
-def _split_gpus(ctx: PassContext, now: datetime, blocked: set[int]) -> dict[str, str]:
-    """Find the shares of the split GPUs in `ctx.gpus`: `ctx.split_shares` gets each GPU whose live shares are its
-    N (one whose layout is being changed waits for the next pass), `blocked` each whose share is held now (by a
-    job or a reservation), and the result maps each share's id to its GPU's. Two queries, only when some GPU of
-    the fleet is split."""
+def _split_gpus(ctx: PassContext, now: datetime) -> tuple[dict[str, str], set[int]]:
+    """The shares of the split GPUs in `ctx.gpus`: each share's id mapped to its GPU's, and the GPUs with a share
+    held now (by a job or a reservation). `ctx.split_shares` gets each GPU whose live shares are its N (one whose
+    layout is being changed waits for the next pass). Two queries, only when some GPU of the fleet is split."""
     split = [g.id for g in ctx.gpus.values() if g.shares > 1]
     if not split:
-        return {}
+        return {}, set()
     found: dict[int, list[int]] = {}
     for share_id, parent_id in _rows(_sql("split_shares"), [split, DeviceKind.SHARE]):
         found.setdefault(parent_id, []).append(share_id)
     ctx.split_shares = {str(pid): ids for pid, ids in found.items() if len(ids) == ctx.gpus[str(pid)].shares}
     share_ids = [sid for ids in found.values() for sid in ids]
     parent_of = {sid: pid for pid, ids in found.items() for sid in ids}
-    for (share_id,) in _rows(_sql("split_held"), [share_ids, True, now, now]):
-        blocked.add(parent_of[share_id])
-    return {str(sid): str(pid) for sid, pid in parent_of.items()}
+    held = {parent_of[share_id] for (share_id,) in _rows(_sql("split_held"), [share_ids, True, now, now])}
+    return {str(sid): str(pid) for sid, pid in parent_of.items()}, held
 
 
 def _wanted_by_shares(ctx: PassContext) -> Callable[[str], bool]:
