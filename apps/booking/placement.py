@@ -1,6 +1,7 @@
 """Which concrete GPUs a booking of N GPUs gets: a plain function of the free GPUs (no ORM).
 
-Rules, in order: all N on one node where any node has N free; among those, best fit (the node left with the
+Rules, in order: all N on one node where any node has N free; among those, the node where the fewest GPUs split in
+shares are taken (`last`: a whole booking takes one only when it must), then best fit (the node left with the
 fewest free GPUs), so whole 8-GPU nodes stay whole for the bookings that need them; ties go to the node that is
 already partly in use, then by name. Within a node, a run of consecutive indices when there is one (GPUs next to
 each other usually share a switch). Only when no node has N free, and the policy allows it, the booking spans
@@ -21,9 +22,20 @@ class FreeGpu:
     id: int
     node: str
     index: int
+    last: bool = False  # split in shares: taken only where the node's other free GPUs are not enough
 
 
 def _pick_in_node(gpus: Sequence[FreeGpu], count: int) -> list[int]:
+    first = [g for g in gpus if not g.last]
+    if len(first) < len(gpus):
+        if len(first) >= count:
+            return _pick_run(first, count)
+        rest = sorted((g for g in gpus if g.last), key=lambda g: g.index)
+        return [g.id for g in sorted(first, key=lambda g: g.index)] + [g.id for g in rest[: count - len(first)]]
+    return _pick_run(gpus, count)
+
+
+def _pick_run(gpus: Sequence[FreeGpu], count: int) -> list[int]:
     ordered = sorted(gpus, key=lambda g: g.index)
     runs: list[list[FreeGpu]] = []
     for gpu in ordered:
@@ -49,11 +61,13 @@ def place(
     for gpu in free:
         by_node.setdefault(gpu.node, []).append(gpu)
     sizes = node_sizes or {}
+    any_last = any(gpu.last for gpu in free)
 
-    def fit_key(node: str, need: int) -> tuple[int, int, str]:
+    def fit_key(node: str, need: int) -> tuple[int, int, int, str]:
         n_free = len(by_node[node])
         untouched = 1 if n_free >= sizes.get(node, n_free) else 0
-        return (n_free - need, untouched, node)
+        split_taken = max(0, need - sum(1 for g in by_node[node] if not g.last)) if any_last else 0
+        return (split_taken, n_free - need, untouched, node)
 
     single = [node for node, gpus in by_node.items() if len(gpus) >= count]
     if single:

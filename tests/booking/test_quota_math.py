@@ -182,3 +182,24 @@ def test_place_spans_nodes_only_when_needed_and_allowed():
     assert place(free, 7, {}, allow_multi_node=False) is None
     assert place(free, 11, {}) is None
     assert place(free, 0, {}) is None
+
+
+def test_place_takes_gpus_split_in_shares_last():
+    # Node a: GPU 0 exclusive, 1 and 2 split in shares (`last`); node b: GPUs 0-2 exclusive, 3 split.
+    free = [
+        FreeGpu(1, "a", 0),
+        FreeGpu(2, "a", 1, last=True),
+        FreeGpu(3, "a", 2, last=True),
+        FreeGpu(4, "b", 0),
+        FreeGpu(5, "b", 1),
+        FreeGpu(6, "b", 2),
+        FreeGpu(7, "b", 3, last=True),
+    ]
+    sizes = {"a": 3, "b": 4}
+    # Two GPUs: b gives two exclusive ones; best fit alone would take a (fewer left over) and its split pair.
+    assert _nodes(free, place(free, 2, sizes)) == {"b": [0, 1]}
+    # Three on a: its exclusive one, then split ones by index; four on b: the split one last.
+    a_only = [g for g in free if g.node == "a"]
+    assert _nodes(a_only, place(a_only, 3, sizes)) == {"a": [0, 1, 2]}
+    assert _nodes(a_only, place(a_only, 2, sizes)) == {"a": [0, 1]}
+    assert _nodes(free, place(free, 4, sizes)) == {"b": [0, 1, 2, 3]}

@@ -273,7 +273,10 @@ def place_locked(
             sizes[info.node] = sizes.get(info.node, 0) + 1
         free = [info for info, taken in pool if not taken]
         picked = place(
-            [FreeGpu(g.id, g.node, g.index) for g in free], count, sizes, allow_multi_node=policy.allow_multi_node
+            [FreeGpu(g.id, g.node, g.index, g.split) for g in free],
+            count,
+            sizes,
+            allow_multi_node=policy.allow_multi_node,
         )
         if picked is not None:
             break
