@@ -120,8 +120,8 @@ def peak_concurrency(
     intervals: Iterable[tuple[datetime, datetime, Decimal | int]], start: datetime, end: datetime
 ) -> Decimal:
     """The most GPUs held at any instant of [start, end) by the given (start, end, gpus) intervals; `gpus` may be
-    a fraction (a part of a GPU). Rounded to 4 places: the parts of one GPU add up to 1 (three thirds stored as
-    0.333333 each make 0.999999)."""
+    a fraction (a part of a GPU). Rounded to 4 places, as quotas count GPUs (a part's fraction has 6 places: 1g
+    is 0.142857, so seven of them make 0.999999)."""
     events: list[tuple[datetime, Decimal]] = []
     for lo, hi, n in intervals:
         lo, hi = max(lo, start), min(hi, end)

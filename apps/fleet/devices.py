@@ -7,7 +7,7 @@ Locks: the physical GPU's row (`SELECT ... FOR UPDATE`), then its parts'."""
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from fractions import Fraction
 
 from django.db import transaction
@@ -34,6 +34,15 @@ def share_uuid(parent_uuid: str, index: int) -> str:
 
 def _capacity(fraction: float | Decimal) -> Decimal:
     return Decimal(fraction).quantize(_CAPACITY_PLACES)
+
+
+def share_capacity(shares: int, index: int) -> Decimal:
+    """The capacity of share `index` of a GPU split in `shares`: 1/N to 6 places, the rounding remainder spread
+    over the first shares (largest remainder), so the N shares add up to exactly 1. A holder of every share is then
+    billed and counted against its quota as one whole GPU: in 3, 0.333334 + 2 x 0.333333, not 3 x 0.333333."""
+    base = (Decimal(1) / shares).quantize(_CAPACITY_PLACES, ROUND_DOWN)
+    left = int((1 - base * shares) / _CAPACITY_PLACES)
+    return base + _CAPACITY_PLACES if index < left else base
 
 
 def _has_future_allocations(gpu_ids: list[int], now: datetime) -> bool:
@@ -75,7 +84,7 @@ def gpu_set_shares(*, actor: AnyUser | None, gpu_uuid: str, shares: int) -> Gpu:
                         "index": i,
                         "model": gpu.model,
                         "memory_mib": gpu.memory_mib // shares,
-                        "capacity": _capacity(Decimal(1) / shares),
+                        "capacity": share_capacity(shares, i),
                         "kind": DeviceKind.SHARE,
                         "parent": gpu,
                         "status": gpu.status,

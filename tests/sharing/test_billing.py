@@ -71,3 +71,44 @@ def test_an_admins_profile_price_wins(vision, alice, sharing_fleet):
     _hold(vision, alice, instance, 3)
     (row,) = _rows(3)
     assert row.cost == Decimal("0.5")
+
+
+def test_shares_of_any_split_add_up_to_exactly_one_gpu():
+    from apps.fleet.devices import MAX_SHARES, share_capacity
+
+    for n in range(2, MAX_SHARES + 1):
+        parts = [share_capacity(n, i) for i in range(n)]
+        assert sum(parts) == 1, n
+        assert all(abs(p - Decimal(1) / n) < Decimal("0.000001") for p in parts), n
+
+
+def test_a_whole_gpu_split_in_three_bills_the_whole_price_not_three_roundings(vision, alice, sharing_fleet):
+    from apps.fleet.devices import gpu_set_shares
+
+    gpu_set_shares(actor=None, gpu_uuid="GPU-shared-0", shares=3)
+    parts = list(Gpu.devices.filter(parent=sharing_fleet["shared"], retired_at__isnull=True).order_by("index"))
+    assert [p.capacity for p in parts] == [Decimal("0.333334"), Decimal("0.333333"), Decimal("0.333333")]
+    end = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    allocations_create(
+        gpus=parts, team=vision, user=alice, start=end - timedelta(hours=1), end=end, kind="job", job_id=11
+    )
+    rows = _rows(11)
+    assert len(rows) == 3
+    assert sum(r.cost for r in rows) == PRICE
+    assert sum(r.gpu_seconds for r in rows) == 3600
+
+
+def test_the_migration_makes_shares_split_before_add_up_to_one(sharing_fleet):
+    import importlib
+
+    from django.apps import apps as registry
+
+    from apps.fleet.devices import gpu_set_shares
+
+    gpu_set_shares(actor=None, gpu_uuid="GPU-shared-0", shares=3)
+    parts = Gpu.devices.filter(parent=sharing_fleet["shared"], retired_at__isnull=True)
+    parts.update(capacity=Decimal("0.333333"))  # as a GPU split in 3 was stored before
+    migration = importlib.import_module("apps.fleet.migrations.0005_share_capacities_exact")
+    migration.exact_capacities(registry, None)
+    assert sum(p.capacity for p in parts.all()) == 1
+    assert {p.capacity for p in Gpu.devices.filter(parent=sharing_fleet["mig"])} == {Decimal("0.142857")}

@@ -79,6 +79,15 @@ def test_share_booking_counts_fraction_times_hours_and_cancel_gives_it_back(api_
     assert used(vision, s2) == (Decimal("0.0000"), Decimal("0.0000"))
 
 
+def test_a_whole_booking_of_a_gpu_split_in_three_counts_one_gpu_exactly(api_as, alice, vision, sharing_fleet):
+    gpu_set_shares(actor=None, gpu_uuid="GPU-shared-0", shares=3)
+    start, end = slot(hours=3)
+    resp = api_as(alice).post(URL, body(start, end, gpus=["GPU-shared-0"]), format="json")
+    assert resp.status_code == 201, resp.json()
+    assert QuotaHold.objects.get(reservation_id=resp.json()["id"]).gpus == Decimal("1.000000")
+    assert used(vision, start) == (Decimal("3.0000"), Decimal("8.4000"))  # 1 GPU x 3 h at 2.80/h, not 0.999999
+
+
 def test_mig_instance_counts_one_seventh(api_as, alice, vision, sharing_fleet):
     client = api_as(alice)
     start, end = slot(hours=7)

@@ -317,6 +317,8 @@ def place_parts_locked(
 _SPLIT_SQL = """
 SELECT p.uuid, p.mig_mode, p.shares,
        ARRAY(SELECT u.uuid FROM fleet_gpu u WHERE u.parent_id = p.id AND u.kind = 'share' AND u.retired_at IS NULL
+             ORDER BY u."index"),
+       ARRAY(SELECT u.capacity FROM fleet_gpu u WHERE u.parent_id = p.id AND u.kind = 'share' AND u.retired_at IS NULL
              ORDER BY u."index")
 FROM fleet_gpu p WHERE p.uuid = ANY(%s::text[]) AND p.parent_id IS NULL AND (p.mig_mode OR p.shares > 1)
 """
@@ -328,7 +330,9 @@ def whole_gpus(explicit: list[GpuInfo], start: datetime, end: datetime) -> list[
     when a GPU named is shared or in MIG mode does a second one look its shares up."""
     with connection.cursor() as cursor:
         cursor.execute(_SPLIT_SQL, [[g.uuid for g in explicit]])
-        special = {r[0]: (bool(r[1]), int(r[2]), list(r[3])) for r in cursor.fetchall()}
+        rows = cursor.fetchall()
+    special = {r[0]: (bool(r[1]), int(r[2]), list(r[3])) for r in rows}
+    capacity = {u: Decimal(c) for r in rows for u, c in zip(r[3], r[4], strict=True)}
     if not special:
         return explicit
     mig = [u for u, (mig_mode, _, _) in special.items() if mig_mode]
@@ -345,16 +349,17 @@ def whole_gpus(explicit: list[GpuInfo], start: datetime, end: datetime) -> list[
         if g.uuid not in special:
             out.append(g)
             continue
-        n = special[g.uuid][1]
         for s in special[g.uuid][2]:
             part = parts[s]
             out.append(
                 replace(
                     part,
                     status=g.status,
-                    hourly_price=(g.hourly_price / n).quantize(Decimal("0.0001")),
+                    # The share's own capacity and its price unrounded: the N add up to exactly one GPU and its
+                    # price, which the booking holds against its quota.
+                    hourly_price=g.hourly_price * capacity[s],
                     kind=DeviceKind.SHARE,
-                    share=Decimal(1) / n,
+                    share=capacity[s],
                     parent_uuid=g.uuid,
                     parent_id=g.id,
                     parent_index=g.index,
