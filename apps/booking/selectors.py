@@ -108,14 +108,6 @@ def maintenance_blocked_gpu_ids(*, start: datetime, end: datetime, gpu_ids: Iter
     return blocked | set(qs.filter(Q(pk__in=blocked) | Q(node_id__in=node_ids)).values_list("pk", flat=True))
 
 
-def busy_gpu_ids(*, start: datetime, end: datetime, gpu_ids: Iterable[int] | None = None) -> set[int]:
-    """Ids of GPUs held (an active allocation) at some instant of [start, end)."""
-    qs = Allocation.objects.active().overlapping(start, end)
-    if gpu_ids is not None:
-        qs = qs.filter(gpu_id__in=list(gpu_ids))
-    return set(qs.values_list("gpu_id", flat=True))
-
-
 def _whole_held_ids(*, start: datetime, end: datetime) -> set[int]:
     """Ids of GPUs not free whole at some instant of [start, end): held themselves or through a part (a share of a
     split GPU, an instance of a GPU in MIG mode), or blocked by a maintenance window."""

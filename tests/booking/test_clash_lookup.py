@@ -150,7 +150,9 @@ def test_placement_pool_equals_the_orm_definition(fleet: dict[str, Any], vision:
                 selectors.bookable_gpus(model=a100, include_offline=include_offline).order_by("node__name", "index")
             )
             ids = [g.pk for g in ordered]
-            taken = selectors.busy_gpu_ids(start=start, end=end, gpu_ids=ids)
+            # The ORM's definition of held: an active allocation at some instant of [start, end).
+            held = Allocation.objects.active().overlapping(start, end).filter(gpu_id__in=ids)
+            taken = set(held.values_list("gpu_id", flat=True))
             taken |= selectors.maintenance_blocked_gpu_ids(start=start, end=end, gpu_ids=ids)
             expected = [(g.pk, g.uuid, g.node.name, g.pk in taken) for g in ordered]
             pool = placement_pool(a100.pk, start, end, include_offline=include_offline)
