@@ -34,6 +34,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.procs import database_name, drop_database, fresh_database, tree_cpu_seconds, wait_healthy
+
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/portal_bench_booking"
@@ -249,30 +251,6 @@ async def run_load(
 # --- Database, server, audit ---------------------------------------------------------------------------------
 
 
-def _db_parts(database_url: str) -> tuple[str, str]:
-    parsed = urllib.parse.urlparse(database_url)
-    name = parsed.path.lstrip("/")
-    admin_url = parsed._replace(path="/postgres").geturl()
-    return name, admin_url
-
-
-def fresh_database(database_url: str) -> None:
-    import psycopg
-
-    name, admin_url = _db_parts(database_url)
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def drop_database(database_url: str) -> None:
-    import psycopg
-
-    name, admin_url = _db_parts(database_url)
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def audit(database_url: str, bookings: int) -> dict[str, Any]:
     import psycopg
 
@@ -329,41 +307,6 @@ def start_server(kind: str, workers: int, port: int, env: dict[str, str], quiet:
     return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=out)
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User+system CPU seconds of a process and its children (uvicorn's workers), from /proc (Linux)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    pids = [pid]
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            pids += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/api/v1/health", timeout=2):
-                return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit("server did not answer")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="run", choices=["run", "seed"])
@@ -404,7 +347,7 @@ def main() -> int:
         from portal.launcher import web_pool_size
 
         env["DB_POOL_MAX_SIZE"] = os.environ.get("DB_POOL_MAX_SIZE") or str(web_pool_size(env))
-    print(f"fresh database {_db_parts(args.database_url)[0]}; migrating and seeding...", flush=True)
+    print(f"fresh database {database_name(args.database_url)}; migrating and seeding...", flush=True)
     fresh_database(args.database_url)
     subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True)
     out = subprocess.run(
@@ -425,7 +368,7 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     proc = start_server(args.server, args.workers, port, env, quiet=not args.verbose)
     try:
-        wait_up(url, proc)
+        wait_healthy(url, proc)
         print(
             f"server: uvicorn {args.server}, {args.workers} workers; clients: {args.concurrency} for "
             f"{args.duration:.0f} s, conflict share {args.conflict}",

@@ -27,7 +27,6 @@ import os
 import random
 import re
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench.procs import free_port, pct
 
 REPO = Path(__file__).resolve().parent.parent
 SNAPSHOT_LAST = "fleet:snapshot:last"
@@ -270,22 +271,9 @@ def raise_nofile() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Environment:
@@ -331,7 +319,7 @@ class Environment:
             capture_output=True,
             text=True,
         ).stdout.strip()
-        self.port = _free_port()
+        self.port = free_port()
         self.web = subprocess.Popen(
             [py, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(self.port),
              "--ws-per-message-deflate", "false", "--no-access-log", "--lifespan", "off", "--log-level", "warning"],
@@ -422,8 +410,8 @@ def run_stage(env: Environment, clients: int, seconds: float, gpus: int, procs: 
         "published": pub1 - pub0,
         "messages": messages,
         "lost": sum(r["lost"] for r in results),
-        "p50_ms": _pct(lat, 0.50) * 1000,
-        "p99_ms": _pct(lat, 0.99) * 1000,
+        "p50_ms": pct(lat, 0.50) * 1000,
+        "p99_ms": pct(lat, 0.99) * 1000,
         "max_ms": max(lat, default=float("nan")) * 1000,
         "mean_ms": statistics.fmean(lat) * 1000 if lat else float("nan"),
         "web_cpu_pct": (cpu1 - cpu0) / (wall1 - wall0) * 100,

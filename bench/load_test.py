@@ -33,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.procs import free_port, pct, wait_healthy
+
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
@@ -342,13 +344,6 @@ async def run_clients(
     return stats, time.monotonic() - began
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def report(stats: Stats, elapsed: float) -> dict[str, Any]:
     total = sum(len(v) for v in stats.latencies.values())
     errors = 0
@@ -365,16 +360,16 @@ def report(stats: Stats, elapsed: float) -> dict[str, Any]:
                 errors += count
         histogram = " ".join(f"{s}:{c}" for s, c in sorted(counts.items()))
         print(
-            f"{kind:<14}{len(lat):>8}{len(lat) / elapsed:>9.1f}{_pct(lat, 0.5) * 1000:>9.1f}"
-            f"{_pct(lat, 0.99) * 1000:>9.1f}  {histogram}"
+            f"{kind:<14}{len(lat):>8}{len(lat) / elapsed:>9.1f}{pct(lat, 0.5) * 1000:>9.1f}"
+            f"{pct(lat, 0.99) * 1000:>9.1f}  {histogram}"
         )
     reads = [x for kind, v in stats.latencies.items() if kind not in {"book", "submit"} for x in v]
-    print(f"{'reads':<14}{len(reads):>8}{len(reads) / elapsed:>9.1f}{_pct(reads, 0.5) * 1000:>9.1f}"
-          f"{_pct(reads, 0.99) * 1000:>9.1f}")  # fmt: skip
+    print(f"{'reads':<14}{len(reads):>8}{len(reads) / elapsed:>9.1f}{pct(reads, 0.5) * 1000:>9.1f}"
+          f"{pct(reads, 0.99) * 1000:>9.1f}")  # fmt: skip
     everything = [x for v in stats.latencies.values() for x in v]
     print(
-        f"{'all':<14}{total:>8}{total / elapsed:>9.1f}{_pct(everything, 0.5) * 1000:>9.1f}"
-        f"{_pct(everything, 0.99) * 1000:>9.1f}"
+        f"{'all':<14}{total:>8}{total / elapsed:>9.1f}{pct(everything, 0.5) * 1000:>9.1f}"
+        f"{pct(everything, 0.99) * 1000:>9.1f}"
     )
     rate = errors / total if total else 0.0
     print(
@@ -388,7 +383,7 @@ def report(stats: Stats, elapsed: float) -> dict[str, Any]:
         "errors": errors,
         "five_xx": five_xx,
         "error_rate": rate,
-        "reads_p99_s": _pct(reads, 0.99),
+        "reads_p99_s": pct(reads, 0.99),
     }
 
 
@@ -453,29 +448,6 @@ def _web_command(port: int, workers: int, env: dict[str, str]) -> tuple[list[str
     if workers > 1:
         argv += ["--processes", str(workers)]  # portal.serve: a socket per process
     return argv, {**env, **web.env}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"web server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/api/v1/health", timeout=2):
-                return
-        except Exception:
-            time.sleep(0.3)
-    raise TimeoutError("web server did not become healthy")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -574,11 +546,11 @@ def main(argv: list[str] | None = None) -> int:
             f"database {dbname}: migrated and seeded in {time.monotonic() - t0:.1f}s "
             f"({len(seeded['users'])} users, {len(seeded['gpus'])} GPUs)"
         )
-        port = _free_port()
+        port = free_port()
         web_argv, web_env = _web_command(port, args.workers, env)
         web = subprocess.Popen(web_argv, cwd=REPO, env=web_env, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, web)
+        wait_healthy(url, web)
         pacing = f"think time {args.think:g}s (mean)" if args.think > 0 else "closed loop"
         print(f"web: {args.workers} process(es) at {url}; {args.clients} clients for {args.duration:.0f}s, {pacing}")
         stats, elapsed = asyncio.run(

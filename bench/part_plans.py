@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.booking_load import drop_database, fresh_database
+from bench.procs import drop_database, fresh_database
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
