@@ -271,9 +271,13 @@ LDAP_START_TLS = env_bool("LDAP_START_TLS", False)
 LDAP_USER_SEARCH_BASE = env_str("LDAP_USER_SEARCH_BASE", "")
 LDAP_USER_FILTER = env_str("LDAP_USER_FILTER", "(uid=%(user)s)")
 LDAP_GROUP_SEARCH_BASE = env_str("LDAP_GROUP_SEARCH_BASE", "")
-LDAP_GROUP_TYPE = env_str("LDAP_GROUP_TYPE", "groupOfNames")  # or groupOfUniqueNames, posixGroup
-if LDAP_GROUP_TYPE not in {"groupOfNames", "groupOfUniqueNames", "posixGroup"}:
-    raise ImproperlyConfigured("LDAP_GROUP_TYPE must be groupOfNames, groupOfUniqueNames or posixGroup")
+# groupOfNames, groupOfUniqueNames or posixGroup, or several separated by commas ("groupOfNames,posixGroup").
+LDAP_GROUP_TYPE = env_str("LDAP_GROUP_TYPE", "groupOfNames")
+_ldap_group_types = [t.strip() for t in LDAP_GROUP_TYPE.split(",") if t.strip()]
+if not _ldap_group_types or not set(_ldap_group_types) <= {"groupOfNames", "groupOfUniqueNames", "posixGroup"}:
+    raise ImproperlyConfigured(
+        "LDAP_GROUP_TYPE must be groupOfNames, groupOfUniqueNames or posixGroup, or several separated by commas"
+    )
 LDAP_TIMEOUT_S = env_int("LDAP_TIMEOUT_S", 5)
 
 # --- I18N / time ---------------------------------------------------------------------------------------

@@ -28,13 +28,37 @@ _GROUP_TYPES: dict[str, tuple[type[LDAPGroupType], str]] = {
 }
 
 
+class AnyOfGroupTypes(LDAPGroupType):  # type: ignore[misc]
+    """Groups of several object classes in one directory (groupOfNames for the lab's teams beside posixGroup for
+    Unix groups, say): a user's groups are the union of each type's search, each limited to its own object class
+    (a posixGroup's members are uids, a groupOfNames' DNs). `is_member` is left to the base class (None: the
+    caller reads `user_groups`)."""
+
+    def __init__(self, types: list[tuple[LDAPGroupType, str]]) -> None:
+        super().__init__()
+        self.types = types
+
+    def user_groups(self, ldap_user: _LDAPUser, group_search: LDAPSearch) -> list[tuple[str, dict[str, Any]]]:
+        found: dict[str, tuple[str, dict[str, Any]]] = {}
+        for group_type, object_filter in self.types:
+            search = LDAPSearch(group_search.base_dn, group_search.scope, object_filter)
+            for dn, attrs in group_type.user_groups(ldap_user, search):
+                found.setdefault(dn.lower(), (dn, attrs))
+        return list(found.values())
+
+
+def group_type_names(value: str) -> list[str]:
+    """`LDAP_GROUP_TYPE` as a list: one type, or several separated by commas."""
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
 def ldap_enabled() -> bool:
     return bool(settings.LDAP_SERVER_URI)
 
 
 def ldap_settings() -> dict[str, Any]:
     """django-auth-ldap's settings (without its AUTH_LDAP_ prefix) from the portal's."""
-    group_type, group_filter = _GROUP_TYPES[settings.LDAP_GROUP_TYPE]
+    kinds = [_GROUP_TYPES[name] for name in group_type_names(settings.LDAP_GROUP_TYPE)]
     conf: dict[str, Any] = {
         "SERVER_URI": settings.LDAP_SERVER_URI,
         "BIND_DN": settings.LDAP_BIND_DN,
@@ -51,8 +75,13 @@ def ldap_settings() -> dict[str, Any]:
         "CACHE_TIMEOUT": 0,
     }
     if settings.LDAP_GROUP_SEARCH_BASE:
+        if len(kinds) == 1:
+            group_type, group_filter = kinds[0][0](), kinds[0][1]
+        else:
+            group_type = AnyOfGroupTypes([(kind(), object_filter) for kind, object_filter in kinds])
+            group_filter = f"(|{''.join(object_filter for _, object_filter in kinds)})"
         conf["GROUP_SEARCH"] = LDAPSearch(settings.LDAP_GROUP_SEARCH_BASE, ldap.SCOPE_SUBTREE, group_filter)
-        conf["GROUP_TYPE"] = group_type()
+        conf["GROUP_TYPE"] = group_type
     return conf
 
 

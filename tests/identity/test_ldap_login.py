@@ -108,6 +108,45 @@ def test_posix_groups_map_to_teams_too(ldap_settings: Directory, settings: Any, 
     assert _teams(uid) == {}
 
 
+def test_groups_of_several_object_classes_at_once(
+    ldap_settings: Directory, settings: Any, vision: Any, nlp: Any
+) -> None:
+    settings.LDAP_GROUP_TYPE = "groupOfNames, posixGroup"
+    uid = _person(ldap_settings)
+    dn = f"uid={uid},ou=people,dc=lab,dc=test"
+    names, posix = f"vision-names-{uid}", f"nlp-posix-{uid}"
+    ldap_settings.add_group(names, [dn])
+    ldap_settings.add_posix_group(posix, 5000 + next(_n), [uid])
+    group_mapping_create(actor=None, group=names, team="vision", role="member")
+    group_mapping_create(actor=None, group=posix, team="nlp", role="manager")
+    _sign_in(uid)
+    assert _teams(uid) == {
+        "vision": ("member", MembershipSource.DIRECTORY),
+        "nlp": ("manager", MembershipSource.DIRECTORY),
+    }
+    ldap_settings.set_posix_members(posix, [])
+    _sign_in(uid)
+    assert _teams(uid) == {"vision": ("member", MembershipSource.DIRECTORY)}
+    # With one type only, the other kind's groups are not read.
+    settings.LDAP_GROUP_TYPE = "posixGroup"
+    ldap_settings.set_posix_members(posix, [uid])
+    _sign_in(uid)
+    assert _teams(uid) == {"nlp": ("manager", MembershipSource.DIRECTORY)}
+
+
+def test_an_unknown_group_type_stops_the_settings_with_a_clear_error() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LDAP_GROUP_TYPE": "groupOfNames,nisNetgroup", "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "LDAP_GROUP_TYPE must be groupOfNames, groupOfUniqueNames or posixGroup" in done.stderr
+
+
 def test_a_manual_membership_survives_a_sync_unless_the_mapping_replaces_it(
     ldap_settings: Directory, vision: Any, nlp: Any
 ) -> None:
