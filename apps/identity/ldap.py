@@ -48,8 +48,8 @@ class AnyOfGroupTypes(LDAPGroupType):  # type: ignore[misc]
 
 
 def group_type_names(value: str) -> list[str]:
-    """`LDAP_GROUP_TYPE` as a list: one type, or several separated by commas."""
-    return [name.strip() for name in value.split(",") if name.strip()]
+    """`LDAP_GROUP_TYPE` as a list: one type, or several separated by commas (each once)."""
+    return list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
 
 
 def ldap_enabled() -> bool:
