@@ -63,6 +63,8 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/gpus/<str:uuid>/history/": {"GET": (401, 200, 200, 200, 200, 200)},
     # 409 for the admin: authorized, but the GPU's node has no agent to probe it.
     "api/v1/gpus/<str:uuid>/probe/": {"POST": (401, 403, 403, 403, 409, 403)},
+    # Admins split a GPU in shares; the empty body is 400 for them (authorized, then validated).
+    "api/v1/gpus/<str:uuid>/shares/": {"POST": (401, 403, 403, 403, 400, 403)},
     "api/v1/images/": {"GET": (401, 200, 200, 200, 200, 200)},
     "api/v1/reservations/": {
         "GET": (401, 200, 200, 200, 200, 200),
@@ -343,6 +345,7 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/jobs/<int:job_id>/logs/": _obj_job,
     "api/v1/gpus/<str:uuid>/history/": _obj_gpu,
     "api/v1/gpus/<str:uuid>/probe/": _obj_gpu,
+    "api/v1/gpus/<str:uuid>/shares/": _obj_gpu,
     "api/v1/nodes/<str:name>/drain/": _obj_node,
     "api/v1/nodes/<str:name>/undrain/": _obj_node,
     "api/v1/pools/<slug:name>/bridge/poll/": lambda cast: {"name": "cluster"},

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 from apps.accounts.types import AnyUser
 from apps.core.errors import NotFound
 from apps.fleet import selectors, services
+from apps.fleet.devices import MAX_SHARES
 from apps.fleet.models import Gpu
 from apps.telemetry import keys
 from apps.telemetry import selectors as telemetry
@@ -154,6 +155,8 @@ def gpu_page(request: HttpRequest, uuid: str) -> HttpResponse:
         "live": live,
         "history_url": f"/api/v1/gpus/{gpu.uuid}/history/",
         "probe_url": f"/api/v1/gpus/{gpu.uuid}/probe/" if request.user.is_staff else None,
+        # Admins split a GPU outside MIG mode in shares (a GPU in MIG mode is split by its instances).
+        "shares_url": f"/api/v1/gpus/{gpu.uuid}/shares/" if request.user.is_staff and not gpu.mig_mode else None,
     }
     # Its MIG instances or shares, one row each; who holds them and what they use come live from the snapshot.
     parts = selectors.gpu_parts(gpu_ids=[gpu.pk]).get(gpu.pk, [])
@@ -178,5 +181,6 @@ def gpu_page(request: HttpRequest, uuid: str) -> HttpResponse:
             "probe": probe,
             "probe_rows": _probe_rows(probe),
             "probe_error": probe.get("error") if probe and "comparison" not in probe else None,
+            "share_choices": range(1, MAX_SHARES + 1),
         },
     )

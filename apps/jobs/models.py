@@ -311,6 +311,9 @@ class SchedulerState(models.Model):
     last_started = models.PositiveIntegerField(default=0)
     pending = models.PositiveIntegerField(default=0)
     passes = models.BigIntegerField(default=0)
+    # Bumped by a change of how GPUs are split (apps.booking.services.layout) in the change's transaction: a pass
+    # whose snapshot read another number starts nothing (its placements were made on the old layout).
+    layout_version = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"scheduler (leader {self.leader or '-'})"

@@ -194,3 +194,82 @@ def test_a_share_booked_between_the_snapshot_and_the_start_wins_and_the_job_stay
     assert Job.objects.get(pk=whole.pk).state == JobState.QUEUED
     assert not Allocation.objects.filter(job_id=whole.pk).exists()
     assert not Job.gpus.through.objects.filter(job_id=whole.pk).exists()
+
+
+def _pass_in_pieces(now: Any) -> tuple[Any, Any]:
+    from apps.jobs.scheduler.snapshot import epoch, load_snapshot
+    from apps.jobs.scheduling import schedule
+
+    ctx = load_snapshot(now)
+    return ctx, schedule(ctx.snapshot, policy=FAIR, now=epoch(now))
+
+
+@pytest.mark.parametrize("split_to", [2, 1])
+def test_a_split_changed_between_the_snapshot_and_the_start_starts_nothing_on_the_old_layout(
+    alice, vision, ready, sent, split_to
+):
+    """An admin splits the GPU a pass chose (an exclusive one in 2, or the split one back to exclusive) after the
+    pass read the fleet: the pass starts nothing, and the next one places the job on the GPU as it is now."""
+    from apps.booking.services import gpu_shares_change
+    from apps.jobs.scheduler.apply import apply_decisions
+
+    exclusive_gpus_lost()
+    target = "GPU-shared-0"
+    if split_to == 2:  # the pass is to take an exclusive GPU whole: make GPU-shared-0's sister the only one left
+        gpu_shares_change(actor=None, gpu_uuid="GPU-shared-0", shares=1)
+        Gpu.objects.filter(uuid="GPU-shared-0").update(status=GpuStatus.LOST)
+        Gpu.objects.filter(uuid="GPU-shared-1").update(status=GpuStatus.OK)
+        target = "GPU-shared-1"
+    whole = submit(alice, vision)
+    now = timezone.now()
+    ctx, decisions = _pass_in_pieces(now)
+    assert [s.job_id for s in decisions.starts] == [str(whole.pk)]
+    gpu_shares_change(actor=None, gpu_uuid=target, shares=split_to)
+    result = apply_decisions(ctx, decisions, token=1, leader="test")
+    assert result.started == []
+    assert not Allocation.objects.filter(job_id=whole.pk).exists()
+    assert Job.objects.get(pk=whole.pk).state == JobState.QUEUED
+    one_pass()
+    gpus = held_by(Job.objects.get(pk=whole.pk))
+    if split_to == 2:  # all the new shares, none of the GPU itself
+        assert sorted(g.uuid for g in gpus) == [f"{target}/share-0", f"{target}/share-1"]
+    else:  # the GPU itself, no share
+        assert [g.uuid for g in gpus] == [target]
+    assert all(g.retired_at is None for g in gpus)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_waits_for_a_pass_writing_its_starts_and_is_refused(alice, vision, ready, sent):
+    """The other order: a pass is writing its starts (its transaction holds the scheduler's row) when the change
+    comes; the change waits for it, then finds the job's allocations and is refused."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from apps.booking.services import gpu_shares_change
+    from apps.jobs.scheduler.apply import apply_decisions
+
+    exclusive_gpus_lost()
+    whole = submit(alice, vision)
+    outcome: dict[str, str] = {}
+
+    def change() -> None:
+        try:
+            gpu_shares_change(actor=None, gpu_uuid="GPU-shared-0", shares=2)
+            outcome["change"] = "applied"
+        except Conflict:
+            outcome["change"] = "refused"
+        finally:
+            connection.close()
+
+    changer = threading.Thread(target=change)
+    with transaction.atomic():  # the pass's write transaction, kept open while the change comes
+        ctx, decisions = _pass_in_pieces(timezone.now())
+        assert apply_decisions(ctx, decisions, token=1, leader="test").started == [whole.pk]
+        changer.start()
+        changer.join(timeout=2)
+        assert changer.is_alive()  # waiting for the pass's transaction
+    changer.join(timeout=30)
+    assert outcome == {"change": "refused"}
+    assert shares_of_split(Job.objects.get(pk=whole.pk)) == {"GPU-shared-0"}
+    assert Gpu.objects.get(uuid="GPU-shared-0").shares == 4

@@ -305,3 +305,21 @@ class QuotaPreviewOutput(serializers.Serializer[Any]):
     currency = serializers.CharField()
     fits = serializers.BooleanField()
     months = QuotaMonthOutput(many=True)
+
+
+class GpuSharesInput(serializers.Serializer[Any]):
+    shares = serializers.IntegerField(help_text="1: exclusive; N (2-16): split in N equal shares")
+
+
+class GpuShareDeviceOutput(serializers.Serializer[Any]):
+    uuid = serializers.CharField()
+    index = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    share = serializers.DecimalField(max_digits=7, decimal_places=6, source="capacity")
+
+
+class GpuSharesOutput(serializers.Serializer[Any]):
+    gpu = serializers.CharField()
+    node = serializers.CharField()
+    shares = serializers.IntegerField()
+    share_devices = GpuShareDeviceOutput(many=True)

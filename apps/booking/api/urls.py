@@ -8,4 +8,5 @@ urlpatterns = [
     path("availability/", views.AvailabilityView.as_view(), name="api-availability"),
     path("booking/timeline/", views.TimelineView.as_view(), name="api-booking-timeline"),
     path("booking/quota/", views.QuotaPreviewView.as_view(), name="api-booking-quota"),
+    path("gpus/<str:uuid>/shares/", views.GpuSharesView.as_view(), name="api-gpu-shares"),
 ]

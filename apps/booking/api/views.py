@@ -18,6 +18,8 @@ from apps.booking import selectors, services
 from apps.booking.api.inputs import reservation_input_fast
 from apps.booking.api.serializers import (
     AvailabilityOutput,
+    GpuSharesInput,
+    GpuSharesOutput,
     QuotaPreviewInput,
     QuotaPreviewOutput,
     ReservationCreatedOutput,
@@ -171,3 +173,20 @@ class QuotaPreviewView(PortalAPIView):
                 gpu_model=_model_by_name(data.get("gpu_model")),
             )
         )
+
+
+class GpuSharesView(PortalAPIView):
+    """Split a GPU in N equal shares, or make it exclusive again with 1 (admin). 409 while the GPU or a share of it
+    is held now or later; 400 for a count out of range or a GPU in MIG mode (its instances are its parts)."""
+
+    write_scope = Scope.ADMIN
+
+    @extend_schema(request=GpuSharesInput, responses=GpuSharesOutput)
+    def post(self, request: Request, uuid: str) -> Response:
+        payload = GpuSharesInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        gpu, parts = services.gpu_shares_change(
+            actor=request.user, gpu_uuid=uuid, shares=payload.validated_data["shares"]
+        )
+        body = {"gpu": gpu.uuid, "node": gpu.node.name, "shares": gpu.shares, "share_devices": parts}
+        return Response(GpuSharesOutput(body).data)

@@ -19,6 +19,7 @@ from apps.booking.services.allocations import (
 )
 from apps.booking.services.calendar import calendar_feed_regenerate
 from apps.booking.services.conflicts import MAX_CONFLICTS_SHOWN, Slot, describe_slots
+from apps.booking.services.layout import gpu_shares_change
 from apps.booking.services.locks import GPU_LOCK_NAMESPACE, MODEL_LOCK_NAMESPACE
 from apps.booking.services.quotas import (
     QuotaCheck,
@@ -52,6 +53,7 @@ __all__ = [
     "calendar_feed_regenerate",
     "check_window",
     "describe_slots",
+    "gpu_shares_change",
     "quota_check_and_hold",
     "quota_concurrency_check",
     "quota_gpus",

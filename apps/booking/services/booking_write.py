@@ -46,7 +46,13 @@ def booking_statement(
     p = Params()
     gpus = p([a.gpu_id for a in rows.allocations], "bigint[]")
     held = held_sql(gpu="x.gpu", start=p(r.start, "timestamptz"), end=p(r.end, "timestamptz"))
-    ctes = [f"clash AS (SELECT 1 FROM unnest({gpus}) AS x(gpu) WHERE {held} LIMIT 1)"]  # noqa: S608
+    # A device whose layout changed after the booking read it (a share retired, a GPU split or put in MIG mode
+    # since) counts as a clash too: read here, after the GPUs' locks that a layout change also takes.
+    moved = (
+        "EXISTS (SELECT 1 FROM fleet_gpu d WHERE d.id = x.gpu AND (d.retired_at IS NOT NULL"
+        " OR (d.parent_id IS NULL AND (d.shares > 1 OR d.mig_mode))))"
+    )
+    ctes = [f"clash AS (SELECT 1 FROM unnest({gpus}) AS x(gpu) WHERE {held} OR {moved} LIMIT 1)"]  # noqa: S608
     expected: list[int] = []
     groups: list[Sequence[models.Model]] = [[r], rows.allocations, [rows.hold]]
     groups += [[obj] for obj in rows.extra]

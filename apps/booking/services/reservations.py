@@ -34,6 +34,7 @@ from apps.booking.services.devices import (
 )
 from apps.booking.services.events import publish_reservation
 from apps.booking.services.gpus import GpuInfo, check_named_exist, place_locked, precheck, resolve_gpus, resolve_model
+from apps.booking.services.locks import lock_model
 from apps.booking.services.quotas import (
     hold_row,
     lock_usage,
@@ -43,7 +44,7 @@ from apps.booking.services.quotas import (
     quota_verdicts,
 )
 from apps.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
-from apps.fleet.models import Gpu, GpuModel
+from apps.fleet.models import DeviceKind, Gpu, GpuModel
 
 PLACEMENT_ATTEMPTS = 3
 
@@ -259,6 +260,7 @@ def reservation_create(
         raise ValidationFailed("The note is too long.", fields={"note": ["At most 500 characters."]})
 
     explicit: list[GpuInfo] | None = None
+    named_whole: list[GpuInfo] = []  # the GPUs named, before a split one became its shares
     model: GpuModel | None = None
     share: Decimal | None = None
     named = [g.uuid if isinstance(g, Gpu) else str(g) for g in gpus or ()]
@@ -300,6 +302,7 @@ def reservation_create(
         count = len(explicit)
         model_ids = {g.model_id for g in explicit}
         model_id = explicit[0].model_id if len(model_ids) == 1 else None
+        named_whole = explicit
         explicit = whole_gpus(explicit, start, end)
         precheck(explicit, team=team, user=user)
     else:
@@ -349,6 +352,12 @@ def reservation_create(
                     model_id = next(iter(model_ids)) if len(model_ids) == 1 else None
                 elif explicit is not None:
                     chosen = explicit
+                    if any(g.kind == DeviceKind.SHARE for g in explicit):
+                        # A split GPU named whole: its shares as they are under the model's lock, which an admin's
+                        # change of the split takes too (services/layout.py).
+                        for locked in sorted({g.model_id for g in named_whole}):
+                            lock_model(locked)
+                        chosen = whole_gpus(named_whole, start, end)
                 else:
                     assert model is not None
                     chosen = place_locked(

@@ -48,6 +48,16 @@ def claim_fence(token: int, leader: str) -> None:
         raise NotLeader(f"a leader with a token above {token} has taken over")
 
 
+def _layout_unchanged(ctx: PassContext, decisions: Decisions) -> bool:
+    """Whether no GPU was split differently since the snapshot. Read after `claim_fence`, which holds the row a
+    change bumps until this transaction ends, so a change either committed before (and this sees it: the pass
+    starts nothing, the next one places on the new layout) or waits for this pass's allocations (and is refused)."""
+    if not decisions.starts:
+        return True
+    now_version = SchedulerState.objects.filter(pk=1).values_list("layout_version", flat=True).first() or 0
+    return bool(now_version == ctx.layout_version)
+
+
 def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leader: str) -> PassResult:
     """Apply one pass's decisions in one transaction (plain starts in one batch, the others each in a savepoint)."""
     result = PassResult(pending=len(ctx.pending))
@@ -57,7 +67,7 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
         claim_fence(token, leader)
         items: list[starting.StartItem] = []
         gpu_by_id, node_by_id = _instances_for(ctx, decisions)
-        for start in decisions.starts:
+        for start in decisions.starts if _layout_unchanged(ctx, decisions) else ():
             job = ctx.pending.get(start.job_id)
             node = node_by_id.get(ctx.nodes.get(start.node, 0))
             # A split GPU is held whole through all its shares (as a whole-GPU booking of it is).

@@ -24,7 +24,7 @@ from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, R
 from apps.core.ttlcache import TTLCache
 from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, Node, NodeStatus, Pool
 from apps.jobs import conf
-from apps.jobs.models import ON_NODE_STATES, Job, JobState
+from apps.jobs.models import ON_NODE_STATES, Job, JobState, SchedulerState
 from apps.jobs.scheduling import Gpu as CoreGpu
 from apps.jobs.scheduling import PendingJob as CorePending
 from apps.jobs.scheduling import Reservation as CoreReservation
@@ -78,6 +78,7 @@ class PassContext:
     split_shares: dict[str, list[int]] = field(default_factory=dict)  # a split GPU's id -> its shares' ids
     running: dict[str, RunningRow] = field(default_factory=dict)
     reservation_ends: dict[str, datetime] = field(default_factory=dict)
+    layout_version: int = 0  # SchedulerState.layout_version as the GPUs were read
 
 
 class UsageCache:
@@ -146,7 +147,10 @@ def _snapshot_sql() -> dict[str, str]:
     return {
         "gpus": (
             f"SELECT {_col(Gpu, 'id', 'g')}, {_col(Gpu, 'node', 'g')}, {_col(Node, 'name', 'n')}, "  # noqa: S608
-            f"{_col(GpuModel, 'name', 'm')}, {_col(Gpu, 'shares', 'g')} FROM {gpu} g "
+            f"{_col(GpuModel, 'name', 'm')}, {_col(Gpu, 'shares', 'g')}, "
+            # The layout version in the same statement as the GPUs, so it is the one they were read under.
+            f"(SELECT {_col(SchedulerState, 'layout_version')} FROM {q(SchedulerState._meta.db_table)} "
+            f"WHERE {_col(SchedulerState, 'id')} = 1) FROM {gpu} g "
             f"JOIN {node} n ON {_col(Node, 'id', 'n')} = {_col(Gpu, 'node', 'g')} "
             f"JOIN {model} m ON {_col(GpuModel, 'id', 'm')} = {_col(Gpu, 'model', 'g')} "
             f"WHERE {_col(Gpu, 'retired_at', 'g')} IS NULL AND {_col(Gpu, 'status', 'g')} = %s "
@@ -215,7 +219,9 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
     on_node = sorted(ON_NODE_STATES)
     # The fleet as plain rows: model instances of every GPU with its node and model, on every pass, grew with the
     # fleet; the apply step loads instances of the GPUs it starts jobs on.
-    gpu_rows = [GpuRow(*row) for row in _rows(_sql("gpus"), [GpuStatus.OK, NodeStatus.ONLINE, False])]
+    rows = _rows(_sql("gpus"), [GpuStatus.OK, NodeStatus.ONLINE, False])
+    gpu_rows = [GpuRow(*row[:5]) for row in rows]
+    ctx.layout_version = int(rows[0][5] or 0) if rows else 0
     ctx.gpus = {str(g.id): g for g in gpu_rows}
     ctx.nodes = {g.node: g.node_id for g in gpu_rows}
 

@@ -242,6 +242,28 @@ if (probeBtn && cfg.probe_url) {
   });
 }
 
+// --- Shares (admins) --------------------------------------------------------------------------------------------------
+const sharesForm = $("shares-form");
+if (sharesForm && cfg.shares_url) {
+  sharesForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const msg = $("shares-msg");
+    const button = sharesForm.querySelector("button");
+    button.disabled = true;
+    msg.className = "muted";
+    msg.textContent = "applying…";
+    try {
+      const body = await api(cfg.shares_url, { method: "POST", body: { shares: Number($("shares-count").value) } });
+      msg.textContent = body.shares > 1 ? `split in ${body.shares} shares` : "exclusive";
+      window.location.reload(); // the parts table and the live figures follow the new layout
+    } catch (err) {
+      msg.className = "form-error";
+      msg.textContent = err.message;
+      button.disabled = false;
+    }
+  });
+}
+
 // --- Wiring -------------------------------------------------------------------------------------------------------------
 if (cfg.live) showLive(cfg.live);
 loadHistory();

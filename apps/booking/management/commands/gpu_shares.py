@@ -1,5 +1,6 @@
 """Split a GPU into N equal shares (1: exclusive again): `manage.py gpu_shares GPU-UUID 4`. Refused while the GPU
-or one of its shares is held now or later, and for a GPU in MIG mode (its instances are its parts)."""
+or one of its shares is held now or later, and for a GPU in MIG mode (its instances are its parts). The same as
+`POST /api/v1/gpus/{uuid}/shares/` and the GPU page's control for admins."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from apps.booking.services import gpu_shares_change
 from apps.core.errors import ApplicationError
-from apps.fleet.devices import gpu_set_shares
-from apps.fleet.models import Gpu
 
 
 class Command(BaseCommand):
@@ -20,10 +20,8 @@ class Command(BaseCommand):
         parser.add_argument("shares", type=int)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not Gpu.objects.filter(uuid=options["uuid"]).exists():
-            raise CommandError(f"no GPU {options['uuid']}")
         try:
-            gpu = gpu_set_shares(actor=None, gpu_uuid=options["uuid"], shares=options["shares"])
+            gpu, _shares = gpu_shares_change(actor=None, gpu_uuid=options["uuid"], shares=options["shares"])
         except ApplicationError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"{gpu.uuid}: {gpu.shares} share(s)")

@@ -1,0 +1,77 @@
+"""The GPU page in headless Chromium: an admin splits a GPU in shares with the page's control and sees its shares;
+a change refused because a share is booked shows the reason on the page; members get no control."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from apps.booking.services import allocations_create
+from apps.fleet.models import Gpu
+from tests.booking.conftest import slot
+from tests.booking.test_book_page_browser import CHROMIUM_ARGS
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def signed_in(live_portal: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Any]]:
+    if not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (make system-deps)")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+
+        def sign_in(username: str) -> Any:
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{live_portal.url}/accounts/login/")
+            page.fill("input[name=username]", username)
+            page.fill("input[name=password]", "pw-for-tests")
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{live_portal.url}/")
+            return page
+
+        try:
+            yield sign_in
+            assert not errors, errors
+        finally:
+            browser.close()
+            connections.close_all()
+
+
+def test_an_admin_splits_a_gpu_on_its_page(signed_in, live_portal, admin, alice, vision, sharing_fleet):
+    page = signed_in("admin")
+    page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-1/")
+    assert page.locator("#gpu-parts").count() == 0
+    page.select_option("#shares-count", "4")
+    page.click("#shares-form button[type=submit]")
+    page.wait_for_selector("#gpu-parts tbody tr")
+    assert page.locator("#gpu-parts tbody tr").count() == 4
+    assert page.locator("#shares-count").input_value() == "4"
+    assert Gpu.objects.get(uuid="GPU-shared-1").shares == 4
+
+    start, end = slot(hours=2)
+    share = Gpu.devices.filter(parent__uuid="GPU-shared-1", retired_at__isnull=True).order_by("index").first()
+    allocations_create(gpus=[share], team=vision, user=alice, start=start, end=end, kind="job", job_id=7)
+    page.select_option("#shares-count", "1")
+    page.click("#shares-form button[type=submit]")
+    message = page.locator("#shares-msg.form-error")
+    message.wait_for()
+    assert "held now or later" in message.inner_text()
+    assert page.locator("#shares-form button[type=submit]").is_enabled()
+    assert Gpu.objects.get(uuid="GPU-shared-1").shares == 4
+
+
+def test_members_get_no_control(signed_in, live_portal, alice, sharing_fleet):
+    page = signed_in("alice")
+    page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-1/")
+    page.wait_for_selector("#gpu-status")
+    assert page.locator("#shares-form").count() == 0
