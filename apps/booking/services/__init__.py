@@ -7,6 +7,8 @@ Locks, always taken in this order so two writers cannot deadlock:
 0. (placement by model only) the model's placement lock, `pg_advisory_xact_lock(MODEL_LOCK_NAMESPACE, model_id)`;
 1. the team's `QuotaUsage` rows of the months involved (`SELECT ... FOR UPDATE`, by month and slot);
 2. the GPUs, by `pg_advisory_xact_lock(GPU_LOCK_NAMESPACE, gpu_id)` in ascending id order.
+A change of how a GPU is split (`layout.py`) takes the scheduler's row (`jobs.SchedulerState`, which the scheduler's
+write transaction takes first too) before 0 and 2, and no quota rows.
 The exclusion constraint on `booking_allocation` is the last guard.
 """
 
