@@ -79,7 +79,9 @@ class Reservation(models.Model):
     activated_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True, help_text="when it was released or cancelled")
     released_reason = models.CharField(
-        max_length=16, blank=True, help_text="why it was released early: user, idle, unused, or empty"
+        max_length=16,
+        blank=True,
+        help_text="why the portal ended it early: idle, unused, empty, scheduler (a pool refused it) or layout",
     )
 
     objects = ReservationQuerySet.as_manager()

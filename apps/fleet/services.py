@@ -23,8 +23,9 @@ from apps.events.services import publish
 from apps.fleet import auth
 from apps.fleet.commands import agent_send
 from apps.fleet.devices import mig_layout_apply
+from apps.fleet.hooks import LayoutChange, layout_changed, layout_lock
 from apps.fleet.messages import NODE_NAME_RE, GpuReport, MessageRejected
-from apps.fleet.models import Gpu, GpuModel, GpuStatus, Node, NodeStatus
+from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, Node, NodeStatus
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,33 @@ def node_register(
     retired (kept for history); a reported uuid that belongs to a live GPU of another node is refused, so a node
     cannot take over another's GPUs."""
     now = now or timezone.now()
+    # A node with MIG GPUs may change a layout that bookings and the scheduler hold: the layout guard's locks come
+    # first (hooks.py). Whether they are needed is read before the transaction; a registration of the same node
+    # that changed it meanwhile is caught inside and the registration done again, guarded.
+    guarded = any(g.mig_mode for g in gpus) or Gpu.objects.filter(node_id=node_id, mig_mode=True).exists()
+    try:
+        return _node_register(node_id, gpus, agent_version, driver_version, hostname, backend, now, guarded)
+    except _GuardNeeded:
+        return _node_register(node_id, gpus, agent_version, driver_version, hostname, backend, now, True)
+
+
+class _GuardNeeded(Exception):
+    pass
+
+
+def _node_register(
+    node_id: int,
+    gpus: list[GpuReport],
+    agent_version: str,
+    driver_version: str,
+    hostname: str,
+    backend: str,
+    now: datetime,
+    guarded: bool,
+) -> Node:
     with transaction.atomic():
+        if guarded:
+            layout_lock()
         node = Node.objects.select_for_update().get(pk=node_id)
         reported = {g.uuid: g for g in gpus}
         taken = set(
@@ -168,9 +195,8 @@ def node_register(
                 gpu.save()
             if report.mig_mode or (found is not None and found.pk in had_mig):
                 layouts.append((gpu, report))
-        for gpu, report in layouts:
-            # The MIG instances as the agent found them (admins change layouts with mig-parted; the portal follows).
-            mig_layout_apply(gpu=gpu, mig_mode=report.mig_mode, instances=list(report.mig_devices), now=now)
+        if layouts:
+            _layouts_apply(node_id, layouts, had_mig, now, guarded)
         if retired:
             Gpu.objects.filter(uuid__in=retired).update(status=GpuStatus.LOST)
         node.agent_version = agent_version
@@ -212,6 +238,25 @@ def _models_for(reports: list[GpuReport]) -> dict[str, GpuModel]:
                 name=report.model, defaults={"memory_mib": report.memory_mib, "display_name": report.name}
             )
     return out
+
+
+def _layouts_apply(
+    node_id: int, layouts: list[tuple[Gpu, GpuReport]], had_mig: set[int], now: datetime, guarded: bool
+) -> None:
+    """The MIG instances as the agent found them (admins change layouts with mig-parted; the portal follows), and
+    the layout guard told what that took away from bookings and the scheduler."""
+    parents = [gpu.pk for gpu, _ in layouts]
+    live = Gpu.devices.filter(parent_id__in=parents, kind=DeviceKind.MIG, retired_at__isnull=True)
+    before = set(live.values_list("pk", flat=True))
+    for gpu, report in layouts:
+        mig_layout_apply(gpu=gpu, mig_mode=report.mig_mode, instances=list(report.mig_devices), now=now)
+    retired = tuple(sorted(before - set(live.values_list("pk", flat=True))))
+    into_mig = tuple(gpu.pk for gpu, report in layouts if report.mig_mode and gpu.pk not in had_mig)
+    if not retired and not into_mig:
+        return
+    if not guarded:
+        raise _GuardNeeded
+    layout_changed(LayoutChange(node_id=node_id, retired=retired, into_mig=into_mig))
 
 
 def node_heartbeat(*, node_id: int, agent_version: str = "", now: datetime | None = None) -> str:

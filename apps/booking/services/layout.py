@@ -21,7 +21,26 @@ from apps.accounts.types import AnyUser
 from apps.booking.services.locks import lock_gpus, lock_model
 from apps.core.errors import NotFound
 from apps.fleet.devices import gpu_set_shares
+from apps.fleet.hooks import LayoutChange, LayoutGuard
 from apps.fleet.models import Gpu
+
+
+def _scheduler_row_lock() -> None:
+    # Read by name: jobs sits above booking in the import graph.
+    state = django_apps.get_model("jobs", "SchedulerState")
+    state.objects.get_or_create(pk=1)
+    state.objects.select_for_update().filter(pk=1).values_list("pk", flat=True).first()
+
+
+def _registration_changed(change: LayoutChange) -> None:
+    from apps.booking.services.stranded import reservations_rehome_stranded
+
+    _bump_layout_version()
+    devices = [*change.retired, *change.into_mig]
+    transaction.on_commit(lambda: reservations_rehome_stranded(device_ids=devices))
+
+
+LAYOUT_GUARD = LayoutGuard(lock=_scheduler_row_lock, changed=_registration_changed)
 
 
 def _bump_layout_version() -> None:

@@ -451,15 +451,36 @@ def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
 
 
 def reservation_release_by_portal(
-    *, reservation_id: int, reason: str, data: dict[str, Any], now: datetime | None = None
+    *,
+    reservation_id: int,
+    reason: str,
+    data: dict[str, Any],
+    now: datetime | None = None,
+    cancel_unstarted: bool = False,
+    message: str = "",
 ) -> Reservation | None:
     """Release an active reservation for the portal itself (no user: the idle detector, `reason` "idle" or
-    "unused"): the same steps as a release by its holder, with `released_reason` set and the figures behind the
-    decision in the audit entry. None when it is not active any more (ended meanwhile: nothing to do). Locks the
-    reservation row first; call inside the caller's transaction."""
+    "unused"; a layout change that took its devices away, "layout"): the same steps as a release by its holder,
+    with `released_reason` set and the figures behind the decision in the audit entry. With `cancel_unstarted`, a
+    reservation that has not started is cancelled the same way. `message`, when given, says why in words in the
+    event (mail and webhooks). None when there is nothing to end any more (ended meanwhile). Locks the reservation
+    row first; call inside the caller's transaction."""
+    said = {"message": message} if message else {}
     now = now or timezone.now()
     reservation = Reservation.objects.select_for_update().filter(pk=reservation_id).first()
-    if reservation is None or reservation.status != ReservationStatus.ACTIVE or reservation.end <= now:
+    if reservation is None or reservation.end <= now:
+        return None
+    if cancel_unstarted and reservation.status == ReservationStatus.BOOKED and reservation.start > now:
+        if not _transition(reservation.pk, ReservationStatus.CANCELLED, ended_at=now, released_reason=reason):
+            return None
+        allocation_end(allocation_ids=reservation.allocations.filter(active=True).values_list("pk", flat=True), at=now)
+        quota_hold_release(reservation=reservation)
+        audit_record(actor=None, action="reservation.cancel", target=reservation, data={**data, "reason": reason})
+        cancelled = ReservationStatus.CANCELLED
+        publish_reservation("reservation.released", reservation, status=cancelled, reason=reason, **said)
+        reservation.refresh_from_db()
+        return reservation
+    if reservation.status != ReservationStatus.ACTIVE:
         return None
     if not _transition(reservation.pk, ReservationStatus.RELEASED, ended_at=now, end=now, released_reason=reason):
         return None
@@ -473,7 +494,7 @@ def reservation_release_by_portal(
         data={**data, "at": iso(now), "booked_end": iso(reservation.booked_end), "reason": reason},
     )
     reservation.end = now
-    publish_reservation("reservation.released", reservation, status=ReservationStatus.RELEASED, reason=reason)
+    publish_reservation("reservation.released", reservation, status=ReservationStatus.RELEASED, reason=reason, **said)
     send_holds(reservation.pk, until=now)
     rid = reservation.pk
     transaction.on_commit(lambda: emit_ended(rid, early=True))
