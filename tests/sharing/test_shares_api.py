@@ -195,7 +195,9 @@ def test_a_booking_that_read_the_gpu_before_it_was_split_is_refused(alice, visio
 
     monkeypatch.setattr(reservations, "whole_gpus", read_then_split)
     start, end = slot(hours=1)
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict) as refused:
         reservations.reservation_create(user=alice, team=vision, start=start, end=end, gpus=["GPU-shared-1"])
+    assert "layout of these GPUs changed" in refused.value.detail
+    assert refused.value.extra == {"conflicts": [], "layout_changed": True}
     assert not Allocation.objects.exists()
     assert not reservations.Reservation.objects.exists()

@@ -14,6 +14,10 @@ from apps.core.errors import Conflict
 
 MAX_CONFLICTS_SHOWN = 50
 HELD = "Some of these GPUs are already held in that time."
+LAYOUT_CHANGED = (
+    "The layout of these GPUs changed while this booking was placed (a GPU split in shares, repartitioned or put in "
+    "MIG mode): look at the GPUs again and book what they give now."
+)
 
 
 def iso(moment: datetime) -> str:
@@ -112,3 +116,11 @@ def is_exclusion_violation(exc: IntegrityError) -> bool:
 def held_conflict(slots: Iterable[Slot] = (), *, team_id: int | None = None, viewer: AnyUser | None = None) -> Conflict:
     """The 409 for GPUs already held, naming the clashing slots the viewer may see."""
     return Conflict(HELD, extra={"conflicts": describe_slots(slots, team_id=team_id, viewer=viewer)})
+
+
+def refused_conflict(slots: list[Slot], *, team_id: int | None = None, viewer: AnyUser | None = None) -> Conflict:
+    """The 409 for a booking statement that wrote nothing: the GPUs were held, or, with nothing holding them, one
+    of them was laid out anew since the booking read it (`booking_write`'s layout guard)."""
+    if not slots:
+        return Conflict(LAYOUT_CHANGED, extra={"conflicts": [], "layout_changed": True})
+    return held_conflict(slots, team_id=team_id, viewer=viewer)

@@ -23,7 +23,7 @@ from apps.booking.models import AllocationKind, BookingPolicy, Reservation, Rese
 from apps.booking.services.agents import emit_ended, send_holds
 from apps.booking.services.allocations import allocation_end, allocation_rows
 from apps.booking.services.booking_write import BookingRows, booking_write
-from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso
+from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso, refused_conflict
 from apps.booking.services.devices import (
     check_part_in_fleet,
     check_profile,
@@ -212,7 +212,7 @@ def _book(
             raise held_conflict() from exc
         raise
     if not written:
-        raise held_conflict(clashes(gpu_ids, start, end), team_id=team.pk, viewer=user)
+        raise refused_conflict(clashes(gpu_ids, start, end), team_id=team.pk, viewer=user)
     return reservation, warnings
 
 
