@@ -8,7 +8,8 @@ from `--broker`, GPUPORTAL_BROKER_URL or REDIS_URL (unix:// or redis:// URLs; th
 
 What it does, in one process:
 - discovers the GPUs (NVML when it initialises and finds GPUs, else simulated ones; `--backend` forces a choice),
-- registers them with the portal (`fleet.register`; again every `--register-every` seconds: it is idempotent),
+- registers them with the portal (`fleet.register`; again every `--register-every` seconds: it is idempotent, and
+  at once when the GPUs' MIG layout, read again every `--layout-check-every` seconds, has changed),
 - heartbeats every `--heartbeat` seconds (`fleet.heartbeat`),
 - samples telemetry at 1 Hz through workers.sampler, appended to the Redis stream `fleet:ingest` (or, with
   `--telemetry-via celery`, sent as `telemetry.ingest` tasks expiring after 10 s),
@@ -37,7 +38,7 @@ from workers.agent_app import install_tasks
 from workers.agent_host import DEFAULT_MODELS, AgentConfig
 from workers.agent_jobs import JobRunner
 from workers.agent_state import HoldStore
-from workers.gpu.base import GpuBackend, GpuInfo
+from workers.gpu.base import GpuBackend, GpuInfo, LayoutRefresh
 from workers.sampler import Sampler
 from workers.transport import AGENT_VERSION, PortalLink, make_celery, make_stream_client, node_queue
 
@@ -128,11 +129,35 @@ class Agent:
         body = {"agent_version": AGENT_VERSION, "holds": len(self.holds.active())}
         self.link.send("fleet.heartbeat", body, expires=self.cfg.heartbeat_s * 3, critical=False)
 
+    def check_layout(self) -> bool:
+        """Read the GPUs' MIG layout again; when an admin changed it (mig-parted) under the running agent, take
+        the new one and register it at once, so the portal moves the bookings it strands without waiting for
+        the next periodic registration. Whether it changed."""
+        if not isinstance(self.backend, LayoutRefresh):
+            return False
+        try:
+            changed = self.backend.refresh_layout()
+        except Exception:  # a driver hiccup must not stop the heartbeat
+            logger.exception("reading the MIG layout failed")
+            return False
+        if changed:
+            self.gpus = self.backend.discover()
+            self.gpu_by_uuid = {g.uuid: g for g in self.gpus}
+            logger.info("MIG layout changed: registering again")
+            self.register()
+        return changed
+
     def _heartbeat_loop(self) -> None:
         since_register = 0.0
+        since_layout = 0.0
         while not self.stop_event.wait(self.cfg.heartbeat_s):
             self.heartbeat()
             since_register += self.cfg.heartbeat_s
+            since_layout += self.cfg.heartbeat_s
+            if since_layout >= self.cfg.layout_check_s:
+                since_layout = 0.0
+                if self.check_layout():
+                    since_register = 0.0
             if since_register >= self.cfg.register_every_s:
                 since_register = 0.0
                 self.register()
@@ -262,6 +287,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
     p.add_argument("--token", default=os.environ.get("GPUPORTAL_NODE_TOKEN"), help="or GPUPORTAL_NODE_TOKEN")
     p.add_argument("--heartbeat", type=float, default=5.0, help="seconds between heartbeats")
     p.add_argument("--register-every", type=float, default=300.0)
+    p.add_argument("--layout-check-every", type=float, default=30.0, help="seconds between reads of the MIG layout")
     p.add_argument("--probe-on-start", action="store_true", help="probe every GPU after registering")
     p.add_argument("--simulate-busy", type=int, default=0, help="simulated GPUs given a trace workload at start")
     p.add_argument("--state-dir", type=Path, default=None, help="where holds are kept (default: memory only)")
@@ -317,6 +343,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         seed=a.seed,
         heartbeat_s=a.heartbeat,
         register_every_s=a.register_every,
+        layout_check_s=a.layout_check_every,
         probe_on_start=a.probe_on_start,
         state_dir=a.state_dir,
         simulate_busy=max(0, a.simulate_busy),

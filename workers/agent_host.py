@@ -32,6 +32,7 @@ class AgentConfig:
     seed: int = 0
     heartbeat_s: float = 5.0
     register_every_s: float = 300.0
+    layout_check_s: float = 30.0  # how often the GPUs' MIG layout is read again (an admin's mig-parted)
     sample_period_s: float = 1.0
     probe_on_start: bool = False
     state_dir: Path | None = None

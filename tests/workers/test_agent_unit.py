@@ -230,3 +230,26 @@ def test_the_agents_telemetry_names_the_jobs_on_its_gpus(agent: Agent) -> None:
     rows = {row[0]: row for row in sent[0]["g"]}  # type: ignore[attr-defined]
     assert [job for job, _ in rows[agent.gpus[1].uuid][-1]["j"]] == [5]
     assert rows[agent.gpus[0].uuid][-1]["p"] == [] and "j" not in rows[agent.gpus[0].uuid][-1]  # read, no job
+
+
+def test_a_mig_layout_changed_under_the_agent_is_registered_at_once(tmp_path: Path, monkeypatch) -> None:
+    cfg = AgentConfig(name="n1", token=TOKEN, broker="redis://127.0.0.1:1/0", state_dir=tmp_path, gpus=2)
+    backend = SimulatedBackend("n1", ["A100-80GB:mig=1g.10gb*7", "A100-80GB"], seed=1)
+    agent = Agent(cfg, backend=backend, backend_kind="simulated")
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr(agent.link, "send", lambda task, body, **kw: sent.append((task, body)))
+    before = {d["uuid"] for d in agent.registration()["gpus"][0]["mig_devices"]}
+    assert agent.check_layout() is False and sent == []
+    parent = agent.gpus[0].uuid
+    made = backend.set_layout(parent, "3g.40gb+4g.40gb")  # what an admin's mig-parted does
+    assert agent.check_layout() is True
+    ((task, body),) = sent
+    assert task == "fleet.register"
+    reported = body["gpus"][0]["mig_devices"]
+    assert sorted(d["profile"] for d in reported) == ["3g.40gb", "4g.40gb"]
+    assert {d["uuid"] for d in reported} == {d.uuid for d in made} and not before & {d.uuid for d in made}
+    assert set(agent.gpu_by_uuid) == {g.uuid for g in agent.gpus}
+    assert agent.check_layout() is False and len(sent) == 1
+    from apps.fleet.messages import check_registration
+
+    check_registration({"node": "n1", "token": TOKEN, **body})  # the portal accepts the new layout

@@ -357,3 +357,35 @@ def test_device_counters_travel_with_every_sample_and_missing_ones_are_left_out(
     assert "h" not in message["g"][1][8]
     assert message["g"][1][8]["x"] == [None, 1_593, 1_234_567, 2_048, 4_096, 0]  # positional: no HBM sensor, no NVLink
     backend.close()
+
+
+def test_a_layout_changed_under_the_agent_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mig-parted made the instances anew (new uuids, another layout) while the agent ran: `refresh_layout` reads
+    them, and the per-instance memory is read through the new handles; a failed read keeps the layout."""
+    gpus = two_gpus()
+    gpus[0].mig_enabled = True
+    gpus[0].mig_slots = [FakeMig("MIG-aaaa", gi_id=7), FakeMig("MIG-bbbb", gi_id=8)]
+    FakeNvml(gpus).install(monkeypatch)
+    backend = NvmlBackend()
+    assert [d.uuid for d in backend.discover()[0].mig_devices] == ["MIG-aaaa", "MIG-bbbb"]
+    assert backend.refresh_layout() is False  # nothing changed
+    gpus[0].mig_slots = [
+        FakeMig("MIG-cccc", profile="3g.40gb", memory_total_mib=40_192, memory_used_mib=500, gi_id=1),
+        None,
+    ]
+    assert backend.refresh_layout() is True
+    info = backend.discover()[0]
+    assert info.mig_mode and [(d.uuid, d.profile) for d in info.mig_devices] == [("MIG-cccc", "3g.40gb")]
+    assert backend.sample(1000.0)[0].mig_memory == {"MIG-cccc": 500}
+    assert backend.refresh_layout() is False
+    # A read that fails is not a new layout.
+    gpus[0].errors["nvmlDeviceGetMigMode"] = pynvml.NVML_ERROR_UNKNOWN
+    assert backend.refresh_layout() is False
+    assert [d.uuid for d in backend.discover()[0].mig_devices] == ["MIG-cccc"]
+    # MIG mode off: a whole GPU again, nothing per instance to read.
+    del gpus[0].errors["nvmlDeviceGetMigMode"]
+    gpus[0].mig_enabled = False
+    assert backend.refresh_layout() is True
+    assert not backend.discover()[0].mig_mode and backend.discover()[0].mig_devices == ()
+    assert backend.sample(1001.0)[0].mig_memory is None
+    backend.close()

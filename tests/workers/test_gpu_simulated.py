@@ -276,3 +276,20 @@ def test_device_counters_follow_the_simulated_load_and_report_a_driver_version()
     backend.inject(h100.uuid, remapped_rows=(2, 1), remap_failed=True)
     health = backend.sample(T0 + 11)[0].health
     assert (health["remap_cor"], health["remap_unc"], health["remap_fail"]) == (2, 1, True)
+
+
+def test_set_layout_makes_the_instances_anew_as_mig_parted_does() -> None:
+    sim = SimulatedBackend("n1", ["A100-80GB:mig=1g.10gb*7"], seed=1)
+    (gpu,) = sim.discover()
+    first = gpu.mig_devices
+    sim.assign(first[0].uuid, "job-1")
+    again = sim.set_layout(gpu.uuid, "1g.10gb*7")  # the same layout made again: new uuids
+    assert [d.profile for d in again] == [d.profile for d in first]
+    assert not {d.uuid for d in again} & {d.uuid for d in first}
+    assert all(sim.assignment(d.uuid) is None for d in again)
+    assert not sim._gpus[0].mig_runs  # the job on the vanished instance is gone with it
+    assert sim.refresh_layout() is True and sim.refresh_layout() is False
+    assert sim.discover()[0].mig_devices == again
+    assert sim.set_layout(gpu.uuid, "") == () and not sim.discover()[0].mig_mode
+    with pytest.raises(ValueError):
+        sim.set_layout(gpu.uuid, "7g.80gb+1g.10gb")  # more slices than the GPU has

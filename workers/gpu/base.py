@@ -124,6 +124,16 @@ class GpuBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class LayoutRefresh(Protocol):
+    """A backend whose GPUs' MIG layout can change under a running agent (an admin's mig-parted)."""
+
+    def refresh_layout(self) -> bool:
+        """Read each GPU's MIG mode and instances again; `discover()` returns them from now on. Whether anything
+        changed. A GPU whose reading fails keeps the layout it had: a passing error is not a new layout."""
+        ...
+
+
 def _round_or_none(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 

@@ -145,13 +145,15 @@ def split_model_spec(spec: str) -> tuple[str, list[str]]:
     return model, profiles
 
 
-def simulated_mig_devices(parent_uuid: str, model: str, profiles: list[str]) -> tuple[MigDevice, ...]:
+def simulated_mig_devices(parent_uuid: str, model: str, profiles: list[str], *, made: int = 0) -> tuple[MigDevice, ...]:
     """The instances of a simulated layout: stable `MIG-` uuids derived from the GPU's, GPU instance ids in the
-    order NVIDIA's tools number them from the largest profile down (any stable order would do)."""
+    order NVIDIA's tools number them from the largest profile down (any stable order would do). `made` counts
+    the times the layout was made again: as on a real GPU, instances made anew have new uuids."""
     table = profiles_for(model)
     out = []
     for n, name in enumerate(sorted(profiles, key=lambda p: (-table[p].slices, p))):
-        h = hashlib.sha256(f"{parent_uuid}|{n}|{name}".encode()).hexdigest()
+        key = f"{parent_uuid}|{n}|{name}" + (f"|{made}" if made else "")
+        h = hashlib.sha256(key.encode()).hexdigest()
         uuid = f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
         out.append(MigDevice(uuid=uuid, profile=name, memory_mib=table[name].memory_mib, gi_id=n + 1))
     return tuple(out)

@@ -34,6 +34,7 @@ the alternative there and are out of scope for a dependency-light agent.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -172,19 +173,7 @@ class NvmlBackend:
             uuid = nv.nvmlDeviceGetUUID(handle)
             name = nv.nvmlDeviceGetName(handle)
             memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total // _MIB)
-            mig = False
-            try:
-                current, _pending = nv.nvmlDeviceGetMigMode(handle)
-                mig = current == nv.NVML_DEVICE_MIG_ENABLE
-            except nv.NVMLError as exc:
-                if exc.value != nv.NVML_ERROR_NOT_SUPPORTED:  # pre-Ampere boards have no MIG: not news
-                    logger.warning("GPU %d: reading MIG mode failed: %s", index, exc)
-            mig_handles: list[tuple[MigDevice, Any]] = []
-            if mig:
-                try:
-                    mig_handles = discover_mig_handles(nv, handle)
-                except nv.NVMLError as exc:
-                    logger.warning("GPU %d: reading its MIG instances failed: %s", index, exc)
+            mig, mig_handles, _ok = self._read_mig(handle, index)
             gpm = self._want_tensor and not mig and self._gpm_supported(handle)
             info = GpuInfo(
                 uuid=uuid,
@@ -204,6 +193,49 @@ class NvmlBackend:
                 gpu.unsupported.add(TENSOR)
             gpus.append(gpu)
         return gpus
+
+    def _read_mig(self, handle: Any, index: int) -> tuple[bool, list[tuple[MigDevice, Any]], bool]:
+        """(MIG mode, its instances with their handles, whether both were read without error)."""
+        nv = self._nv
+        mig = False
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(handle)
+            mig = current == nv.NVML_DEVICE_MIG_ENABLE
+        except nv.NVMLError as exc:
+            if exc.value == nv.NVML_ERROR_NOT_SUPPORTED:  # pre-Ampere boards have no MIG: not news
+                return False, [], True
+            logger.warning("GPU %d: reading MIG mode failed: %s", index, exc)
+            return False, [], False
+        if not mig:
+            return False, [], True
+        try:
+            return True, discover_mig_handles(nv, handle), True
+        except nv.NVMLError as exc:
+            logger.warning("GPU %d: reading its MIG instances failed: %s", index, exc)
+            return True, [], False
+
+    def refresh_layout(self) -> bool:
+        """`LayoutRefresh`: MIG mode and instances read again for every GPU (a few NVML calls per GPU; the agent
+        calls it every half minute), so a layout an admin changed with mig-parted under the running agent is
+        reported without a restart. A GPU whose reading fails keeps its layout."""
+        if self._gpus is None:
+            self.discover()
+            return False
+        changed = False
+        for gpu in self._gpus:
+            mig, handles, ok = self._read_mig(gpu.handle, gpu.info.index)
+            devices = tuple(device for device, _ in handles)
+            if not ok or (mig == gpu.info.mig_mode and devices == gpu.info.mig_devices):
+                continue
+            logger.info(
+                "GPU %d: MIG layout changed: %s",
+                gpu.info.index,
+                ", ".join(d.profile for d in devices) if mig else "MIG mode off",
+            )
+            gpu.info = dataclasses.replace(gpu.info, mig_mode=mig, mig_devices=devices)
+            gpu.mig_handles = handles
+            changed = True
+        return changed
 
     def _gpm_supported(self, handle: Any) -> bool:
         nv = self._nv

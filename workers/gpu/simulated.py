@@ -13,6 +13,7 @@ what happens on one GPU does not change another GPU's numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.gpu.base import HEALTH_OK, GpuInfo, GpuSample
-from workers.gpu.mig import profile_fraction, simulated_mig_devices, split_model_spec
+from workers.gpu.mig import MigDevice, profile_fraction, simulated_mig_devices, split_model_spec
 from workers.gpu.specs import GpuSpec, get_spec
 
 PROFILE_FILE = Path(__file__).resolve().parent / "profiles" / "alibaba_genai_2026.json"
@@ -215,11 +216,33 @@ class SimulatedBackend:
             self._gpus.append(gpu)
         self._by_uuid = {g.info.uuid: g for g in self._gpus}
         self._by_instance = {d.uuid: g for g in self._gpus for d in g.info.mig_devices}
+        self._layouts_made = 0
+        self._layout_changed = False
 
     # -- GpuBackend ------------------------------------------------------------------------------------------
 
     def discover(self) -> list[GpuInfo]:
         return [g.info for g in self._gpus]
+
+    def set_layout(self, uuid: str, layout: str) -> tuple[MigDevice, ...]:
+        """What an admin's mig-parted does: make the GPU's MIG instances anew (new uuids) in `layout`
+        ("1g.10gb*7", "3g.40gb+4g.40gb"; "" turns MIG mode off). Jobs on instances that vanish are gone. The
+        agent sees it at its next `refresh_layout()`. ValueError for a layout the GPU cannot have."""
+        gpu = self._gpu(uuid)
+        _, profiles = split_model_spec(f"{gpu.info.model}:mig={layout}" if layout else gpu.info.model)
+        self._layouts_made += 1
+        devices = simulated_mig_devices(uuid, gpu.info.model, profiles, made=self._layouts_made)
+        for gone in set(gpu.mig_runs) - {d.uuid for d in devices}:
+            gpu.mig_runs.pop(gone)
+        gpu.info = dataclasses.replace(gpu.info, mig_mode=bool(profiles), mig_devices=devices)
+        self._by_instance = {d.uuid: g for g in self._gpus for d in g.info.mig_devices}
+        self._layout_changed = True
+        return devices
+
+    def refresh_layout(self) -> bool:
+        """`LayoutRefresh`: whether `set_layout` changed a layout since the last call."""
+        changed, self._layout_changed = self._layout_changed, False
+        return changed
 
     def sample(self, now: float) -> list[GpuSample]:
         slow = now - self._last_slow >= self._slow_every_s
