@@ -69,6 +69,10 @@ def check_nvml(samples: int) -> dict[str, Any]:
             )
             for device in info.mig_devices:
                 print(f"      MIG {device.uuid}  {device.profile}, {device.memory_mib} MiB, GI {device.gi_id}")
+        # The agent's periodic re-read of the layout (read only): nothing changed, so it must say so.
+        began = time.perf_counter()
+        changed = backend.inner.refresh_layout()
+        print(f"layout re-read: changed={changed} in {(time.perf_counter() - began) * 1000:.1f} ms")
         messages: list[dict[str, Any]] = []
         stop = threading.Event()
 
