@@ -154,6 +154,20 @@ def test_a_booking_moves_to_another_node_when_its_own_has_no_equal_instance(
 
 
 @pytest.mark.django_db
+def test_a_booking_does_not_move_into_another_pool(api_as, alice, a100, node_a, django_capture_on_commit_callbacks):
+    """Another pool's GPUs are another scheduler's (a Slurm pool mirrors its own bookings): no move there."""
+    from apps.fleet.models import Pool
+
+    node_s = NodeFactory(name="node-s", pool=Pool.objects.create(name="cluster", backend="slurm"))
+    register(node_s, [SEVEN])
+    mine = book(api_as(alice), gpus=[Gpu.devices.filter(parent__node=node_a)[0].uuid], mig_profile="1g.10gb")
+    with django_capture_on_commit_callbacks(execute=True):
+        register(node_a, ["A100-80GB", "A100-80GB"])
+    reservation = Reservation.objects.get(pk=mine["id"])
+    assert reservation.status == ReservationStatus.CANCELLED and reservation.released_reason == "layout"
+
+
+@pytest.mark.django_db
 def test_a_whole_booking_of_a_gpu_that_enters_mig_mode_moves_to_an_exclusive_gpu_or_ends(
     api_as, alice, a100, django_capture_on_commit_callbacks
 ):

@@ -37,7 +37,8 @@ def _registration_changed(change: LayoutChange) -> None:
 
     _bump_layout_version()
     devices = [*change.retired, *change.into_mig]
-    transaction.on_commit(lambda: reservations_rehome_stranded(device_ids=devices))
+    # robust: a failure here is logged, not raised into the registration (the lifecycle tick tries again).
+    transaction.on_commit(lambda: reservations_rehome_stranded(device_ids=devices), robust=True)
 
 
 LAYOUT_GUARD = LayoutGuard(lock=_scheduler_row_lock, changed=_registration_changed)

@@ -4,7 +4,7 @@ The portal never repartitions, but admins do (mig-parted), and a GPU's MIG insta
 they are made again (after a reboot, mig-parted creates them anew). A reservation holding an instance that vanished,
 or a whole GPU that has entered MIG mode (its instances are booked now, not the GPU), holds nothing usable. Each
 such booking is moved, allocation by allocation, to a device that gives the same (an instance of the same profile,
-or a whole exclusive GPU, of the same model; on the same GPU first, then the same node, then any), free for the
+or a whole exclusive GPU, of the same model and pool; on the same GPU first, then the same node, then any), free for the
 rest of the booking; where one allocation cannot move, the reservation is cancelled (not started) or released
 (running) for the portal, `released_reason` "layout", as a release by its holder would be (the unused quota given
 back, a `reservation.released` event for webhooks and mail).
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.audit.services import audit_record
@@ -91,7 +92,11 @@ def _candidates(old: Gpu, taken: set[int]) -> list[Gpu]:
         )
     else:  # a whole GPU: another exclusive one of the model
         qs = Gpu.objects.filter(model_id=model_id, mig_mode=False, shares=1)
-    found = list(qs.filter(retired_at__isnull=True, status=GpuStatus.OK).exclude(pk__in=taken).select_related("parent"))
+    # In the same pool: another pool's GPUs are another scheduler's (a Slurm pool mirrors its own bookings).
+    pool = old.node.pool_id
+    same_pool = Q(node__pool__isnull=True) if pool is None else Q(node__pool_id=pool)
+    qs = qs.filter(same_pool, retired_at__isnull=True, status=GpuStatus.OK)
+    found = list(qs.exclude(pk__in=taken).select_related("parent"))
     parent = old.parent_id or old.pk
 
     def nearness(g: Gpu) -> tuple[int, int, int]:
@@ -165,7 +170,7 @@ def reservation_rehome(*, reservation_id: int, now: datetime | None = None) -> O
             return None
         live = list(
             Allocation.objects.filter(reservation=reservation, active=True, end__gt=now).select_related(
-                "gpu__model", "gpu__parent__model"
+                "gpu__model", "gpu__node", "gpu__parent__model"
             )
         )
         stuck = [a for a in live if _unusable(a.gpu)]
