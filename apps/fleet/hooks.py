@@ -4,7 +4,8 @@ A node's registration can change a GPU's MIG layout (an admin repartitioned it w
 came back with new uuids after a reboot). Bookings and the scheduler hold the devices of the old layout, so a
 layout guard is told, inside the registration's transaction:
 
-- `lock()`, first thing, before the node's and GPUs' row locks, when the node has or reports a GPU in MIG mode:
+- `lock()`, first thing, before the node's and GPUs' row locks, when the report's MIG layout differs from the one
+  recorded (a periodic registration that changes nothing takes no lock):
   the guard takes the locks that order the change against the scheduler's writes (booking registers one that
   takes `jobs.SchedulerState`'s row, as an admin's change of shares does), so the lock order stays the same;
 - `changed(change)`, once the new layout is written, when it changed: the guard marks the old layout stale and

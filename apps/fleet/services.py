@@ -117,10 +117,10 @@ def node_register(
     retired (kept for history); a reported uuid that belongs to a live GPU of another node is refused, so a node
     cannot take over another's GPUs."""
     now = now or timezone.now()
-    # A node with MIG GPUs may change a layout that bookings and the scheduler hold: the layout guard's locks come
-    # first (hooks.py). Whether they are needed is read before the transaction; a registration of the same node
-    # that changed it meanwhile is caught inside and the registration done again, guarded.
-    guarded = any(g.mig_mode for g in gpus) or Gpu.objects.filter(node_id=node_id, mig_mode=True).exists()
+    # A registration that changes a MIG layout changes what bookings and the scheduler hold: the layout guard's
+    # locks come first (hooks.py). Whether it will is read before the transaction; a registration of the same node
+    # that changed the layout meanwhile is caught inside and this one done again, guarded.
+    guarded = _layout_may_change(node_id, gpus)
     try:
         return _node_register(node_id, gpus, agent_version, driver_version, hostname, backend, now, guarded)
     except _GuardNeeded:
@@ -129,6 +129,27 @@ def node_register(
 
 class _GuardNeeded(Exception):
     pass
+
+
+def _layout_may_change(node_id: int, gpus: list[GpuReport]) -> bool:
+    """Whether the report's MIG layout differs from the node's as recorded (one query, none for a node that
+    neither has nor reports a GPU in MIG mode)."""
+    reported = {g.uuid: (g.mig_mode, frozenset(d.uuid for d in g.mig_devices)) for g in gpus}
+    if not any(mig for mig, _ in reported.values()) and not Gpu.objects.filter(node_id=node_id, mig_mode=True).exists():
+        return False
+    recorded: dict[str, tuple[bool, set[str]]] = {}
+    rows = Gpu.objects.filter(node_id=node_id, retired_at__isnull=True).values_list("uuid", "mig_mode")
+    for uuid, mig in rows:
+        recorded[uuid] = (mig, set())
+    parts = Gpu.devices.filter(parent__node_id=node_id, kind=DeviceKind.MIG, retired_at__isnull=True)
+    for parent_uuid, uuid in parts.values_list("parent__uuid", "uuid"):
+        if parent_uuid in recorded:
+            recorded[parent_uuid][1].add(uuid)
+    for uuid, (mig, devices) in reported.items():
+        was_mig, was_devices = recorded.get(uuid, (False, set()))
+        if (mig or was_mig) and (mig, devices) != (was_mig, frozenset(was_devices)):
+            return True
+    return False
 
 
 def _node_register(

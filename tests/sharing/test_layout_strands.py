@@ -270,6 +270,14 @@ def test_a_registration_that_changes_a_layout_waits_for_a_scheduler_write(alice,
     worker.join(timeout=30)
     assert done == {"ok": True}
     assert layout_version() == version + 1
+    # A registration that changes nothing (the agent's periodic one) does not wait for the scheduler.
+    done.clear()
+    again = threading.Thread(target=lambda: (register(node, [SEVEN], made=4), done.update(ok=True), connection.close()))
+    with transaction.atomic():
+        SchedulerState.objects.filter(pk=1).update(fence=2)
+        again.start()
+        again.join(timeout=30)
+        assert done == {"ok": True}
 
 
 @pytest.fixture
@@ -327,3 +335,22 @@ def test_a_new_layout_racing_forty_bookings_never_oversubscribes_or_strands(
         )
     booked = Reservation.objects.filter(status=ReservationStatus.BOOKED)
     assert booked.count() == held.count()
+
+
+@pytest.mark.django_db
+def test_a_change_the_first_read_missed_is_registered_guarded(
+    api_as, alice, node_a, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Another registration of the node changed the layout between this one's first read and its transaction: the
+    change is found inside, and the registration is done again with the guard's locks, not without them."""
+    mine = book(api_as(alice), mig_profile="1g.10gb")
+    locks: list[str] = []
+    monkeypatch.setattr(services, "_layout_may_change", lambda node_id, gpus: False)
+    monkeypatch.setattr(services, "layout_lock", lambda: locks.append("lock"))
+    version = layout_version()
+    with django_capture_on_commit_callbacks(execute=True):
+        register(node_a, [SEVEN, "A100-80GB"], made=2)
+    assert locks == ["lock"]
+    assert layout_version() == version + 1
+    (gpu,) = devices(mine["id"])
+    assert gpu.retired_at is None and gpu.uuid.endswith("-2")
