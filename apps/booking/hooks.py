@@ -10,14 +10,18 @@ logged and swallowed, so one broken handler cannot stop the others). Default: no
 
     @register_reservation_ended
     def stop_jobs_after_grace(event: ReservationEnded) -> None: ...
+
+`on_reservation_rehomed(event)` is called after commit for each reservation a GPU layout change moved to other
+devices or ended (`services/stranded.py`); the efficiency app tells the holder's open pages. Same rules.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -34,26 +38,75 @@ class ReservationEnded:
     grace_s: int
 
 
+@dataclass(frozen=True)
+class ReservationRehomed:
+    """A layout change took a reservation's devices: it moved (`moved`: old device uuid -> new one) or, with no
+    equal device free, it was ended (`ended`; `message` says why in words)."""
+
+    reservation_id: int
+    team_id: int
+    user_id: int | None
+    ended: bool
+    message: str = ""
+    moved: dict[str, str] = field(default_factory=dict)
+
+
+E = TypeVar("E", ReservationEnded, ReservationRehomed)
+
+
+class _Handlers(Generic[E]):
+    """The handlers of one hook: registered once each, called in order, each one's failure logged and swallowed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.handlers: list[Callable[[E], None]] = []
+
+    def register(self, handler: Callable[[E], None]) -> Callable[[E], None]:
+        if handler not in self.handlers:
+            self.handlers.append(handler)
+        return handler
+
+    def unregister(self, handler: Callable[[E], None]) -> None:
+        if handler in self.handlers:
+            self.handlers.remove(handler)
+
+    def call(self, event: E) -> None:
+        for handler in list(self.handlers):
+            try:
+                handler(event)
+            except Exception:
+                logger.exception("%s handler %r failed for reservation %s", self.name, handler, event.reservation_id)
+
+
 ReservationEndedHandler = Callable[[ReservationEnded], None]
-_reservation_ended: list[ReservationEndedHandler] = []
+_ended: _Handlers[ReservationEnded] = _Handlers("reservation-ended")
+_reservation_ended = _ended.handlers
+_rehomed: _Handlers[ReservationRehomed] = _Handlers("reservation-rehomed")
 
 
 def register_reservation_ended(handler: ReservationEndedHandler) -> ReservationEndedHandler:
     """Register a handler (usable as a decorator); registering the same function twice is a no-op."""
-    if handler not in _reservation_ended:
-        _reservation_ended.append(handler)
-    return handler
+    return _ended.register(handler)
 
 
 def unregister_reservation_ended(handler: ReservationEndedHandler) -> None:
-    if handler in _reservation_ended:
-        _reservation_ended.remove(handler)
+    _ended.unregister(handler)
 
 
 def on_reservation_ended(event: ReservationEnded) -> None:
     """Call every registered handler with `event`."""
-    for handler in list(_reservation_ended):
-        try:
-            handler(event)
-        except Exception:
-            logger.exception("reservation-ended handler %r failed for reservation %s", handler, event.reservation_id)
+    _ended.call(event)
+
+
+def register_reservation_rehomed(
+    handler: Callable[[ReservationRehomed], None],
+) -> Callable[[ReservationRehomed], None]:
+    return _rehomed.register(handler)
+
+
+def unregister_reservation_rehomed(handler: Callable[[ReservationRehomed], None]) -> None:
+    _rehomed.unregister(handler)
+
+
+def on_reservation_rehomed(event: ReservationRehomed) -> None:
+    _rehomed.call(event)

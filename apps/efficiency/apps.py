@@ -25,3 +25,8 @@ class EfficiencyConfig(AppConfig):
             },
         )
         waitlist.connect()
+        # The banner on every page also tells a holder that a GPU layout change moved or ended their booking.
+        from apps.booking.hooks import register_reservation_rehomed
+        from apps.efficiency.services import tell_rehomed
+
+        register_reservation_rehomed(tell_rehomed)

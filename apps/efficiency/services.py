@@ -25,6 +25,7 @@ from apps.accounts.types import AnyUser
 from apps.audit.services import audit_record
 from apps.billing.selectors.pricing import price_at
 from apps.billing.services import team_group
+from apps.booking.hooks import ReservationRehomed
 from apps.booking.services.reservations import reservation_release_by_portal
 from apps.core.errors import Forbidden, ValidationFailed
 from apps.efficiency import conf, detector, selectors
@@ -57,6 +58,20 @@ def push_live(team_id: int, data: dict[str, Any]) -> None:
         async_to_sync(layer.group_send)(team_group(team_id), {"type": "team.notification", "data": data})
     except Exception:
         logger.warning("efficiency: could not push to team %s's sockets", team_id, exc_info=True)
+
+
+def tell_rehomed(event: ReservationRehomed) -> None:
+    """A booking.hooks handler: the holder's open pages show that a layout change moved or ended their booking."""
+    push_live(
+        event.team_id,
+        {
+            "event": "layout.ended" if event.ended else "layout.moved",
+            "kind": "reservation",
+            "id": event.reservation_id,
+            "user_id": event.user_id,
+            "message": event.message,
+        },
+    )
 
 
 def _subject(item: selectors.Watched) -> str:

@@ -114,6 +114,31 @@ def test_new_instance_uuids_take_the_bookings_over(api_as, alice, node_a, django
 
 
 @pytest.mark.django_db
+def test_the_holder_is_told_after_commit(api_as, alice, node_a, django_capture_on_commit_callbacks):
+    """booking.hooks' reservation-rehomed handlers hear each move and each end, after commit; the efficiency app's
+    (the banner on every page) is registered when the apps load."""
+    from apps.booking import hooks
+    from apps.efficiency.services import tell_rehomed
+
+    assert tell_rehomed in hooks._rehomed.handlers
+    heard: list[hooks.ReservationRehomed] = []
+    hooks.register_reservation_rehomed(heard.append)
+    try:
+        client = api_as(alice)
+        first, second = book(client, mig_profile="1g.10gb"), book(client, mig_profile="1g.10gb")
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            register(node_a, ["A100-80GB:mig=1g.10gb+3g.40gb", "A100-80GB"], made=2)
+            assert heard == []  # not before the commit
+        assert len(callbacks) >= 2
+    finally:
+        hooks.unregister_reservation_rehomed(heard.append)
+    moved, ended = sorted(heard, key=lambda e: e.ended)
+    assert moved.reservation_id == first["id"] and not moved.ended and moved.user_id == alice.pk
+    assert list(moved.moved) == [first["gpus"][0]["uuid"]]
+    assert ended.reservation_id == second["id"] and ended.ended and "no free device" in ended.message
+
+
+@pytest.mark.django_db
 def test_a_repartition_that_drops_the_profile_ends_the_booking_for_the_layout(
     api_as, alice, node_a, django_capture_on_commit_callbacks
 ):

@@ -28,6 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.audit.services import audit_record
+from apps.booking import hooks
 from apps.booking.models import Allocation, Reservation, ReservationStatus
 from apps.booking.services.agents import send_holds
 from apps.booking.services.conflicts import held_sql
@@ -200,6 +201,9 @@ def reservation_rehome(*, reservation_id: int, now: datetime | None = None) -> O
             )
             if reservation.status == ReservationStatus.ACTIVE:
                 send_holds(reservation.pk)
+            held = ", ".join(sorted({_what(a.gpu) for a in stuck}))
+            said = f"The MIG layout of the GPU it held changed; it holds {held} again, on another device."
+            _tell(reservation, ended=False, message=said, moved=moved)
             return Outcome(reservation_id=reservation.pk, moved=moved, ended=False)
     # Nothing free gives it: end it in a transaction of its own, in the order a release by its holder takes locks.
     with transaction.atomic():
@@ -211,7 +215,22 @@ def reservation_rehome(*, reservation_id: int, now: datetime | None = None) -> O
             cancel_unstarted=True,
             message=_why(stuck),
         )
+        if ended is not None:
+            _tell(ended, ended=True, message=_why(stuck))
     return None if ended is None else Outcome(reservation_id=reservation_id, moved={}, ended=True)
+
+
+def _tell(reservation: Reservation, *, ended: bool, message: str, moved: dict[str, str] | None = None) -> None:
+    """The reservation-rehomed hooks, after commit (the efficiency app tells the holder's open pages)."""
+    event = hooks.ReservationRehomed(
+        reservation_id=reservation.pk,
+        team_id=reservation.team_id,
+        user_id=reservation.user_id,
+        ended=ended,
+        message=message,
+        moved=dict(moved or {}),
+    )
+    transaction.on_commit(lambda: hooks.on_reservation_rehomed(event))
 
 
 def reservations_rehome_stranded(

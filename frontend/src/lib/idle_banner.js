@@ -1,12 +1,14 @@
 // The idle banner on every page: listens on the user's teams' sockets for idle warnings and reclaims of the
-// user's own reservations and jobs, and shows them at the top of the page as they come.
+// user's own reservations and jobs, and for bookings a GPU layout change moved or ended, and shows them at the top
+// of the page as they come.
 export function idleBanner(liveSocket) {
   const banner = document.getElementById("idle-banner");
   if (!banner) return;
   const me = Number(banner.dataset.user);
   const teams = (banner.dataset.teams || "").split(",").filter(Boolean);
   function show(msg) {
-    if (msg.type !== "team.notification" || !msg.event || !msg.event.startsWith("idle.")) return;
+    // idle.*: this page's own warnings and reclaims; layout.*: a GPU's MIG layout changed under a booking.
+    if (msg.type !== "team.notification" || !msg.event || !/^(idle|layout)\./.test(msg.event)) return;
     if (msg.user_id !== me) return;
     const key = `${msg.kind}-${msg.id}`;
     let p = banner.querySelector(`[data-key="${key}"]`);
@@ -16,7 +18,10 @@ export function idleBanner(liveSocket) {
       p.dataset.key = key;
       banner.appendChild(p);
     }
-    if (msg.event === "idle.warning") {
+    if (msg.event.startsWith("layout.")) {
+      const what = msg.event === "layout.moved" ? "was moved" : "was ended";
+      p.textContent = `Your ${msg.kind} #${msg.id} ${what}: ${msg.message}`;
+    } else if (msg.event === "idle.warning") {
       const at = new Date(msg.reclaim_at).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
       p.textContent = `⚠ Your ${msg.kind} #${msg.id} has been idle for ${msg.idle_minutes} min${msg.loaded ? " (memory held)" : ""}: it will be reclaimed at ${at} unless its GPUs are used.`;
     } else {
