@@ -25,13 +25,27 @@ from tests.billing import helpers
 from tests.factories import MembershipFactory, NodeFactory
 from tests.pages import builders
 
-pytestmark = [
+# The marks of a test that drives Chromium (other modules' browser tests use them too).
+BROWSER_MARKS = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium"),
 ]
+pytestmark = BROWSER_MARKS
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+
+
+def open_listening(page: Any, url: str) -> None:
+    """Open `url` and wait until its team socket has joined the team's group (its first message, `team.usage`):
+    from then on the page hears what is pushed to the team."""
+    frames: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(str(payload))))
+    page.goto(url)
+    for _ in range(100):
+        if any("team.usage" in f for f in frames):
+            return
+        page.wait_for_timeout(100)
 
 
 @contextmanager

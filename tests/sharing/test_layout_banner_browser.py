@@ -3,7 +3,6 @@ its websocket): the banner says which reservation and what happened, without a r
 
 from __future__ import annotations
 
-import shutil
 import threading
 from decimal import Decimal
 from typing import Any
@@ -14,15 +13,11 @@ from django.db import connection
 from apps.booking.services import reservation_create
 from apps.fleet.models import Gpu
 from tests.booking.conftest import slot
-from tests.browser.test_pages import signed_in
+from tests.browser.test_pages import BROWSER_MARKS, open_listening, signed_in
 from tests.factories import GpuModelFactory, NodeFactory
 from tests.sharing.test_layout_strands import SEVEN, register
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium"),
-]
+pytestmark = BROWSER_MARKS
 
 
 def test_a_moved_and_an_ended_booking_show_in_the_banner(
@@ -37,14 +32,8 @@ def test_a_moved_and_an_ended_booking_show_in_the_banner(
         for _ in range(2)
     ]
     with signed_in(live_portal, alice, monkeypatch) as page:
-        frames: list[str] = []
-        page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(str(payload))))
-        page.goto(live_portal.url + "/")
+        open_listening(page, live_portal.url + "/")
         assert page.locator("#idle-banner").is_hidden()
-        for _ in range(100):  # the team socket's first message: it has joined the team's group
-            if any("team.usage" in f for f in frames):
-                break
-            page.wait_for_timeout(100)
 
         def repartition() -> None:  # the agent's registration, as the worker runs it
             try:
