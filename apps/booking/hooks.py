@@ -11,8 +11,9 @@ logged and swallowed, so one broken handler cannot stop the others). Default: no
     @register_reservation_ended
     def stop_jobs_after_grace(event: ReservationEnded) -> None: ...
 
-`on_reservation_rehomed(event)` is called after commit for each reservation a GPU layout change moved to other
-devices or ended (`services/stranded.py`); the efficiency app tells the holder's open pages. Same rules.
+`on_reservation_rehomed(event)` is called after commit for each reservation a GPU layout change (or a GPU gone
+from its node) moved to other devices or ended (`services/stranded.py`); the efficiency app tells the holder's
+open pages. Same rules.
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ class ReservationEnded:
 
 @dataclass(frozen=True)
 class ReservationRehomed:
-    """A layout change took a reservation's devices: it moved (`moved`: old device uuid -> new one) or, with no
-    equal device free, it was ended (`ended`; `message` says why in words)."""
+    """A layout change or a gone GPU took a reservation's devices (`reason`: "layout" or "gpu_gone"): it moved
+    (`moved`: old device uuid -> new one) or, with no equal device free, it was ended (`ended`; `message` says why
+    in words)."""
 
     reservation_id: int
     team_id: int
     user_id: int | None
     ended: bool
+    reason: str = "layout"
     message: str = ""
     moved: dict[str, str] = field(default_factory=dict)
 

@@ -81,7 +81,10 @@ class Reservation(models.Model):
     released_reason = models.CharField(
         max_length=16,
         blank=True,
-        help_text="why the portal ended it early: idle, unused, empty, scheduler (a pool refused it) or layout",
+        help_text=(
+            "why the portal ended it early: idle, unused, empty, scheduler (a pool refused it), layout (a MIG layout"
+            " change took its devices) or gpu_gone (its GPU left its node or fell off the bus)"
+        ),
     )
 
     objects = ReservationQuerySet.as_manager()

@@ -61,7 +61,8 @@ def push_live(team_id: int, data: dict[str, Any]) -> None:
 
 
 def tell_rehomed(event: ReservationRehomed) -> None:
-    """A booking.hooks handler: the holder's open pages show that a layout change moved or ended their booking."""
+    """A booking.hooks handler: the holder's open pages show that a layout change (or a GPU gone from its node)
+    moved or ended their booking."""
     push_live(
         event.team_id,
         {
@@ -69,6 +70,7 @@ def tell_rehomed(event: ReservationRehomed) -> None:
             "kind": "reservation",
             "id": event.reservation_id,
             "user_id": event.user_id,
+            "reason": event.reason,
             "message": event.message,
         },
     )

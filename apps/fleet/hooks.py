@@ -9,7 +9,10 @@ layout guard is told, inside the registration's transaction:
   the guard takes the locks that order the change against the scheduler's writes (booking registers one that
   takes `jobs.SchedulerState`'s row, as an admin's change of shares does), so the lock order stays the same;
 - `changed(change)`, once the new layout is written, when it changed: the guard marks the old layout stale and
-  arranges for the bookings the change stranded to be moved or released after commit.
+  arranges for the bookings the change stranded to be moved or released after commit. A GPU the node no longer
+  reports is part of the change (`gone`), and the registration takes the guard's locks for it too.
+- `lost(gpu_ids)`, after the commit that marked GPUs lost (their agent reports them fallen off the bus): the guard
+  moves or ends their bookings as for a gone GPU. No lock is held then.
 
 Default: no guard, nothing happens (the fleet works alone). Guards must not swallow database errors: the
 registration's transaction is theirs too.
@@ -25,18 +28,25 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LayoutChange:
-    """What a registration changed: `retired` parts (instances that vanished or moved slot) and `into_mig` GPUs
-    (whole GPUs that entered MIG mode, so they are no longer booked whole)."""
+    """What a registration changed: `retired` parts (instances that vanished or moved slot), `into_mig` GPUs
+    (whole GPUs that entered MIG mode, so they are no longer booked whole) and `gone` GPUs (no longer reported by
+    their node: retired, and lost until they come back)."""
 
     node_id: int
     retired: tuple[int, ...]
     into_mig: tuple[int, ...]
+    gone: tuple[int, ...] = ()
+
+
+def _nothing(gpu_ids: tuple[int, ...]) -> None:
+    return None
 
 
 @dataclass(frozen=True)
 class LayoutGuard:
     lock: Callable[[], None]
     changed: Callable[[LayoutChange], None]
+    lost: Callable[[tuple[int, ...]], None] = _nothing
 
 
 _guards: list[LayoutGuard] = []
@@ -62,3 +72,8 @@ def layout_lock() -> None:
 def layout_changed(change: LayoutChange) -> None:
     for guard in list(_guards):
         guard.changed(change)
+
+
+def gpus_lost(gpu_ids: tuple[int, ...]) -> None:
+    for guard in list(_guards):
+        guard.lost(gpu_ids)

@@ -23,7 +23,7 @@ from apps.events.services import publish
 from apps.fleet import auth
 from apps.fleet.commands import agent_send
 from apps.fleet.devices import mig_layout_apply
-from apps.fleet.hooks import LayoutChange, layout_changed, layout_lock
+from apps.fleet.hooks import LayoutChange, gpus_lost, layout_changed, layout_lock
 from apps.fleet.messages import NODE_NAME_RE, GpuReport, MessageRejected
 from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, Node, NodeStatus
 
@@ -132,15 +132,15 @@ class _GuardNeeded(Exception):
 
 
 def _layout_may_change(node_id: int, gpus: list[GpuReport]) -> bool:
-    """Whether the report's MIG layout differs from the node's as recorded (one query, none for a node that
-    neither has nor reports a GPU in MIG mode)."""
+    """Whether the report's MIG layout differs from the node's as recorded, or a GPU it had is missing from it
+    (one query; a second only where a GPU is or was in MIG mode)."""
     reported = {g.uuid: (g.mig_mode, frozenset(d.uuid for d in g.mig_devices)) for g in gpus}
-    if not any(mig for mig, _ in reported.values()) and not Gpu.objects.filter(node_id=node_id, mig_mode=True).exists():
-        return False
-    recorded: dict[str, tuple[bool, set[str]]] = {}
     rows = Gpu.objects.filter(node_id=node_id, retired_at__isnull=True).values_list("uuid", "mig_mode")
-    for uuid, mig in rows:
-        recorded[uuid] = (mig, set())
+    recorded: dict[str, tuple[bool, set[str]]] = {uuid: (mig, set()) for uuid, mig in rows}
+    if set(recorded) - set(reported):
+        return True
+    if not any(mig for mig, _ in reported.values()) and not any(mig for mig, _ in recorded.values()):
+        return False
     parts = Gpu.devices.filter(parent__node_id=node_id, kind=DeviceKind.MIG, retired_at__isnull=True)
     for parent_uuid, uuid in parts.values_list("parent__uuid", "uuid"):
         if parent_uuid in recorded:
@@ -216,10 +216,14 @@ def _node_register(
                 gpu.save()
             if report.mig_mode or (found is not None and found.pk in had_mig):
                 layouts.append((gpu, report))
-        if layouts:
-            _layouts_apply(node_id, layouts, had_mig, now, guarded)
+        retired_parts, into_mig = _layouts_apply(node_id, layouts, had_mig, now) if layouts else ((), ())
+        gone = tuple(sorted(g.pk for g in mine if g.uuid in retired))
         if retired:
             Gpu.objects.filter(uuid__in=retired).update(status=GpuStatus.LOST)
+        if retired_parts or into_mig or gone:
+            if not guarded:
+                raise _GuardNeeded
+            layout_changed(LayoutChange(node_id=node_id, retired=retired_parts, into_mig=into_mig, gone=gone))
         node.agent_version = agent_version
         node.driver_version = driver_version
         node.hostname = hostname
@@ -262,10 +266,11 @@ def _models_for(reports: list[GpuReport]) -> dict[str, GpuModel]:
 
 
 def _layouts_apply(
-    node_id: int, layouts: list[tuple[Gpu, GpuReport]], had_mig: set[int], now: datetime, guarded: bool
-) -> None:
-    """The MIG instances as the agent found them (admins change layouts with mig-parted; the portal follows), and
-    the layout guard told what that took away from bookings and the scheduler."""
+    node_id: int, layouts: list[tuple[Gpu, GpuReport]], had_mig: set[int], now: datetime
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The MIG instances as the agent found them (admins change layouts with mig-parted; the portal follows).
+    Returns what that took away from bookings and the scheduler: the parts retired and the GPUs that entered MIG
+    mode."""
     parents = [gpu.pk for gpu, _ in layouts]
     live = Gpu.devices.filter(parent_id__in=parents, kind=DeviceKind.MIG, retired_at__isnull=True)
     before = set(live.values_list("pk", flat=True))
@@ -273,11 +278,7 @@ def _layouts_apply(
         mig_layout_apply(gpu=gpu, mig_mode=report.mig_mode, instances=list(report.mig_devices), now=now)
     retired = tuple(sorted(before - set(live.values_list("pk", flat=True))))
     into_mig = tuple(gpu.pk for gpu, report in layouts if report.mig_mode and gpu.pk not in had_mig)
-    if not retired and not into_mig:
-        return
-    if not guarded:
-        raise _GuardNeeded
-    layout_changed(LayoutChange(node_id=node_id, retired=retired, into_mig=into_mig))
+    return retired, into_mig
 
 
 def node_heartbeat(*, node_id: int, agent_version: str = "", now: datetime | None = None) -> str:
@@ -390,6 +391,7 @@ def gpus_mark_lost(*, node_id: int, uuids: list[str]) -> list[str]:
     registers again (a lost GPU needs a reset or a reboot, after which the agent restarts and registers).
     Conditional UPDATE per GPU, so concurrent reports mark and audit each GPU once. Returns the newly lost."""
     marked: list[str] = []
+    lost_ids: list[int] = []
     with transaction.atomic():
         for gpu in Gpu.objects.filter(node_id=node_id, uuid__in=uuids, retired_at__isnull=True).exclude(
             status=GpuStatus.LOST
@@ -397,7 +399,12 @@ def gpus_mark_lost(*, node_id: int, uuids: list[str]) -> list[str]:
             if Gpu.objects.filter(pk=gpu.pk).exclude(status=GpuStatus.LOST).update(status=GpuStatus.LOST):
                 audit_record(actor=None, action="gpu.lost", target=gpu, data={"from": gpu.status})
                 marked.append(gpu.uuid)
+                lost_ids.append(gpu.pk)
     if marked:
         logger.warning("GPUs reported lost by their agent: %s", ", ".join(marked))
         transaction.on_commit(lambda: auth.forget(None))
+        # Their bookings move to other GPUs (or end) once this commits; robust: a failure is logged, and the
+        # lifecycle tick tries again.
+        ids = tuple(sorted(lost_ids))
+        transaction.on_commit(lambda: gpus_lost(ids), robust=True)
     return marked

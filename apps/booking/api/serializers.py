@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers
 
 from apps.booking.models import Reservation
@@ -82,7 +83,12 @@ class ReservationOutput(FastOutputMixin, serializers.ModelSerializer[Reservation
         return obj.gpu_model.name if obj.gpu_model else None
 
     def get_gpus(self, obj: Reservation) -> list[dict[str, Any]]:
-        return allocated_devices([device_row(a.gpu) for a in obj.allocations.all()])
+        # What it holds for the rest of its window; once nothing is left, what it held (cancelled rows included).
+        # A booking moved off a device (a GPU layout change) then shows only where it went.
+        rows = list(obj.allocations.all())
+        now = timezone.now()
+        held = [a for a in rows if a.active and a.end > now] or [a for a in rows if a.active] or rows
+        return allocated_devices([device_row(a.gpu) for a in held])
 
 
 def device_row(g: Gpu) -> tuple[Any, ...]:

@@ -36,12 +36,18 @@ def _registration_changed(change: LayoutChange) -> None:
     from apps.booking.services.stranded import reservations_rehome_stranded
 
     _bump_layout_version()
-    devices = [*change.retired, *change.into_mig]
+    devices = [*change.retired, *change.into_mig, *change.gone]
     # robust: a failure here is logged, not raised into the registration (the lifecycle tick tries again).
     transaction.on_commit(lambda: reservations_rehome_stranded(device_ids=devices), robust=True)
 
 
-LAYOUT_GUARD = LayoutGuard(lock=_scheduler_row_lock, changed=_registration_changed)
+def _gpus_lost(gpu_ids: tuple[int, ...]) -> None:
+    from apps.booking.services.stranded import reservations_rehome_stranded
+
+    reservations_rehome_stranded(device_ids=list(gpu_ids))
+
+
+LAYOUT_GUARD = LayoutGuard(lock=_scheduler_row_lock, changed=_registration_changed, lost=_gpus_lost)
 
 
 def _bump_layout_version() -> None:

@@ -460,17 +460,18 @@ def reservation_release_by_portal(
     message: str = "",
 ) -> Reservation | None:
     """Release an active reservation for the portal itself (no user: the idle detector, `reason` "idle" or
-    "unused"; a layout change that took its devices away, "layout"): the same steps as a release by its holder,
-    with `released_reason` set and the figures behind the decision in the audit entry. With `cancel_unstarted`, a
-    reservation that has not started is cancelled the same way. `message`, when given, says why in words in the
-    event (mail and webhooks). None when there is nothing to end any more (ended meanwhile). Locks the reservation
-    row first; call inside the caller's transaction."""
+    "unused"; a layout change or a gone GPU that took its devices away, "layout" or "gpu_gone"): the same steps as a
+    release by its holder, with `released_reason` set and the figures behind the decision in the audit entry. With
+    `cancel_unstarted`, a reservation that has not started (still booked) is cancelled the same way. `message`,
+    when given, says why in words in the event (mail and webhooks). None when there is nothing to end any more
+    (ended meanwhile). Locks the reservation row first; call inside the caller's transaction."""
     said = {"message": message} if message else {}
     now = now or timezone.now()
     reservation = Reservation.objects.select_for_update().filter(pk=reservation_id).first()
     if reservation is None or reservation.end <= now:
         return None
-    if cancel_unstarted and reservation.status == ReservationStatus.BOOKED and reservation.start > now:
+    # BOOKED is not started even once its start has come: the tick that activates it has not run yet.
+    if cancel_unstarted and reservation.status == ReservationStatus.BOOKED:
         if not _transition(reservation.pk, ReservationStatus.CANCELLED, ended_at=now, released_reason=reason):
             return None
         allocation_end(allocation_ids=reservation.allocations.filter(active=True).values_list("pk", flat=True), at=now)
