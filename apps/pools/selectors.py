@@ -132,6 +132,7 @@ def mirrored_reservations(pool: Pool) -> list[dict[str, Any]]:
         Allocation.objects.filter(
             kind=AllocationKind.RESERVATION,
             active=True,
+            end__gt=now,  # a booking moved off a device while running keeps its used part there, ended
             gpu__node__pool=pool,
             reservation__status__in=[ReservationStatus.BOOKED, ReservationStatus.ACTIVE],
             reservation__end__gt=now,

@@ -190,3 +190,25 @@ def test_a_periodic_registration_that_changes_nothing_takes_no_guard(two_nodes, 
     monkeypatch.setattr(services, "layout_lock", lambda: locks.append("lock"))
     register(Gpu.objects.get(uuid=g0).node, ["A100-80GB", "A100-80GB"])
     assert locks == []
+
+
+def test_a_slurm_pool_booking_moves_inside_its_pool_and_is_mirrored_where_it_went(
+    api_as, alice, a100, django_capture_on_commit_callbacks
+):
+    """A GPU of a Slurm pool's node (registered by the pool's bridge) is lost under a running booking: it moves to
+    the node's other GPU, not to an agents' node, and what the bridge mirrors into Slurm counts the GPU it holds
+    now, not the one it left."""
+    from apps.fleet.models import Pool
+    from apps.pools.selectors import mirrored_reservations
+
+    pool = Pool.objects.create(name="cluster", backend="slurm")
+    slurm_node = NodeFactory(name="node-s", pool=pool)
+    s0, s1 = (x.uuid for x in register(slurm_node, ["A100-80GB", "A100-80GB"]))
+    register(NodeFactory(name="node-h"), ["A100-80GB"])
+    mine = running(api_as(alice), gpus=[s0])
+    with django_capture_on_commit_callbacks(execute=True):
+        services.gpus_mark_lost(node_id=slurm_node.pk, uuids=[s0])
+    assert [d.uuid for d in devices(mine["id"]) if d.uuid != s0] == [s1]
+    assert Gpu.objects.get(uuid=s1).node.pool_id == pool.pk
+    (mirrored,) = mirrored_reservations(pool)
+    assert (mirrored["id"], mirrored["nodes"], mirrored["gpu_count"]) == (mine["id"], ["node-s"], 1)
