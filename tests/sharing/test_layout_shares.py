@@ -7,17 +7,26 @@ through the API."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+import requests
+from django.db import connection
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
 from apps.booking.models import Allocation, QuotaHold, Reservation, ReservationStatus
-from apps.booking.services import gpu_shares_change, reservations_tick
+from apps.booking.services import gpu_shares_change, reservations_rehome_stranded, reservations_tick
 from apps.fleet.models import Node
+from tests.booking.conftest import slot
+from tests.booking.test_concurrency import body as race_body
+from tests.booking.test_concurrency import overlapping_pairs, race, start_server
+from tests.conftest import LiveServer
 from tests.factories import GpuModelFactory, NodeFactory
 from tests.sharing.test_layout_strands import SEVEN, URL, book, devices, register
 
@@ -133,3 +142,63 @@ def test_a_running_whole_booking_moves_to_every_share_of_a_split_gpu_when_no_exc
     # The split GPU is held whole now: no share of it can be booked in the window.
     late = {**window, "start": (start + timedelta(hours=1)).isoformat(), "gpus": [g1], "gpu_share": 0.25}
     assert api_as(bob).post(URL, late, "json").status_code == 409
+
+
+@pytest.fixture
+def racing_portal(transactional_db: Any) -> Iterator[LiveServer]:
+    server = start_server()
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_whole_booking_moving_onto_shares_races_thirty_share_bookings_and_nothing_is_oversubscribed(
+    alice, bob, make_token, racing_portal
+):
+    """Alice holds the exclusive GPU 0 of node-s; GPUs 1 and 2 are split in 4. Thirty quarter-GPU bookings over
+    HTTP race GPU 0 entering MIG mode, which moves Alice's booking onto every share of one split GPU (or ends it,
+    if the race left none whole). Whatever the order: no share is held twice, Alice holds four shares of one GPU
+    or was cancelled for the layout, and every 201 holds a quarter nobody else does."""
+    GpuModelFactory(name="A100-80GB", memory_mib=81920, hourly_price=Decimal("2.8000"))
+    node = NodeFactory(name="node-s")
+    g0, g1, g2 = (g.uuid for g in register(node, THREE))
+    split(g1)
+    split(g2)
+    tokens = [make_token(u, ["read", "reservations:write"]) for u in (alice, bob)]
+    start, end = slot(hours=2)
+    url = racing_portal.url + URL
+    headers = {"Authorization": f"Bearer {tokens[0]}"}
+    mine = requests.post(url, json=race_body("vision", start, end, gpus=[g0]), headers=headers, timeout=60).json()
+
+    def change() -> None:
+        try:  # mid-race: once the first quarters are written
+            deadline = time.monotonic() + 60
+            while Allocation.objects.filter(gpu__kind="share", active=True).count() < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            register(node, [SEVEN, "A100-80GB", "A100-80GB"])
+            reservations_rehome_stranded()  # what the registration's after-commit step does
+        finally:
+            connection.close()
+
+    changer = threading.Thread(target=change)
+    changer.start()
+    responses = race(30, lambda i: ("POST", url, race_body("vision", start, end, gpu_share=0.25), tokens[i % 2]))
+    changer.join(timeout=60)
+    assert not changer.is_alive()
+    assert {r.status_code for r in responses} <= {201, 409}, [r.json() for r in responses if r.status_code >= 500]
+    reservations_rehome_stranded()
+    assert overlapping_pairs() == 0
+    alices = Reservation.objects.get(pk=mine["id"])
+    held = list(Allocation.objects.filter(reservation=alices, active=True).select_related("gpu"))
+    if alices.status == ReservationStatus.BOOKED:
+        assert len(held) == 4 and len({a.gpu.parent_id for a in held}) == 1
+        assert sum(a.gpu.capacity for a in held) == 1
+    else:
+        assert (alices.status, alices.released_reason) == (ReservationStatus.CANCELLED, "layout")
+    won = [r.json()["id"] for r in responses if r.status_code == 201]
+    quarters = Allocation.objects.filter(reservation_id__in=won, active=True, gpu__kind="share")
+    # A booking that picked a share the move took a moment later is refused (409) even if another was still free,
+    # so the winners are at most what the move left.
+    assert quarters.count() == len(won) <= 8 - (4 if alices.status == ReservationStatus.BOOKED else 0)
