@@ -212,3 +212,28 @@ def test_a_slurm_pool_booking_moves_inside_its_pool_and_is_mirrored_where_it_wen
     assert Gpu.objects.get(uuid=s1).node.pool_id == pool.pk
     (mirrored,) = mirrored_reservations(pool)
     assert (mirrored["id"], mirrored["nodes"], mirrored["gpu_count"]) == (mine["id"], ["node-s"], 1)
+
+
+def test_a_move_skips_gpus_of_nodes_not_online_and_gpus_in_maintenance(
+    api_as, alice, a100, django_capture_on_commit_callbacks
+):
+    """A new booking would not be placed on a draining node or on a GPU or node with maintenance in its window;
+    neither is a moved one. A fleet-wide window covers the old GPU as much as any and does not stop a move."""
+    from apps.booking.models import MaintenanceWindow
+    from apps.fleet.models import Node, NodeStatus
+
+    gone_node = NodeFactory(name="node-a")
+    (g0,) = (x.uuid for x in register(gone_node, ["A100-80GB"]))
+    nodes = {name: NodeFactory(name=name) for name in ("node-b", "node-c", "node-d", "node-e")}
+    uuids = {name: register(node, ["A100-80GB"])[0].uuid for name, node in nodes.items()}
+    Node.objects.filter(name="node-b").update(status=NodeStatus.DRAINING)
+    mine = book(api_as(alice), gpus=[g0])
+    r = Reservation.objects.get(pk=mine["id"])
+    MaintenanceWindow.objects.create(node=nodes["node-c"], start=r.start, end=r.start + timedelta(minutes=30))
+    MaintenanceWindow.objects.create(
+        gpu=Gpu.objects.get(uuid=uuids["node-d"]), start=r.end - timedelta(minutes=1), end=r.end + timedelta(days=1)
+    )
+    MaintenanceWindow.objects.create(start=r.start, end=r.end)  # the whole fleet
+    with django_capture_on_commit_callbacks(execute=True):
+        register_without(gone_node, ["A100-80GB"], missing=0)
+    assert [d.uuid for d in devices(mine["id"])] == [uuids["node-e"]]

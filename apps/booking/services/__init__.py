@@ -9,9 +9,9 @@ Locks, always taken in this order so two writers cannot deadlock:
 2. the GPUs, by `pg_advisory_xact_lock(GPU_LOCK_NAMESPACE, gpu_id)` in ascending id order.
 A change of how a GPU is split (`layout.py`) takes the scheduler's row (`jobs.SchedulerState`, which the scheduler's
 write transaction takes first too) before 0 and 2, and no quota rows; a node's registration that may change a MIG
-layout takes that row before its node's and GPUs' rows. Moving a booking a layout change stranded (`stranded.py`)
-takes its reservation's row without waiting and each GPU it tries with `pg_try_advisory_xact_lock`, so it waits
-for no lock out of this order.
+layout or drop a GPU takes that row before its node's and GPUs' rows. Moving a booking a layout change or a gone
+GPU stranded (`stranded.py`) takes its reservation's row without waiting and each GPU it tries with
+`pg_try_advisory_xact_lock`, so it waits for no lock out of this order.
 The exclusion constraint on `booking_allocation` is the last guard.
 """
 

@@ -7,14 +7,15 @@ booked now, not the GPU) or a share of such a GPU holds nothing usable. A gone G
 (pulled, or not found at the agent's start) or one its agent reports lost (fallen off the bus).
 
 Each such booking is moved to devices that give the same, free for the rest of the booking, in the same pool and
-of the same model, the nearest first (the same GPU, then the same node, then any): an instance of the same
-profile; for shares, as many shares of the same size on one GPU split the same way; for a whole GPU (held
-exclusively, or through every share of a split GPU) an exclusive GPU or every share of a split one. Allocations
-move together per unit (an instance, a GPU, the shares of one GPU), so a half of a GPU never comes back as two
-quarters of two. Where a unit cannot move, the reservation is cancelled (not started) or released (running) for
-the portal, as a release by its holder would be (the unused quota given back, a `reservation.released` event for
-webhooks and mail), `released_reason` "layout" or "gpu_gone". A gone GPU may come back (a reboot), so a booking of
-one that has not started is ended only when its start comes and nothing could take it.
+of the same model, where a new booking could be placed (online node, no maintenance), the nearest first (the same
+GPU, then the same node, then any): an instance of the same profile; for shares, as many shares of the same size
+on one GPU split the same way; for a whole GPU (held exclusively, or through every share of a split GPU) an
+exclusive GPU or every share of a split one. Allocations move together per unit (an instance, a GPU, the shares of
+one GPU), so a half of a GPU never comes back as two quarters of two. Where a unit cannot move, the reservation is
+cancelled (not started) or released (running) for the portal, as a release by its holder would be (the unused
+quota given back, a `reservation.released` event for webhooks and mail), `released_reason` "layout" or
+"gpu_gone". A gone GPU may come back (a reboot), so a booking of one that has not started is ended only when its
+start comes and nothing could take it.
 
 When: right after the registration (or the lost report) that changed things commits (`layout.py`'s guard: then
 bookings that start later are looked at too), and on the lifecycle tick (what has started, and everything a layout
@@ -40,12 +41,12 @@ from django.utils import timezone
 
 from apps.audit.services import audit_record
 from apps.booking import hooks
-from apps.booking.models import Allocation, Reservation, ReservationStatus
+from apps.booking.models import Allocation, MaintenanceWindow, Reservation, ReservationStatus
 from apps.booking.services.agents import send_holds
 from apps.booking.services.conflicts import held_sql
 from apps.booking.services.locks import GPU_LOCK_NAMESPACE
 from apps.booking.services.reservations import reservation_release_by_portal
-from apps.fleet.models import DeviceKind, Gpu, GpuStatus
+from apps.fleet.models import DeviceKind, Gpu, GpuStatus, NodeStatus
 
 logger = logging.getLogger(__name__)
 
@@ -158,19 +159,26 @@ def _units(stuck: list[tuple[Allocation, str]]) -> list[_Unit]:
     return list(units.values())
 
 
-def _usable(qs: QuerySet[Gpu], old: Gpu, *, part: bool) -> QuerySet[Gpu]:
-    """Live, healthy devices in the old one's pool: another pool's GPUs are another scheduler's (a Slurm pool
-    mirrors its own bookings)."""
+def _usable(qs: QuerySet[Gpu], old: Gpu, window: tuple[datetime, datetime], *, part: bool) -> QuerySet[Gpu]:
+    """Live, healthy devices of online nodes in the old one's pool, with no maintenance of their GPU or node in the
+    window, as a new booking would find them. Another pool's GPUs are another scheduler's (a Slurm pool mirrors
+    its own bookings). A fleet-wide maintenance window is left out: it covers the old device as much as any."""
     pool = _whole(old).node.pool_id
     prefix = "parent__" if part else ""
     same_pool = Q(**{f"{prefix}node__pool__isnull": True}) if pool is None else Q(**{f"{prefix}node__pool_id": pool})
-    qs = qs.filter(same_pool, retired_at__isnull=True, status=GpuStatus.OK)
+    qs = qs.filter(same_pool, retired_at__isnull=True, status=GpuStatus.OK, node__status=NodeStatus.ONLINE)
     if part:
         qs = qs.filter(parent__retired_at__isnull=True, parent__status=GpuStatus.OK)
-    return qs
+    start, end = window
+    down = MaintenanceWindow.objects.filter(start__lt=end, end__gt=start)
+    return qs.exclude(**{f"{prefix}pk__in": down.filter(gpu__isnull=False).values("gpu_id")}).exclude(
+        node_id__in=down.filter(node__isnull=False).values("node_id")
+    )
 
 
-def _targets(unit: _Unit, taken: set[int], free: Callable[[Gpu], bool]) -> Iterator[list[Gpu]]:
+def _targets(
+    unit: _Unit, taken: set[int], free: Callable[[Gpu], bool], window: tuple[datetime, datetime]
+) -> Iterator[list[Gpu]]:
     """The device sets that give what `unit` gave, the nearest first (the same GPU, then the same node), each
     device free by `free` (shares are picked among the free ones of a GPU)."""
     old = unit.first
@@ -191,20 +199,20 @@ def _targets(unit: _Unit, taken: set[int], free: Callable[[Gpu], bool]) -> Itera
         return lambda: _pick([s for s in shares if s.capacity in wanted and free(s)], wanted)
 
     if unit.whole:
-        exclusive = _usable(Gpu.objects.filter(model_id=model_id, mig_mode=False, shares=1), old, part=False)
+        exclusive = _usable(Gpu.objects.filter(model_id=model_id, mig_mode=False, shares=1), old, window, part=False)
         options += [(near(g, 0), one(g)) for g in exclusive.exclude(pk__in=taken)]
-        split = _usable(Gpu.objects.filter(model_id=model_id, mig_mode=False, shares__gt=1), old, part=False)
+        split = _usable(Gpu.objects.filter(model_id=model_id, mig_mode=False, shares__gt=1), old, window, part=False)
         for gpu, shares in _shares_by_gpu(split.exclude(pk=whole_old.pk), taken).items():
             if len(shares) == gpu.shares:
                 options.append((near(gpu, 1), every(shares)))
     elif old.kind == DeviceKind.MIG:
         mig = Gpu.devices.filter(kind=DeviceKind.MIG, mig_profile=old.mig_profile, parent__mig_mode=True)
-        found = _usable(mig.filter(parent__model_id=model_id), old, part=True).exclude(pk__in=taken)
+        found = _usable(mig.filter(parent__model_id=model_id), old, window, part=True).exclude(pk__in=taken)
         options += [(near(g.parent, 0), one(g)) for g in found.select_related("parent") if g.parent]
     else:  # shares: as many of the same sizes on one GPU split the same way
         split = Gpu.objects.filter(model_id=model_id, mig_mode=False, shares=whole_old.shares)
         wanted = [a.gpu.capacity for a in unit.allocations]
-        for gpu, shares in _shares_by_gpu(_usable(split, old, part=False), taken).items():
+        for gpu, shares in _shares_by_gpu(_usable(split, old, window, part=False), taken).items():
             options.append((near(gpu, 0), some(shares, wanted)))
     for _, devices in sorted(options, key=lambda o: o[0]):
         found_devices = devices()
@@ -360,7 +368,8 @@ def reservation_rehome(*, reservation_id: int, now: datetime | None = None) -> O
         fatal = False
         with transaction.atomic():  # every stuck unit moves, or none does (but see `waits`)
             for unit in units:
-                options = _targets(unit, taken, _free_in(unit.start(now), unit.end()))
+                window = (unit.start(now), unit.end())
+                options = _targets(unit, taken, _free_in(*window), window)
                 target = next((t for t in options if _parents_free(t, unit, now)), None)
                 if target is not None and _move(unit, target, now):
                     taken.update(g.pk for g in target)
