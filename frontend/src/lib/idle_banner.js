@@ -28,6 +28,10 @@ export function idleBanner(liveSocket) {
       p.textContent = `Your ${msg.kind} #${msg.id} was reclaimed: ${msg.reason === "unused" ? "its GPUs were not used" : "it was idle"}.`;
     }
     banner.hidden = false;
+    // A page listing reservations (Book) reloads them: the portal moved or ended one of them.
+    if (msg.kind === "reservation" && msg.event !== "idle.warning") {
+      window.dispatchEvent(new CustomEvent("portal:reservation-changed", { detail: { id: msg.id, event: msg.event } }));
+    }
   }
   for (const slug of teams) liveSocket(`/ws/teams/${slug}/`, show);
 }

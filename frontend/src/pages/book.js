@@ -17,7 +17,7 @@ const el = {
   team: $("book-team"), model: $("book-model"), count: $("book-count"), start: $("book-start"), end: $("book-end"),
   note: $("book-note"), error: $("book-error"), success: $("book-success"), avail: $("book-availability"),
   quota: $("book-quota"), picked: $("book-picked"), pickedName: $("book-picked-name"), timeline: $("timeline"),
-  mine: $("my-reservations"), mineError: $("my-error"), submit: $("book-submit"), part: $("book-part"),
+  mine: $("my-reservations"), mineError: $("my-error"), ended: $("ended-reservations"), submit: $("book-submit"), part: $("book-part"),
 };
 
 const state = { from: startOfDay(new Date()), days: 7, data: null, gpu: null, drag: null };
@@ -430,13 +430,53 @@ async function loadMine() {
     tbody.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "form-error" }, err.message)));
   }
 }
+// --- ended early: what the holder released and what the portal ended, with the reason ------------------------
+const ENDED_BY = {
+  idle: "Reclaimed by the portal: its GPUs were idle.",
+  unused: "Reclaimed by the portal: its GPUs were not used.",
+  empty: "Reclaimed by the portal: its GPUs were not used.",
+  layout: "Ended by the portal: the MIG layout of its GPU changed and no equal device was free.",
+  gpu_gone: "Ended by the portal: its GPU is gone from its node and no equal GPU was free.",
+  scheduler: "Refused by the pool's scheduler.",
+};
+function endedWhy(r) {
+  if (r.released_reason) return ENDED_BY[r.released_reason] || `Ended by the portal (${r.released_reason}).`;
+  return r.status === "cancelled" ? "Cancelled before its start." : "Released early.";
+}
+async function loadEnded() {
+  const since = new Date(Date.now() - 7 * DAY);
+  const q = new URLSearchParams({ status: "released,cancelled", from: since.toISOString(), limit: "200" });
+  const tbody = el.ended.querySelector("tbody");
+  try {
+    const page = await api(`/api/v1/reservations/?${q}`);
+    const rows = (page.results || page)
+      .filter((r) => r.ended_at && new Date(r.ended_at) >= since)
+      .sort((a, b) => new Date(b.ended_at) - new Date(a.ended_at))
+      .slice(0, 20);
+    if (!rows.length) {
+      tbody.replaceChildren(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "None.")));
+      return;
+    }
+    tbody.replaceChildren(...rows.map((r) => h("tr", { "data-reservation-id": r.id, "data-reason": r.released_reason || "" },
+      h("td", {}, `#${r.id}`), h("td", {}, r.team), h("td", {}, gpusText(r.gpus)),
+      h("td", {}, span(r.start, r.booked_end || r.end)), h("td", {}, fmt(r.ended_at)),
+      h("td", {}, h("span", { class: `badge status-${r.status}` }, r.status), " ", endedWhy(r)))));
+  } catch (err) {
+    tbody.replaceChildren(h("tr", {}, h("td", { colspan: 6, class: "form-error" }, err.message)));
+  }
+}
+// The banner (every page) hears when the portal moves or ends one of the user's bookings: the lists follow.
+window.addEventListener("portal:reservation-changed", () => {
+  Promise.all([loadMine(), loadEnded(), loadTimeline()]).catch(showError);
+});
+
 async function endReservation(r, action) {
   el.mineError.hidden = true;
   const what = action === "Release" ? "Release its GPUs now" : "Cancel it";
   if (!window.confirm(`${what}? Reservation #${r.id}, ${span(r.start, r.end)}.`)) return;
   try {
     await api(`/api/v1/reservations/${r.id}/`, { method: "DELETE" });
-    await Promise.all([loadMine(), loadTimeline(), refreshInfo()]);
+    await Promise.all([loadMine(), loadEnded(), loadTimeline(), refreshInfo()]);
   } catch (err) {
     el.mineError.hidden = false;
     el.mineError.textContent = err.message;
@@ -449,5 +489,6 @@ async function endReservation(r, action) {
   setWindow(s, new Date(s.getTime() + 2 * HOUR));
   loadTimeline();
   loadMine();
+  loadEnded();
   refreshInfo();
 })();
