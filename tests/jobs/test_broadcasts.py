@@ -71,9 +71,19 @@ def test_watched_jobs_get_their_messages_in_order_unwatched_ones_cost_no_send(la
         _leave(layer, watched, channel)
 
 
+def _drained(timeout: float = 10.0) -> None:
+    """Wait until the broadcaster has decided every queued message (sends go out from its loop thread)."""
+    deadline = time.monotonic() + timeout
+    while events._broadcaster.draining or events._broadcaster.pending:
+        assert time.monotonic() < deadline, "the broadcaster did not drain"
+        time.sleep(0.01)
+
+
 def test_a_page_that_joins_later_gets_what_follows(layer: Any) -> None:
     job = 910_003
     events._group_send(job, {"type": "state", "state": "queued"})  # nobody yet: not sent
+    # Decided before the page joins (on a busy machine the loop thread may not have run yet).
+    _drained()
     channel = _join(layer, job)
     try:
         events._group_send(job, {"type": "state", "state": "running"})
