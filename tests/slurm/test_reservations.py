@@ -1,6 +1,7 @@
 """Reservations on Slurm-pool GPUs become Slurm reservations for the team's account: a direct sbatch from another
 account is kept off them until the reservation ends in the portal; a reservation Slurm refuses is given up in the
-portal with Slurm's words in the audit log."""
+portal with Slurm's words in the audit log; a reservation Slurm holds on other nodes than the booking is pointed at
+the booking's (the portal moves a booking when its GPU is gone or repartitioned)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.slurm.bridge_procs import POOL, BridgeStack, make_stack, running_stack
-from tests.support.slurm import Slurm
+from tests.support.slurm import SPARE_NODE, Slurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
 
@@ -89,3 +90,59 @@ def test_slurm_refusal_ends_the_portal_reservation(stack: BridgeStack) -> None:
         assert not _slurm_reservation(slurm, rid)
     finally:
         slurm.run("scancel", busy, check=False)
+
+
+def _nodes_of(shown: str) -> str:
+    fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
+    return fields.get("Nodes", "")
+
+
+def _mirrored(stack: BridgeStack) -> int:
+    resp = _book(stack)
+    assert resp.status_code == 201, resp.text
+    rid = int(resp.json()["id"])
+    shown = stack.wait(lambda: _slurm_reservation(stack.slurm, rid), 30, "the Slurm reservation")
+    assert _nodes_of(shown) == stack.slurm.node, shown
+    return rid
+
+
+def test_a_reservation_slurm_holds_on_other_nodes_is_pointed_at_the_bookings(stack: BridgeStack) -> None:
+    """What the portal asks for is what Slurm holds: after the portal moved a booking to another node of the pool,
+    or an admin changed the reservation in Slurm, the bridge updates the reservation's nodes, and the booking
+    stands."""
+    from apps.booking.models import Reservation
+
+    slurm = stack.slurm
+    rid = _mirrored(stack)
+    slurm.run("scontrol", "update", f"ReservationName=portal-res-{rid}", f"Nodes={SPARE_NODE}")
+    shown = stack.wait(
+        lambda: (s := _slurm_reservation(slurm, rid)) and _nodes_of(s) == slurm.node and s, 30, "the move back"
+    )
+    assert "Accounts=vision" in shown
+    assert f"portal-res-{rid} moved from {SPARE_NODE} to {slurm.node}" in stack.log()
+    assert Reservation.objects.get(pk=rid).status in {"booked", "active"}
+
+
+def test_slurm_refusing_the_move_ends_the_portal_reservation(stack: BridgeStack) -> None:
+    """The booking's node is held by another reservation by the time the bridge points Slurm's at it: Slurm refuses,
+    and the portal gives the booking up with Slurm's words, as when Slurm refuses a new one."""
+    from apps.audit.models import AuditEvent
+    from apps.booking.models import Reservation
+
+    slurm = stack.slurm
+    rid = _mirrored(stack)
+    stack.kill_bridge()  # so that the reservation stays where the test puts it until the blocker is in place
+    slurm.run("scontrol", "update", f"ReservationName=portal-res-{rid}", f"Nodes={SPARE_NODE}")
+    slurm.run("scontrol", "create", "reservation", "ReservationName=blocker", "StartTime=now", "Duration=180",
+              "Accounts=physics", f"Nodes={slurm.node}")  # fmt: skip
+    try:
+        stack.start_bridge()
+        done = stack.wait(
+            lambda: (r := Reservation.objects.get(pk=rid)).status in {"cancelled", "released"} and r, 30, "the refusal"
+        )
+        assert done.released_reason == "scheduler"
+        entry = AuditEvent.objects.filter(action="reservation.refused", target_id=str(rid)).latest("id")
+        assert "busy" in str(entry.data).lower() or "overlap" in str(entry.data).lower(), entry.data
+        stack.wait(lambda: not _slurm_reservation(slurm, rid), 30, "the Slurm reservation to go")
+    finally:
+        slurm.run("scontrol", "delete", "ReservationName=blocker", check=False)

@@ -39,3 +39,11 @@ def test_readers_agree(slurm: Slurm, text: bool, monkeypatch: pytest.MonkeyPatch
     record = commands.accounting([job_id])[job_id]
     assert (record.state, record.exit_code, record.alloc_tres["gres/gpu"]) == ("FAILED", 7, 2)
     assert record.start_time and record.end_time and record.end_time >= record.start_time
+
+
+def test_hostlists_are_expanded_by_slurm(slurm: Slurm) -> None:
+    """Reservations show their nodes as a hostlist; the bridge compares them with the booking's node names."""
+    commands = Commands(partition=slurm.partition, env=slurm.env)
+    assert commands.hostnames("gpu-[08-10],cpu-[1,3]") == ("gpu-08", "gpu-09", "gpu-10", "cpu-1", "cpu-3")
+    assert commands.hostnames("gpu-sim-1") == ("gpu-sim-1",)
+    assert commands.hostnames("") == ()

@@ -27,6 +27,8 @@ MYSQL_HOST = os.environ.get("PORTAL_TEST_MYSQL_HOST", "127.0.0.1")
 MYSQL_PORT = int(os.environ.get("PORTAL_TEST_MYSQL_PORT", "3306"))
 MYSQL_USER = os.environ.get("PORTAL_TEST_MYSQL_USER", "root")
 NODE_NAME = "gpu-sim-1"
+# Defined but never started (State=FUTURE: not in sinfo, not in a partition): a second node a reservation can name.
+SPARE_NODE = "gpu-sim-2"
 PARTITION = "gpu"
 GPU_TYPE = "a100"
 GPU_COUNT = 4
@@ -330,6 +332,7 @@ def write_config(root: Path) -> Slurm:
                 "SlurmdTimeout=60",
                 f"NodeName={NODE_NAME} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 CPUs=8 "
                 f"RealMemory=16000 Gres=gpu:{GPU_TYPE}:{GPU_COUNT} State=UNKNOWN",
+                f"NodeName={SPARE_NODE} NodeAddr=127.0.0.2 CPUs=8 RealMemory=16000 State=FUTURE",
                 f"PartitionName={PARTITION} Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP",
                 "",
             ]

@@ -158,7 +158,8 @@ class Bridge:
     # -- reservations ------------------------------------------------------------------------------------------
 
     def _mirror_reservations(self, wanted: list[dict[str, Any]]) -> None:
-        """Make Slurm's `portal-res-*` reservations the portal's: create the missing, delete the ended. A refusal
+        """Make Slurm's `portal-res-*` reservations the portal's: create the missing, point those on other nodes at
+        the portal's (it moved a booking off a GPU that is gone or was repartitioned), delete the ended. A refusal
         goes back to the portal with Slurm's words, and the portal gives the reservation up."""
         try:
             have = {k: v for k, v in self.slurm.reservations().items() if k.startswith(RESERVATION_PREFIX)}
@@ -169,19 +170,25 @@ class Bridge:
         for item in wanted:
             name = f"{RESERVATION_PREFIX}{item['id']}"
             names.add(name)
-            if name in have or int(item["id"]) in self.refused_reservations:
+            if int(item["id"]) in self.refused_reservations:
                 continue
-            start = max(float(item["start"]), time.time() + 1)
+            nodes = sorted(str(n) for n in item["nodes"])
             try:
-                self.slurm.create_reservation(name=name, start=_slurm_time(start), end=_slurm_time(float(item["end"])),
-                                              account=str(item["team"]), nodes=list(item["nodes"]))  # fmt: skip
-                logger.info("reservation %s created for %s on %s", name, item["team"], ",".join(item["nodes"]))
+                if name not in have:
+                    start = max(float(item["start"]), time.time() + 1)
+                    self.slurm.create_reservation(name=name, start=_slurm_time(start),
+                                                  end=_slurm_time(float(item["end"])), account=str(item["team"]),
+                                                  nodes=nodes)  # fmt: skip
+                    logger.info("reservation %s created for %s on %s", name, item["team"], ",".join(nodes))
+                elif sorted(self.slurm.hostnames(have[name].get("Nodes", ""))) != nodes:
+                    self.slurm.move_reservation(name=name, nodes=nodes)
+                    logger.info("reservation %s moved from %s to %s", name, have[name].get("Nodes"), ",".join(nodes))
             except SlurmRefused as exc:
                 logger.info("Slurm refused reservation %s: %s", name, exc)
                 self.refused_reservations.add(int(item["id"]))
                 self.portal.post(f"reservations/{item['id']}/refused/", {"message": str(exc)})
             except SlurmUnavailable as exc:
-                logger.warning("creating reservation %s failed: %s", name, exc)
+                logger.warning("mirroring reservation %s failed: %s", name, exc)
         for name in set(have) - names:
             try:
                 self.slurm.delete_reservation(name)

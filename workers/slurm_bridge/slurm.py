@@ -140,6 +140,7 @@ class Slurm:
         self.env = dict(env if env is not None else os.environ)
         self.timeout_s = timeout_s
         self._version: tuple[int, int] | None = None
+        self._hostnames: dict[str, tuple[str, ...]] = {}
 
     def _run(self, argv: Sequence[str], *, refuse_on_error: bool = False, env: Mapping[str, str] = {}) -> str:
         try:
@@ -228,6 +229,22 @@ class Slurm:
         argv = ["scontrol", "create", "reservation", f"ReservationName={name}", f"StartTime={start}"]
         argv += [f"EndTime={end}", f"Accounts={account}", f"Nodes={','.join(nodes)}"]
         self._run(argv, refuse_on_error=True)
+
+    def move_reservation(self, *, name: str, nodes: Sequence[str]) -> None:
+        """Point a reservation at other nodes (the portal moved the booking): Slurm refuses nodes another
+        reservation or a running job already holds, like a new one."""
+        self._run(["scontrol", "update", f"ReservationName={name}", f"Nodes={','.join(nodes)}"], refuse_on_error=True)
+
+    def hostnames(self, hostlist: str) -> tuple[str, ...]:
+        """The node names of a Slurm hostlist (`gpu-[1-3],cpu-9`), expanded by Slurm itself: its syntax has ranges,
+        zero padding and several bracket groups. Remembered, since the same few lists come back every poll."""
+        if "[" not in hostlist and "," not in hostlist:
+            return (hostlist,) if hostlist else ()
+        if hostlist not in self._hostnames:
+            if len(self._hostnames) > 4096:
+                self._hostnames.clear()
+            self._hostnames[hostlist] = tuple(self._run(["scontrol", "show", "hostnames", hostlist]).split())
+        return self._hostnames[hostlist]
 
     def delete_reservation(self, name: str) -> None:
         self._run(["scontrol", "delete", f"ReservationName={name}"])
