@@ -1,4 +1,4 @@
-"""Query filters of the reservation list (`GET /api/v1/reservations/?team=&gpu=&model=&status=&from=&to=`).
+"""Query filters of the reservation list (`GET /api/v1/reservations/?team=&gpu=&model=&status=&early=&from=&to=`).
 
 django-filter ships no type information: its classes are `Any` to mypy, hence the ignores on the subclasses."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from apps.booking.models import Allocation, Reservation, ReservationStatus
 
@@ -31,6 +31,22 @@ class StatusesFilter(django_filters.Filter):  # type: ignore[misc]
         return qs.filter(status__in=value) if value else qs
 
 
+class StrictBooleanField(forms.CharField):
+    """`true` or `false` (1 or 0): anything else is a 400, where django's NullBooleanField would ignore it."""
+
+    def to_python(self, value: Any) -> bool | None:  # type: ignore[override]
+        text = str(super().to_python(value)).strip().lower()
+        if not text:
+            return None
+        if text not in ("true", "false", "1", "0"):
+            raise forms.ValidationError("true or false.")
+        return text in ("true", "1")
+
+
+class StrictBooleanFilter(django_filters.Filter):  # type: ignore[misc]
+    field_class = StrictBooleanField
+
+
 class SlugFilter(django_filters.CharFilter):  # type: ignore[misc]
     field_class = forms.SlugField
 
@@ -43,6 +59,9 @@ class ReservationFilterSet(django_filters.FilterSet):  # type: ignore[misc]
     gpu = django_filters.CharFilter(method="filter_gpu", max_length=96, help_text="GPU uuid")
     model = django_filters.CharFilter(method="filter_model", max_length=64, help_text="GPU model name")
     status = StatusesFilter(help_text="comma-separated: booked,active,released,cancelled")
+    early = StrictBooleanFilter(
+        method="filter_early", help_text="true: only those ended before their booked end (cancelled or released early)"
+    )
 
     class Meta:
         model = Reservation
@@ -50,6 +69,13 @@ class ReservationFilterSet(django_filters.FilterSet):  # type: ignore[misc]
 
     def filter_gpu(self, qs: QuerySet[Reservation], name: str, value: str) -> QuerySet[Reservation]:
         return qs.filter(pk__in=Allocation.objects.filter(gpu__uuid=value).values("reservation_id"))
+
+    def filter_early(self, qs: QuerySet[Reservation], name: str, value: bool) -> QuerySet[Reservation]:
+        # A reservation that runs to its end is released too (by the tick, at its booked end): the end tells them apart.
+        early = Q(status=ReservationStatus.CANCELLED) | Q(
+            status=ReservationStatus.RELEASED, ended_at__lt=F("booked_end")
+        )
+        return qs.filter(early) if value else qs.exclude(early)
 
     def filter_model(self, qs: QuerySet[Reservation], name: str, value: str) -> QuerySet[Reservation]:
         booked_by_model = Q(gpu_model__name=value)

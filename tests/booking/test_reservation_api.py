@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from apps.booking import services
 from apps.booking.models import Reservation, ReservationStatus
@@ -143,6 +144,37 @@ def test_list_filters(alice, bob, api_as, vision, nlp, charlie, fleet):
     assert ids(**{"to": s2.isoformat()}) == [a.pk]
     assert client.get(URL, {"status": "bogus"}).status_code == 400
     assert client.get(URL, {"from": "yesterday"}).status_code == 400
+
+
+def test_the_early_filter_tells_an_early_end_from_a_normal_one(alice, vision, api_as, fleet):
+    """A reservation that runs to its end is `released` by the tick, like one released early: `early` separates
+    them by the end, for the Book page's list of early ends."""
+    ran = _book(alice, vision, gpus=["GPU-big-1"], days=1)
+    services.reservations_tick(now=ran.start)
+    services.reservations_tick(now=ran.end)
+    ran.refresh_from_db()
+    assert (ran.status, ran.ended_at) == ("released", ran.booked_end)
+    cancelled = _book(alice, vision, gpus=["GPU-big-0"], days=2)
+    services.reservation_end(user=alice, reservation_id=cancelled.pk)
+    now = timezone.now()
+    slot_now = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    released = services.reservation_create(
+        user=alice, team=vision, start=slot_now, end=slot_now + timedelta(hours=1), gpus=["GPU-big-2"]
+    ).reservation
+    services.reservation_end(user=alice, reservation_id=released.pk)
+    booked = _book(alice, vision, gpus=["GPU-big-3"], days=3)
+    client = api_as(alice)
+
+    def ids(**params: Any) -> list[int]:
+        resp = client.get(URL, params)
+        assert resp.status_code == 200, resp.json()
+        return [r["id"] for r in resp.json()["results"]]
+
+    assert set(ids(status="released,cancelled")) == {ran.pk, cancelled.pk, released.pk}
+    assert set(ids(early="true")) == {cancelled.pk, released.pk}
+    assert set(ids(early="false")) == {ran.pk, booked.pk}
+    bad = client.get(URL, {"early": "maybe"})
+    assert bad.status_code == 400 and "early" in bad.json()["fields"], bad.json()
 
 
 def test_book_page(alice, client: Client, fleet):

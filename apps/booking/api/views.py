@@ -59,6 +59,7 @@ _FILTERS = [
     OpenApiParameter("gpu", str, description="GPU uuid"),
     OpenApiParameter("model", str, description="GPU model name"),
     OpenApiParameter("status", str, description="comma-separated statuses"),
+    OpenApiParameter("early", bool, description="true: only those ended before their booked end; false: all others"),
     OpenApiParameter("from", str, description="only reservations ending after this time (ISO 8601)"),
     OpenApiParameter("to", str, description="only reservations starting before this time (ISO 8601)"),
 ]

@@ -445,7 +445,7 @@ function endedWhy(r) {
 }
 async function loadEnded() {
   const since = new Date(Date.now() - 7 * DAY);
-  const q = new URLSearchParams({ status: "released,cancelled", from: since.toISOString(), limit: "200" });
+  const q = new URLSearchParams({ early: "true", from: since.toISOString(), limit: "200" });
   const tbody = el.ended.querySelector("tbody");
   try {
     const page = await api(`/api/v1/reservations/?${q}`);
