@@ -85,6 +85,14 @@ def _figures_table(
     return table
 
 
+def _slices_table(slices: list[dict[str, Any]], currency: str) -> list[Flowable]:
+    """The part of the figures held as MIG instances or shares, each at its fraction of the GPU's price."""
+    if not slices:
+        return []
+    rows = [{**x, "what": f"{x['gpu_model']} {x['slice']}"} for x in slices]
+    return [Paragraph("Of which slices of GPUs", _H2), _figures_table(rows, "what", "Slice", currency)]
+
+
 def _header(title: str, report: dict[str, Any]) -> list[Flowable]:
     status = {"closed": "closed (final)", "open": "open (provisional)", "reopened": "re-opened (provisional)"}
     return [
@@ -114,6 +122,7 @@ def _team_section(team: dict[str, Any], report: dict[str, Any]) -> list[Flowable
         _figures_table(team["by_gpu_model"], "gpu_model", "GPU model", currency, total=team),
         Paragraph("By user", _H2),
         _figures_table(shown, "user", "User", currency, total=team),
+        *_slices_table(team["by_slice"], currency),
     ]
     if rest:
         flow.append(Paragraph(f"{len(rest)} more users are included in the total.", _SMALL))
@@ -183,6 +192,7 @@ def fleet_statement(report: dict[str, Any]) -> bytes:
         _figures_table(report["teams"], "team", "Team", currency, total=totals),
         Paragraph("By GPU model", _H2),
         _figures_table(totals["by_gpu_model"], "gpu_model", "GPU model", currency, total=totals),
+        *_slices_table(totals["by_slice"], currency),
     ]
     if not report["teams"]:
         summary.append(Paragraph("No usage this month.", _BODY))

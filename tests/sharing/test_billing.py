@@ -112,3 +112,48 @@ def test_the_migration_makes_shares_split_before_add_up_to_one(sharing_fleet):
     migration.exact_capacities(registry, None)
     assert sum(p.capacity for p in parts.all()) == 1
     assert {p.capacity for p in Gpu.devices.filter(parent=sharing_fleet["mig"])} == {Decimal("0.142857")}
+
+
+def test_the_monthly_report_shows_each_slice_at_its_fraction(vision, alice, admin, api_as, client, sharing_fleet):
+    """JSON, CSV, the Costs page and the PDF statement list the slices (MIG instances by profile, shares by size),
+    each at its fraction of the GPU's price; a month closed before the report had slices still reads."""
+    import csv
+    import io
+
+    from pypdf import PdfReader
+
+    from apps.billing.models import MonthClose
+
+    instance = Gpu.devices.filter(parent=sharing_fleet["mig"]).order_by("index").first()
+    quarter = Gpu.devices.filter(parent=sharing_fleet["shared"]).order_by("index").first()
+    assert instance is not None and quarter is not None
+    _hold(vision, alice, instance, 1)
+    _hold(vision, alice, quarter, 2)
+    (row,) = _rows(1)
+    month = timezone.localtime(row.start).strftime("%Y-%m")
+    url = f"/api/v1/reports/monthly/?month={month}&team=vision"
+    report = api_as(admin).get(url).json()
+    (team,) = report["teams"]
+    slices = {(x["gpu_model"], x["slice"]): (x["share"], x["gpu_hours"], x["cost"]) for x in team["by_slice"]}
+    assert slices == {
+        ("A100-80GB", "1g.10gb"): ("0.142857", "0.143", "0.40"),
+        ("A100-80GB", "1/4 share"): ("0.250000", "0.250", "0.70"),
+    }
+    assert report["totals"]["by_slice"] == team["by_slice"]
+
+    lines = list(csv.reader(io.StringIO(api_as(admin).get(url + "&format=csv").content.decode())))
+    assert ["vision", "slice", "A100-80GB 1g.10gb", "0.143", "0.40"] in [r[1:6] for r in lines]
+    client.force_login(admin)
+    page = client.get(f"/costs/?month={month}").content.decode()
+    assert "of which slices: A100-80GB 1/4 share: 0.70" in page and "A100-80GB 1g.10gb: 0.40" in page
+    pdf = client.get(f"/costs/report/{month}/vision.pdf")
+    text = PdfReader(io.BytesIO(pdf.content)).pages[0].extract_text()
+    assert "Of which slices of GPUs" in text and "A100-80GB 1/4 share" in text
+
+    MonthClose.objects.create(
+        month=row.month, status="closed", closed_at=timezone.now(),
+        figures={"month": month, "teams": {"vision": {"name": "Vision", "team_id": vision.pk,
+                                                       "by_gpu_model": {}, "by_user": {}}}},
+    )  # fmt: skip
+    frozen = api_as(admin).get(url).json()
+    assert (frozen["status"], frozen["teams"][0]["by_slice"], frozen["totals"]["by_slice"]) == ("closed", [], [])

@@ -74,15 +74,23 @@ class UserFigureOutput(FigureOutput):
     user = serializers.CharField()
 
 
+class SliceFigureOutput(FigureOutput):
+    gpu_model = serializers.CharField()
+    slice = serializers.CharField(help_text="a MIG profile (1g.10gb) or a share (1/4 share)")
+    share = serializers.CharField(help_text="of the physical GPU: 1/7 for a 1g instance, 0.25 for a quarter")
+
+
 class TeamReportOutput(FigureOutput):
     team = serializers.CharField()
     name = serializers.CharField()
     by_gpu_model = ModelFigureOutput(many=True)
     by_user = UserFigureOutput(many=True)
+    by_slice = SliceFigureOutput(many=True, help_text="the part of the figures above held as MIG instances or shares")
 
 
 class TotalsOutput(FigureOutput):
     by_gpu_model = ModelFigureOutput(many=True)
+    by_slice = SliceFigureOutput(many=True)
 
 
 class MonthlyReportOutput(serializers.Serializer[dict[str, Any]]):

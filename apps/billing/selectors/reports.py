@@ -1,5 +1,5 @@
-"""Monthly reports: the month's ledger aggregated per team by GPU model and by user (what a month close
-freezes), presented rounded to the cent for the JSON, CSV and PDF reports."""
+"""Monthly reports: the month's ledger aggregated per team by GPU model, by user and by slice (MIG instances and
+shares: what a month close freezes), presented rounded to the cent for the JSON, CSV and PDF reports."""
 
 from __future__ import annotations
 
@@ -56,14 +56,24 @@ def _agg_add(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def slice_name(profile: str, share: Decimal) -> str:
+    """How a report names a part of a GPU: its MIG profile, or its share as a fraction ("1/4")."""
+    if profile:
+        return profile
+    parts = round(1 / share) if share > 0 else 0
+    return f"1/{parts} share" if parts and abs(Decimal(1) / parts - share) < Decimal("0.000001") else f"{share} share"
+
+
 def report_figures(*, month: date) -> dict[str, Any]:
-    """A month's ledger aggregated in SQL, per team by GPU model and by user, at full precision: what a month
-    close freezes. Two grouped queries over the month's rows (index billing_usage_month_team) and three small
-    name look-ups."""
+    """A month's ledger aggregated in SQL, per team by GPU model, by user and by slice (the rows of MIG instances
+    and shares, by model, profile and share), at full precision: what a month close freezes. Three grouped
+    queries over the month's rows (index billing_usage_month_team) and three small name look-ups."""
     base = UsageRecord.objects.filter(month=month).order_by()
     ann = _agg_annotations()
     by_model: list[dict[str, Any]] = [dict(r) for r in base.values("team_id", "gpu_model_id").annotate(**ann)]
     by_user: list[dict[str, Any]] = [dict(r) for r in base.values("team_id", "user_id").annotate(**ann)]
+    slices = base.filter(share__lt=1).values("team_id", "gpu_model_id", "gpu__mig_profile", "share").annotate(**ann)
+    by_slice: list[dict[str, Any]] = [dict(r) for r in slices]
     team_ids = {r["team_id"] for r in by_model}
     teams = {t.pk: t for t in Team.objects.filter(pk__in=team_ids)}
     model_names = dict(GpuModel.objects.filter(pk__in={r["gpu_model_id"] for r in by_model}).values_list("pk", "name"))
@@ -71,9 +81,17 @@ def report_figures(*, month: date) -> dict[str, Any]:
     usernames = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
     out: dict[str, Any] = {}
     for tid in sorted(team_ids, key=lambda t: teams[t].slug):
-        out[teams[tid].slug] = {"name": teams[tid].name, "team_id": tid, "by_gpu_model": {}, "by_user": {}}
+        out[teams[tid].slug] = {
+            "name": teams[tid].name, "team_id": tid, "by_gpu_model": {}, "by_user": {}, "by_slice": {}
+        }  # fmt: skip
     for row in by_model:
         out[teams[row["team_id"]].slug]["by_gpu_model"][model_names[row["gpu_model_id"]]] = _agg_from_row(row)
+    for row in by_slice:
+        model, share = model_names[row["gpu_model_id"]], Decimal(row["share"])
+        key = f"{model} {slice_name(row['gpu__mig_profile'], share)}"
+        section = out[teams[row["team_id"]].slug]["by_slice"]
+        item = {"gpu_model": model, "slice": slice_name(row["gpu__mig_profile"], share), "share": str(share)}
+        section[key] = {**item, **_agg_add(section.get(key, {}), _agg_from_row(row))}
     for row in by_user:
         name: str = usernames.get(row["user_id"], "(no user)") if row["user_id"] is not None else "(no user)"
         section = out[teams[row["team_id"]].slug]["by_user"]
@@ -158,12 +176,17 @@ def monthly_report(
                     {"gpu_model": name, **_present(agg)} for name, agg in sorted(data["by_gpu_model"].items())
                 ],
                 "by_user": [{"user": name, **_present(agg)} for name, agg in sorted(data["by_user"].items())],
+                # A month closed before slices were reported froze no `by_slice`: its slices are in the other lists.
+                "by_slice": _slices(data.get("by_slice", {})),
             }
         )
     model_totals: dict[str, dict[str, Any]] = {}
+    slice_totals: dict[str, dict[str, Any]] = {}
     for data in shown.values():
         for name, agg in data["by_gpu_model"].items():
             model_totals[name] = _agg_add(model_totals.get(name, {}), agg)
+        for name, agg in data.get("by_slice", {}).items():
+            slice_totals[name] = {**agg, **_agg_add(slice_totals.get(name, {}), agg)}
     grand = sum_aggs(model_totals.values())
     status = "open" if closing is None else closing.status
     return {
@@ -177,8 +200,16 @@ def monthly_report(
         "totals": {
             **_present(grand),
             "by_gpu_model": [{"gpu_model": name, **_present(agg)} for name, agg in sorted(model_totals.items())],
+            "by_slice": _slices(slice_totals),
         },
     }
+
+
+def _slices(section: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"gpu_model": agg["gpu_model"], "slice": agg["slice"], "share": agg["share"], **_present(agg)}
+        for _, agg in sorted(section.items())
+    ]
 
 
 CSV_COLUMNS = [
@@ -198,8 +229,9 @@ CSV_ALL_TEAMS = "*"
 
 
 def report_csv_rows(report: dict[str, Any]) -> list[list[str]]:
-    """The report as flat rows (header first): one row per team, per team and GPU model, per team and user, and
-    the totals (team `*`). Same figures as the JSON, in the same rounding."""
+    """The report as flat rows (header first): one row per team, per team and GPU model, per team and user, per
+    team and slice (key: model and slice, e.g. `A100-80GB 1g.10gb`), and the totals (team `*`). Same figures as
+    the JSON, in the same rounding."""
 
     def line(team: str, section: str, key: str, fig: dict[str, Any]) -> list[str]:
         util = fig["mean_utilization"]
@@ -222,6 +254,8 @@ def report_csv_rows(report: dict[str, Any]) -> list[list[str]]:
         rows.append(line(team["team"], "team", "", team))
         rows += [line(team["team"], "gpu_model", m["gpu_model"], m) for m in team["by_gpu_model"]]
         rows += [line(team["team"], "user", u["user"], u) for u in team["by_user"]]
+        rows += [line(team["team"], "slice", f"{x['gpu_model']} {x['slice']}", x) for x in team["by_slice"]]
     rows.append(line(CSV_ALL_TEAMS, "total", "", report["totals"]))
     rows += [line(CSV_ALL_TEAMS, "gpu_model", m["gpu_model"], m) for m in report["totals"]["by_gpu_model"]]
+    rows += [line(CSV_ALL_TEAMS, "slice", f"{x['gpu_model']} {x['slice']}", x) for x in report["totals"]["by_slice"]]
     return rows
