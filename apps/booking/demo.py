@@ -1,12 +1,14 @@
 """Demo data for booking (embedded default only): GPU model prices, quotas for vision and nlp, the booking policy,
-and a few reservations in the coming days on whatever GPUs exist. Safe to call again: nothing is duplicated, and
-the reservations are added on the first call that finds GPUs."""
+and a few reservations in the coming days on whatever GPUs exist, two of them on slices (a MIG instance, a
+share). Safe to call again: nothing is duplicated, and the reservations are added on the first call that finds
+GPUs."""
 
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
@@ -106,6 +108,22 @@ def _reservations() -> None:
                 break
             except ApplicationError as exc:  # not enough of this model, or not allowed: try the next
                 logger.debug("demo booking %s on %s skipped: %s", note, model.name, exc.detail)
+    # Slices: an instance of the GPU in MIG mode and a quarter of the GPU split in four (apps.fleet.demo).
+    slices: list[tuple[str, str, int, int, int, dict[str, Any], str]] = [
+        ("vision", "bob", 1, 9, 6, {"mig_profile": "1g.10gb"}, "notebook on a MIG instance"),
+        ("vision", "alice", 2, 10, 8, {"gpu_share": Decimal("0.25")}, "inference service on a quarter GPU"),
+    ]
+    for team, user, day, hour, hours, part, note in slices:
+        if team not in teams or user not in users:
+            continue
+        start = today + timedelta(days=day, hours=hour)
+        try:
+            services.reservation_create(
+                user=users[user], team=teams[team], start=start, end=start + timedelta(hours=hours), gpu_count=1,
+                note=DEMO_NOTE + note, include_offline=True, **part,
+            )  # fmt: skip
+        except ApplicationError as exc:  # a fleet without parts (real GPUs): no slice bookings
+            logger.debug("demo booking %s skipped: %s", note, exc.detail)
 
 
 def load() -> None:

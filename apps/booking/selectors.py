@@ -305,7 +305,7 @@ def reservations_for_calendar(*, user: AnyUser, since: datetime) -> QuerySet[Res
         Reservation.objects.filter(team_id__in=team_ids_of(user), end__gt=since)
         .exclude(status=ReservationStatus.CANCELLED)
         .select_related("team", "user", "gpu_model")
-        .prefetch_related("allocations__gpu__node")
+        .prefetch_related("allocations__gpu__node", "allocations__gpu__parent__node")
         .order_by("start")
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -17,8 +18,8 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.accounts.selectors import memberships_of
 from apps.accounts.types import User
 from apps.booking import ical, selectors, services
-from apps.booking.models import ReservationStatus
-from apps.fleet.models import GpuModel
+from apps.booking.models import Reservation, ReservationStatus
+from apps.fleet.models import DeviceKind, Gpu, GpuModel
 
 
 @login_required
@@ -64,6 +65,31 @@ def calendar_regenerate(request: HttpRequest) -> HttpResponse:
     return render(request, "booking/calendar.html", {"nav_section": "booking", "feed_url": url})
 
 
+def _held(r: Reservation) -> list[Gpu]:
+    """The devices a reservation holds (a moved one: where it is now), else those it held."""
+    allocations = list(r.allocations.all())
+    return [a.gpu for a in allocations if a.active] or [a.gpu for a in allocations]
+
+
+def _where(gpu: Gpu) -> str:
+    """A GPU as node/index; a part as its GPU's with the part: "local/3 · 1g.10gb", "local/2 · share 1/4"."""
+    if gpu.parent is None:
+        return f"{gpu.node.name}/{gpu.index}"
+    return f"{gpu.parent.node.name}/{gpu.parent.index} · {gpu.part_label()}"
+
+
+def _summary(r: Reservation) -> str:
+    """ "vision: 2 x A100-80GB", and for parts "nlp: 1 x 1g.10gb of A100-80GB", "vision: 0.25 of a A100-80GB"."""
+    model = r.gpu_model.name if r.gpu_model else "GPU"
+    devices = _held(r)
+    if devices and all(d.kind == DeviceKind.MIG for d in devices):
+        return f"{r.team.slug}: {len(devices)} x {devices[0].mig_profile} of {model}"
+    if devices and all(d.kind == DeviceKind.SHARE for d in devices):
+        share = sum((d.capacity for d in devices), Decimal(0))
+        return f"{r.team.slug}: {share.normalize():f} of a {model}"
+    return f"{r.team.slug}: {r.gpu_count} x {model}"
+
+
 @require_GET
 def calendar_feed(request: HttpRequest, key: str) -> HttpResponse:
     """The user's teams' reservations as text/calendar; the key in the URL is the only credential.
@@ -80,11 +106,11 @@ def calendar_feed(request: HttpRequest, key: str) -> HttpResponse:
             uid=ical.event_uid("reservation", r.pk),
             start=r.start,
             end=r.end,
-            summary=f"{r.team.slug}: {r.gpu_count} x {r.gpu_model.name if r.gpu_model else 'GPU'}",
+            summary=_summary(r),
             description="\n".join(
                 [
                     f"Team {r.team.name}, booked by {r.user.username if r.user else '?'}",
-                    "GPUs: " + ", ".join(f"{a.gpu.node.name}/{a.gpu.index}" for a in r.allocations.all()),
+                    "GPUs: " + ", ".join(_where(gpu) for gpu in _held(r)),
                     *([r.note] if r.note else []),
                 ]
             ),

@@ -99,8 +99,13 @@ def _check(admin: Any) -> None:
     for event in events:
         summary = re.search(r"^SUMMARY:(.*)$", event, re.M).group(1)  # type: ignore[union-attr]
         held = re.search(r"GPUs: ([^\\\r\n]*)", event).group(1)  # type: ignore[union-attr]
-        models = {gpu_model[g.strip()] for g in held.replace("\\,", ",").split(",") if g.strip()}
+        # A part is named by its GPU and the part: "local/3 · 1g.10gb", "local/2 · share 1/4".
+        where = [g.split(" · ")[0].strip() for g in held.replace("\\,", ",").split(",") if g.strip()]
+        models = {gpu_model[g] for g in where}
         assert models and all(m in summary for m in models), (summary, held)
+    slices = [e for e in events if " · " in e]
+    assert any(": 1 x 1g.10gb of A100-80GB" in e and "· 1g.10gb" in e for e in slices), slices
+    assert any(": 0.25 of a A100-80GB" in e and "· share " in e for e in slices), slices
 
 
 def test_demo_history_prices_reservations_and_calendar_follow_the_real_models(admin: Any) -> None:
