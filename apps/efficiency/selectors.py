@@ -11,7 +11,7 @@ from apps.accounts.models import Team
 from apps.booking.models import Allocation, Reservation, ReservationStatus
 from apps.efficiency import detector
 from apps.efficiency.models import IdleExemption, IdleMark, IdlePolicy, MarkState
-from apps.fleet.models import Gpu
+from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs.models import Job, JobState
 from apps.telemetry.models import GpuRollup
 
@@ -113,15 +113,31 @@ def _floor_minute(moment: datetime) -> datetime:
 def minute_samples(
     *, gpu_ids: Iterable[int], since: datetime, until: datetime
 ) -> dict[int, dict[datetime, detector.Sample]]:
-    """{gpu id: {minute: sample}} from the minute rollups in [since, until)."""
+    """{gpu id: {minute: sample}} from the minute rollups in [since, until). A share's minutes are its GPU's, a MIG
+    instance's its own memory readings (detector.instance_sample): the detector's docstring says why."""
     ids = list(gpu_ids)
-    totals = dict(Gpu.objects.filter(pk__in=ids).values_list("pk", "memory_mib"))
-    out: dict[int, dict[datetime, detector.Sample]] = defaultdict(dict)
-    rows = GpuRollup.objects.filter(gpu_id__in=ids, minute__gte=since, minute__lt=until).values_list(
+    devices = list(Gpu.devices.filter(pk__in=ids).values_list("pk", "kind", "parent_id", "memory_mib"))
+    read_from = {
+        pk: (parent if kind == DeviceKind.SHARE and parent is not None else pk) for pk, kind, parent, _ in devices
+    }
+    instances = {pk for pk, kind, _, _ in devices if kind == DeviceKind.MIG}
+    sources = set(read_from.values())
+    totals = dict(Gpu.devices.filter(pk__in=sources).values_list("pk", "memory_mib"))
+    by_source: dict[int, dict[datetime, detector.Sample]] = defaultdict(dict)
+    rows = GpuRollup.objects.filter(gpu_id__in=sources, minute__gte=since, minute__lt=until).values_list(
         "gpu_id", "minute", "util_mean", "mem_used_max"
     )
     for gid, minute, util, mem in rows:
-        out[gid][minute] = detector.Sample(util=util, mem_used=mem, mem_total=float(totals.get(gid) or 0))
+        total = float(totals.get(gid) or 0)
+        by_source[gid][minute] = (
+            detector.instance_sample(mem, total)
+            if gid in instances
+            else detector.Sample(util=util, mem_used=mem, mem_total=total)
+        )
+    out: dict[int, dict[datetime, detector.Sample]] = {}
+    for pk, source in read_from.items():
+        if source in by_source:
+            out[pk] = by_source[source]
     return out
 
 

@@ -24,6 +24,7 @@ from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
 from apps.audit.services import audit_record
 from apps.billing.selectors.pricing import price_at
+from apps.billing.selectors.unbilled import mig_profile_prices
 from apps.billing.services import team_group
 from apps.booking.hooks import ReservationRehomed
 from apps.booking.services.reservations import reservation_release_by_portal
@@ -39,6 +40,7 @@ from apps.jobs.services.transitions import job_request_stop
 logger = logging.getLogger(__name__)
 
 APPLIES_TO = ("reservations", "jobs")
+_Q = Decimal("0.0001")
 
 
 @dataclass
@@ -80,14 +82,18 @@ def _subject(item: selectors.Watched) -> str:
     return f"{item.kind}s/{item.source_id}"
 
 
-def _cost_of(gpu_ids: tuple[int, ...], gpu_hours: Decimal, now: datetime) -> Decimal:
-    """The price of `gpu_hours` spread evenly over the GPUs (each at its model's price now)."""
-    prices = [
-        price_at(gpu_model_id=m, at=now) for m in Gpu.objects.filter(pk__in=gpu_ids).values_list("model_id", flat=True)
-    ]
-    if not prices:
-        return Decimal(0)
-    return (sum(prices, Decimal(0)) * gpu_hours / len(prices)).quantize(Decimal("0.0001"))
+def _handed_back(gpu_ids: tuple[int, ...], hours_left: Decimal, now: datetime) -> tuple[Decimal, Decimal]:
+    """The GPU-hours and cost handed back: `hours_left` on each GPU, a MIG instance or share counted at its share of
+    its GPU and priced as billing prices it (the admins' price of the MIG profile, else the GPU's price x share)."""
+    rows = list(Gpu.devices.filter(pk__in=gpu_ids).values_list("model_id", "capacity", "mig_profile"))
+    profile_prices = mig_profile_prices() if any(profile for _, _, profile in rows) else {}
+    gpu_hours, cost = Decimal(0), Decimal(0)
+    for model_id, capacity, profile in rows:
+        share = Decimal(capacity)
+        gpu_hours += hours_left * share
+        override = profile_prices.get((model_id, profile)) if profile else None
+        cost += hours_left * (override if override is not None else price_at(gpu_model_id=model_id, at=now) * share)
+    return gpu_hours.quantize(_Q), cost.quantize(_Q)
 
 
 def _warn(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
@@ -139,7 +145,7 @@ def _reclaim(item: selectors.Watched, v: detector.Verdict, now: datetime) -> boo
             released = reservation_release_by_portal(reservation_id=item.source_id, reason="idle", data=why, now=now)
             if released is None:
                 return False
-            hours = Decimal(max((released.booked_end - now).total_seconds(), 0)) / 3600 * len(item.gpu_ids)
+            left = Decimal(max((released.booked_end - now).total_seconds(), 0)) / 3600
         else:
             job = Job.objects.select_related("node").filter(pk=item.source_id).first()
             if job is None or job.stop_reason:
@@ -147,11 +153,10 @@ def _reclaim(item: selectors.Watched, v: detector.Verdict, now: datetime) -> boo
             job_request_stop(job=job, reason=JobReason.IDLE, grace_s=jobs_conf.CANCEL_GRACE_S)
             if not Job.objects.filter(pk=job.pk, stop_reason=JobReason.IDLE).exists():
                 return False  # no longer on its node: it ended on its own
-            left = (job.started_at or now) + timedelta(seconds=job.max_duration_s) - now
-            hours = Decimal(max(left.total_seconds(), 0)) / 3600 * len(item.gpu_ids)
+            until = (job.started_at or now) + timedelta(seconds=job.max_duration_s)
+            left = Decimal(max((until - now).total_seconds(), 0)) / 3600
             audit_record(actor=None, action="job.idle_stop", target=job, data=why)
-        cost = _cost_of(item.gpu_ids, hours, now)
-        hours = hours.quantize(Decimal("0.0001"))
+        hours, cost = _handed_back(item.gpu_ids, left, now)
         IdleMark.objects.filter(kind=item.kind, source_id=item.source_id).update(
             state=MarkState.RECLAIMED, reclaimed_at=now, reclaimed_gpu_hours=hours, reclaimed_cost=cost
         )
@@ -168,8 +173,8 @@ def _release_unused(item: selectors.Watched, now: datetime, th: detector.Thresho
         released = reservation_release_by_portal(reservation_id=item.source_id, reason="unused", data=why, now=now)
         if released is None:
             return False
-        hours = (Decimal(max((released.booked_end - now).total_seconds(), 0)) / 3600 * len(item.gpu_ids)).quantize(
-            Decimal("0.0001")
+        hours, cost = _handed_back(
+            item.gpu_ids, Decimal(max((released.booked_end - now).total_seconds(), 0)) / 3600, now
         )
         IdleMark.objects.update_or_create(
             kind=item.kind,
@@ -181,7 +186,7 @@ def _release_unused(item: selectors.Watched, now: datetime, th: detector.Thresho
                 "gpu_count": len(item.gpu_ids),
                 "reclaimed_at": now,
                 "reclaimed_gpu_hours": hours,
-                "reclaimed_cost": _cost_of(item.gpu_ids, hours, now),
+                "reclaimed_cost": cost,
             },
         )
         data: dict[str, object] = {"kind": item.kind, "id": item.source_id, "reason": "unused", **why}

@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 
 # KEYS: 1 latest, 2 minute accumulator, 3 pending minutes, 4 stats, 5 node seen, 6 job memory,
 #       7.. one history list per GPU.
-# ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 8 per GPU:
-#       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory ("job:mib,..." or '').
+# ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 9 per GPU:
+#       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory ("job:mib,..." or ''),
+#       MIG instances' memory ("MIG-uuid=mib,..." or ''): kept under the parent's prefix (`<gpu>|i_hi:<MIG uuid>`),
+#       so the flush takes an instance's minute only from the GPU it belongs to (rollups.accumulator_instance_rows).
 _SCRIPT = """
 local roll = KEYS[2]
 local n = tonumber(ARGV[6])
@@ -43,7 +45,7 @@ local function keep_max(f, v)
 end
 local latest = {}
 for i = 0, n - 1 do
-  local b = 7 + i * 8
+  local b = 7 + i * 9
   local uuid = ARGV[b]
   latest[#latest + 1] = uuid
   latest[#latest + 1] = ARGV[b + 1]
@@ -81,6 +83,11 @@ for i = 0, n - 1 do
     if old and old > peak then peak = old end
     redis.call('HSET', KEYS[6], f, ARGV[3] .. ',' .. mib .. ',' .. peak)
     keep_max(p .. 'j' .. job, mib)
+  end
+  for dev, mib in string.gmatch(ARGV[b + 8], '([^,=]+)=(%d+)') do
+    redis.call('HINCRBY', roll, p .. 'i_n:' .. dev, 1)
+    redis.call('HINCRBY', roll, p .. 'i_s:' .. dev, mib)
+    keep_max(p .. 'i_hi:' .. dev, mib)
   end
 end
 if n > 0 then
@@ -204,6 +211,7 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             _num(row.temp),
             _num(row.power),
             ",".join(f"{job_id}:{mib}" for job_id, mib in row.job_memory.items()),
+            ",".join(f"{uuid}={mib}" for uuid, mib in row.mig_memory.items()),
         ]
         redis_keys.append(keys.hist_key(row.uuid))
     newly_lost = [row.uuid for row in rows if row.lost and ident.gpus[row.uuid].status != "lost"]

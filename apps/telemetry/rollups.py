@@ -20,7 +20,7 @@ from django.db.models import F, FloatField, Max, Min, Q, Sum
 from django.utils import timezone
 
 from apps.core.redis import get_redis
-from apps.fleet.models import Gpu
+from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs.models import Job
 from apps.telemetry import keys
 from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute
@@ -89,6 +89,56 @@ def accumulator_job_memory(raw: Any) -> dict[tuple[int, str], int]:
     return out
 
 
+def accumulator_instance_rows(raw: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """The MIG instances of `HGETALL fleet:roll:<minute>`: {(GPU uuid, instance uuid): rollup figures} (pure; the
+    `<uuid>|i_n:<MIG uuid>`, `i_s:` and `i_hi:` fields). NVML reads an instance's memory only, so utilization,
+    temperature and power stay None: they are the GPU's."""
+    acc: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for key, value in raw.items():
+        k = key.decode() if isinstance(key, bytes) else key
+        uuid, _, metric = k.rpartition("|")
+        name, sep, instance = metric.partition(":")
+        if not uuid or not sep or name not in ("i_n", "i_s", "i_hi") or not instance:
+            continue
+        try:
+            acc[(uuid, instance)][name] = float(value)
+        except (TypeError, ValueError):
+            continue
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for ident, a in acc.items():
+        n = int(a.get("i_n", 0))
+        if n <= 0:
+            continue
+        out[ident] = {
+            "samples": n,
+            "util_min": None,
+            "util_mean": None,
+            "util_max": None,
+            "mem_used_mean": round(a.get("i_s", 0) / n, 3),
+            "mem_used_max": int(a["i_hi"]) if "i_hi" in a else None,
+            "temp_max": None,
+            "power_mean": None,
+        }
+    return out
+
+
+def _instance_rollups(raw: Any, start: datetime) -> list[GpuRollup]:
+    """A minute's rows for MIG instances, each taken only from the GPU it is an instance of (the node that sent
+    it was checked to own that GPU at ingest)."""
+    readings = accumulator_instance_rows(raw)
+    if not readings:
+        return []
+    ids = {
+        (parent, uuid): pk
+        for uuid, parent, pk in Gpu.devices.filter(
+            kind=DeviceKind.MIG,
+            uuid__in={uuid for _, uuid in readings},
+            parent__uuid__in={parent for parent, _ in readings},
+        ).values_list("uuid", "parent__uuid", "pk")
+    }
+    return [GpuRollup(gpu_id=ids[ident], minute=start, **fig) for ident, fig in readings.items() if ident in ids]
+
+
 def _job_memory_rows(raw: Any, start: datetime) -> list[JobMemoryMinute]:
     """A minute's job memory rows for the jobs on a MIG instance or a share of that GPU (a whole-GPU job's
     memory is its GPU's rollup; a reading for a job that holds nothing on the GPU is not the node's to give)."""
@@ -107,8 +157,8 @@ def _job_memory_rows(raw: Any, start: datetime) -> list[JobMemoryMinute]:
 
 
 def flush_rollups(*, now: float | None = None) -> int:
-    """Upsert every closed minute's accumulator into GpuRollup (and its part jobs' memory into JobMemoryMinute);
-    returns the number of GpuRollup rows written."""
+    """Upsert every closed minute's accumulator into GpuRollup (the GPUs and their MIG instances; its part jobs'
+    memory into JobMemoryMinute); returns the number of GpuRollup rows written."""
     now = time.time() if now is None else now
     redis: Any = get_redis()
     minutes = [int(float(m)) for m in redis.zrangebyscore(keys.ROLLUP_PENDING, "-inf", _closed_before(now))]
@@ -120,6 +170,7 @@ def flush_rollups(*, now: float | None = None) -> int:
         ids = dict(Gpu.objects.filter(uuid__in=per_gpu).values_list("uuid", "id"))
         start = datetime.fromtimestamp(minute, tz=UTC)
         objs = [GpuRollup(gpu_id=ids[uuid], minute=start, **fig) for uuid, fig in per_gpu.items() if uuid in ids]
+        objs += _instance_rollups(raw, start)
         jobs = _job_memory_rows(raw, start)
         with transaction.atomic():
             GpuRollup.objects.bulk_create(
