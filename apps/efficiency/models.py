@@ -134,12 +134,16 @@ class WaitlistQuerySet(ScopedQuerySet["WaitlistEntry"]):
 
 
 class WaitlistEntry(models.Model):
-    """A booking refused for lack of GPUs, waiting for GPUs of that model in that window (first come first served)."""
+    """A booking refused for lack of GPUs, waiting for GPUs of that model (or slices of them: MIG instances of a
+    profile, a share of one GPU) in that window (first come first served)."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     gpu_model = models.ForeignKey("fleet.GpuModel", on_delete=models.PROTECT, related_name="+")
     gpu_count = models.PositiveSmallIntegerField()
+    # A slice of a GPU instead of whole GPUs: `gpu_count` instances of a MIG profile, or a share of one GPU.
+    mig_profile = models.CharField(max_length=32, blank=True, default="")
+    gpu_share = models.DecimalField(max_digits=7, decimal_places=6, null=True, blank=True)
     start = models.DateTimeField()
     end = models.DateTimeField()
     auto_book = models.BooleanField(default=False, help_text="book at once when GPUs free up (else: notify)")
@@ -156,6 +160,13 @@ class WaitlistEntry(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="efficiency_wait_end_after_start"),
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="efficiency_wait_count_positive"),
+            models.CheckConstraint(
+                condition=Q(mig_profile="") | Q(gpu_share__isnull=True), name="efficiency_wait_one_kind_of_slice"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_share__isnull=True) | (Q(gpu_share__gt=0) & Q(gpu_share__lte=1) & Q(gpu_count=1)),
+                name="efficiency_wait_share_of_one_gpu",
+            ),
         ]
         indexes = [models.Index(fields=["state", "gpu_model", "start"], name="efficiency_wait_state_model")]
 

@@ -1,5 +1,6 @@
-"""The waitlist: a member whose booking was refused for lack of GPUs waits for that model, count and window; GPUs
-freed by a release, a reclaim or an unused release go to the waitlist first, oldest entry first.
+"""The waitlist: a member whose booking was refused for lack of GPUs waits for that model, count and window (or for
+that slice: MIG instances of a profile, a share of one GPU); GPUs and slices freed by a release, a reclaim or an
+unused release go to the waitlist first, oldest entry first.
 
 Serving runs right after a reservation ends early (booking's ended-hook, after its commit, sends the task at once)
 and on every idle scan. Each entry is taken under a row lock with SKIP LOCKED, so overlapping serves never handle
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -23,6 +25,13 @@ from apps.accounts.types import AnyUser, User
 from apps.audit.services import audit_record
 from apps.booking import hooks
 from apps.booking import selectors as booking_selectors
+from apps.booking.services.devices import (
+    check_part_in_fleet,
+    check_profile,
+    parse_share,
+    place_parts_locked,
+    share_text,
+)
 from apps.booking.services.reservations import reservation_create
 from apps.core.errors import ApplicationError, Conflict, Forbidden, NotFound, ValidationFailed
 from apps.efficiency.models import WaitlistEntry, WaitState
@@ -43,8 +52,12 @@ def waitlist_join(
     end: datetime,
     auto_book: bool = False,
     note: str = "",
+    mig_profile: str | None = None,
+    gpu_share: Any = None,
 ) -> WaitlistEntry:
-    """Wait for `gpu_count` GPUs of `gpu_model` in [start, end) (audited). Members of the team only."""
+    """Wait for `gpu_count` GPUs of `gpu_model` in [start, end) (audited), or for `gpu_count` of its MIG instances of
+    `mig_profile`, or for `gpu_share` of one of its GPUs (checked as a booking checks them: a profile or share the
+    model's GPUs do not give as laid out now is a 400, since waiting could never end). Members of the team only."""
     if not isinstance(user, User) or not Membership.objects.filter(user=user, team=team).exists():
         raise Forbidden(f"You are not a member of team {team.slug}.", code="not_a_member")
     model = GpuModel.objects.filter(name=gpu_model).first()
@@ -52,6 +65,7 @@ def waitlist_join(
         raise ValidationFailed(f"No GPU model {gpu_model!r}.", fields={"gpu_model": ["Unknown model."]})
     if not 1 <= gpu_count <= 64:
         raise ValidationFailed("gpu_count must be 1 to 64.", fields={"gpu_count": ["From 1 to 64."]})
+    share = _check_slice(model, mig_profile, gpu_share, gpu_count)
     if timezone.is_naive(start) or timezone.is_naive(end) or end <= start:
         raise ValidationFailed("end must be after start (with offsets).", fields={"end": ["Must be after start."]})
     if end <= timezone.now():
@@ -62,14 +76,64 @@ def waitlist_join(
             user=user,
             gpu_model=model,
             gpu_count=gpu_count,
+            mig_profile=mig_profile or "",
+            gpu_share=share,
             start=start,
             end=end,
             auto_book=auto_book,
             note=note[:500],
         )
-        audit_record(actor=user, action="waitlist.join", target=entry, data={"auto_book": auto_book})
+        audit_record(actor=user, action="waitlist.join", target=entry, data={"auto_book": auto_book, **_slice(entry)})
     transaction.on_commit(lambda: _nudge())
     return entry
+
+
+def _check_slice(model: GpuModel, mig_profile: str | None, gpu_share: Any, gpu_count: int) -> Decimal | None:
+    if mig_profile and gpu_share is not None:
+        raise ValidationFailed(
+            "Give mig_profile or gpu_share, not both.", fields={"gpu_share": ["Not with mig_profile."]}
+        )
+    share = parse_share(gpu_share) if gpu_share is not None else None
+    if share is not None and gpu_count != 1:
+        raise ValidationFailed(
+            "A share is of one GPU: gpu_count must be 1.", fields={"gpu_count": ["1 with gpu_share."]}
+        )
+    if mig_profile:
+        check_profile(mig_profile)
+    if mig_profile or (share is not None and share < 1):
+        check_part_in_fleet(mig_profile=mig_profile, gpu_share=share, models=[model.name])
+    return share
+
+
+def _slice(entry: WaitlistEntry) -> dict[str, Any]:
+    """What the entry waits for beyond model and count, for events and the audit log."""
+    if entry.mig_profile:
+        return {"mig_profile": entry.mig_profile}
+    if entry.gpu_share is not None:
+        return {"gpu_share": share_text(entry.gpu_share)}
+    return {}
+
+
+def _slice_free(entry: WaitlistEntry, start: datetime, end: datetime) -> bool:
+    """Whether the slice the entry waits for can be booked in [start, end) now: booking's own placement, run and
+    rolled back (it takes the model's placement lock until the serve's transaction ends, as a booking would)."""
+    try:
+        with transaction.atomic():
+            place_parts_locked(
+                team=entry.team,
+                user=None,
+                model=entry.gpu_model,
+                uuids=[],
+                mig_profile=entry.mig_profile or None,
+                gpu_share=entry.gpu_share,
+                count=entry.gpu_count,
+                start=start,
+                end=end,
+                explain=False,
+            )
+    except ApplicationError:
+        return False
+    return True
 
 
 def waitlist_cancel(*, user: AnyUser, entry_id: int) -> WaitlistEntry:
@@ -117,6 +181,8 @@ def _serve_one(entry: WaitlistEntry, now: datetime) -> str | None:
                 end=entry.end,
                 gpu_model=entry.gpu_model,
                 gpu_count=entry.gpu_count,
+                mig_profile=entry.mig_profile or None,
+                gpu_share=entry.gpu_share,
                 note=f"from the waitlist (#{entry.pk})",
             )
         except ApplicationError:  # still no room (or the quota says no): stays first in line
@@ -128,15 +194,21 @@ def _serve_one(entry: WaitlistEntry, now: datetime) -> str | None:
         audit_record(actor=None, action="waitlist.booked", target=entry, data={"reservation": result.reservation.pk})
         return "booked"
     # From now on: the part of the current slot that is already over does not need to be free.
-    free = len(booking_selectors.free_gpus(start=max(start, now), end=entry.end, model=entry.gpu_model))
-    if free < entry.gpu_count:
-        return None
+    if entry.mig_profile or entry.gpu_share is not None:
+        if not _slice_free(entry, max(start, now), entry.end):
+            return None
+        free = entry.gpu_count
+    else:
+        free = len(booking_selectors.free_gpus(start=max(start, now), end=entry.end, model=entry.gpu_model))
+        if free < entry.gpu_count:
+            return None
     entry.state = WaitState.NOTIFIED
     entry.save(update_fields=["state"])
     data: dict[str, object] = {
         "waitlist_id": entry.pk,
         "gpu_model": entry.gpu_model.name,
         "gpu_count": entry.gpu_count,
+        **_slice(entry),
         "free": free,
         "start": start.isoformat(),
         "end": entry.end.isoformat(),

@@ -114,3 +114,31 @@ def test_the_part_and_the_model_stay_consistent_and_the_booking_is_of_that_model
     quarter = _book(page, "share:0.25", "a quarter of an A100", start, end)
     assert quarter.gpu_model.name == "A100-80GB"
     assert quarter.allocations.get().gpu.parent_id == sharing_fleet["shared"].pk
+
+
+def test_a_refused_share_offers_to_wait_for_that_share(page, alice, sharing_fleet):
+    from apps.booking import services as booking
+    from apps.efficiency.models import WaitlistEntry
+
+    start, end = slot(days=1, hour=10, hours=2)
+    team = alice.memberships.first().team
+    booking.reservation_create(user=alice, team=team, start=start, end=end, gpu_share=1, gpu_model="A100-80GB")
+    page.select_option("#book-part", "share:0.25")
+    page.fill("#book-start", start.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#book-end", end.strftime("%Y-%m-%dT%H:%M"))
+    page.click("#book-submit")
+    button = page.locator("#waitlist-join")
+    button.wait_for()
+    assert button.inner_text() == "Wait for this share"
+    page.check("#waitlist-auto")
+    button.click()
+    page.wait_for_selector("#waitlist-status >> text=On the waitlist")
+    entry = WaitlistEntry.objects.get(user=alice)
+    assert (str(entry.gpu_share), entry.mig_profile, entry.gpu_count, entry.start, entry.end, entry.auto_book) == (
+        "0.250000",
+        "",
+        1,
+        start,
+        end,
+        True,
+    )

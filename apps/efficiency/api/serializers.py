@@ -78,7 +78,18 @@ class EfficiencyReportOutput(serializers.Serializer[Any]):
 class WaitlistInput(serializers.Serializer[Any]):
     team = serializers.SlugField()
     gpu_model = serializers.CharField(max_length=64)
-    gpu_count = serializers.IntegerField(min_value=1, max_value=64)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    mig_profile = serializers.CharField(
+        max_length=32, required=False, allow_null=True, default=None, help_text="wait for instances of this MIG profile"
+    )
+    gpu_share = serializers.FloatField(
+        min_value=0,
+        max_value=1,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="wait for this share of one GPU",
+    )
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     auto_book = serializers.BooleanField(default=False, help_text="book at once when GPUs free up (else: notify)")
@@ -91,6 +102,8 @@ class WaitlistOutput(serializers.Serializer[Any]):
     user = serializers.CharField(source="user.username")
     gpu_model = serializers.CharField(source="gpu_model.name")
     gpu_count = serializers.IntegerField()
+    mig_profile = serializers.SerializerMethodField()
+    gpu_share = serializers.SerializerMethodField()
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     auto_book = serializers.BooleanField()
@@ -98,3 +111,9 @@ class WaitlistOutput(serializers.Serializer[Any]):
     state = serializers.CharField()
     reservation_id = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
+
+    def get_mig_profile(self, entry: Any) -> str | None:
+        return entry.mig_profile or None
+
+    def get_gpu_share(self, entry: Any) -> float | None:
+        return None if entry.gpu_share is None else float(entry.gpu_share)

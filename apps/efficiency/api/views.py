@@ -111,7 +111,7 @@ class EfficiencyReportView(PortalAPIView):
 
 class WaitlistView(ScopedListAPIView):
     """The waitlist entries of the user's teams (admins: all), oldest first; POST joins it (a member of the team),
-    for a model, a count and a window refused for lack of GPUs."""
+    for a model, a count and a window refused for lack of GPUs (or for a slice: `mig_profile`, `gpu_share`)."""
 
     model = WaitlistEntry
     serializer_class = WaitlistOutput
@@ -137,6 +137,8 @@ class WaitlistView(ScopedListAPIView):
             end=v["end"],
             auto_book=v["auto_book"],
             note=v["note"],
+            mig_profile=v["mig_profile"],
+            gpu_share=v["gpu_share"],
         )
         return Response(WaitlistOutput(entry).data, status=201)
 
