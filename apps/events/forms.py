@@ -10,7 +10,7 @@ from apps.events.models import MailPreference
 
 EVENT_CHOICES = [
     ("job.*", "Jobs: queued, running, succeeded, failed, cancelled, lost"),
-    ("reservation.*", "Reservations: created, starting soon, started, ended, released"),
+    ("reservation.*", "Reservations: created, starting soon, started, moved, ended, released"),
     ("budget.threshold", "Budget thresholds"),
     ("idle.*", "Idle GPUs: warnings and reclaims"),
     ("node.*", "Nodes down and up"),

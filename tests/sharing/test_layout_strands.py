@@ -136,6 +136,15 @@ def test_the_holder_is_told_after_commit(api_as, alice, node_a, django_capture_o
     assert moved.reservation_id == first["id"] and not moved.ended and moved.user_id == alice.pk
     assert list(moved.moved) == [first["gpus"][0]["uuid"]]
     assert ended.reservation_id == second["id"] and ended.ended and "no free device" in ended.message
+    # Webhooks and mail hear the move too (the end is a `reservation.released` with the reason).
+    from apps.events.models import OutboxEvent
+
+    (event,) = OutboxEvent.objects.filter(event_type="reservation.moved")
+    assert event.subject == f"reservations/{first['id']}" and event.user_id == alice.pk
+    assert event.data["reason"] == "layout" and event.data["moves"] == moved.moved and event.data["message"]
+    assert event.data["status"] == "booked"
+    released = OutboxEvent.objects.get(event_type="reservation.released", subject=f"reservations/{second['id']}")
+    assert released.data["reason"] == "layout"
 
 
 @pytest.mark.django_db

@@ -44,6 +44,7 @@ from apps.booking import hooks
 from apps.booking.models import Allocation, MaintenanceWindow, Reservation, ReservationStatus
 from apps.booking.services.agents import send_holds
 from apps.booking.services.conflicts import held_sql
+from apps.booking.services.events import publish_reservation
 from apps.booking.services.locks import GPU_LOCK_NAMESPACE
 from apps.booking.services.reservations import reservation_release_by_portal
 from apps.fleet.models import DeviceKind, Gpu, GpuStatus, NodeStatus
@@ -388,7 +389,12 @@ def reservation_rehome(*, reservation_id: int, now: datetime | None = None) -> O
             )
             if reservation.status == ReservationStatus.ACTIVE:
                 send_holds(reservation.pk)
-            _tell(reservation, ended=False, reason=reason, message=_said(done, ended=False), moved=moved)
+            said = _said(done, ended=False)
+            # Integrations that hold a device's uuid (a CI job pinned to it) learn where the booking is now.
+            publish_reservation(
+                "reservation.moved", reservation, status=reservation.status, reason=reason, moves=moved, message=said
+            )
+            _tell(reservation, ended=False, reason=reason, message=said, moved=moved)
             return Outcome(reservation_id=reservation.pk, moved=moved, ended=False)
     # Nothing free gives it: end it in a transaction of its own, in the order a release by its holder takes locks.
     reason = REASON_GONE if any(u.reason == REASON_GONE for u in units) else REASON
