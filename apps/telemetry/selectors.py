@@ -11,6 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.core.redis import get_redis, get_request_redis
+from apps.fleet.models import DeviceKind, Gpu
 from apps.telemetry import keys
 from apps.telemetry.models import GpuHourlyRollup, GpuRollup
 
@@ -81,6 +82,39 @@ def rollup_history(*, gpu_id: int, since: datetime, resolution: str) -> list[dic
         qs = GpuHourlyRollup.objects.filter(gpu_id=gpu_id, hour__gte=since).order_by("hour")
         period = "hour"
     return [{"t": row.pop(period), **row} for row in qs.values(period, *ROLLUP_FIELDS)]
+
+
+def instance_history(*, gpu_id: int, since: datetime, resolution: str) -> list[dict[str, Any]]:
+    """The memory history of a GPU's live MIG instances (NVML reads nothing else per instance), one entry per
+    instance in GPU-instance order: uuid, profile, gi_id, memory_mib and its minute or hour points (`t`,
+    `mem_used_mean`, `mem_used_max`), oldest first. Empty for a GPU with no instances."""
+    instances = list(
+        Gpu.devices.filter(parent_id=gpu_id, kind=DeviceKind.MIG, retired_at__isnull=True)
+        .order_by("gi_id", "index")
+        .values("pk", "uuid", "mig_profile", "gi_id", "memory_mib")
+    )
+    if not instances:
+        return []
+    model: Any = GpuRollup if resolution == "minute" else GpuHourlyRollup
+    period = "minute" if resolution == "minute" else "hour"
+    points: dict[int, list[dict[str, Any]]] = {i["pk"]: [] for i in instances}
+    rows = (
+        model.objects.filter(gpu_id__in=points, **{f"{period}__gte": since})
+        .order_by(period)
+        .values_list("gpu_id", period, "mem_used_mean", "mem_used_max")
+    )
+    for gpu, t, mean, peak in rows:
+        points[gpu].append({"t": t, "mem_used_mean": mean, "mem_used_max": peak})
+    return [
+        {
+            "uuid": i["uuid"],
+            "profile": i["mig_profile"],
+            "gi_id": i["gi_id"],
+            "memory_mib": i["memory_mib"],
+            "points": points[i["pk"]],
+        }
+        for i in instances
+    ]
 
 
 def pick_resolution(hours: int) -> str:

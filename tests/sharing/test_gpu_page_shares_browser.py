@@ -75,3 +75,30 @@ def test_members_get_no_control(signed_in, live_portal, alice, sharing_fleet):
     page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-1/")
     page.wait_for_selector("#gpu-status")
     assert page.locator("#shares-form").count() == 0
+
+
+def test_a_mig_gpu_page_draws_each_instances_memory(signed_in, live_portal, alice, sharing_fleet):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.telemetry.models import GpuRollup
+
+    now = timezone.now().replace(second=0, microsecond=0)
+    instances = list(Gpu.devices.filter(parent__uuid="GPU-mig-0", kind="mig").order_by("gi_id")[:2])
+    GpuRollup.objects.bulk_create(
+        GpuRollup(gpu=g, minute=now - timedelta(minutes=m), samples=60, mem_used_mean=900.0 * k, mem_used_max=1000 * k)
+        for k, g in enumerate(instances, start=1)
+        for m in range(1, 21)
+    )
+    page = signed_in("alice")
+    page.goto(f"{live_portal.url}/fleet/gpus/GPU-mig-0/")
+    page.wait_for_function("document.body.dataset.instanceLines !== undefined")
+    assert page.evaluate("document.body.dataset.instanceLines") == "2"
+    assert page.inner_text("#instances-note") == "2 of 7 instances with readings in this range"
+    page.click('.gpu-ranges button[data-resolution="raw"]')
+    page.wait_for_function("document.body.dataset.instanceLines === '0'")
+    assert "pick 1 h or more" in page.inner_text("#instances-note")
+    page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-0/")  # not in MIG mode: no such chart
+    page.wait_for_function("document.body.dataset.historyPoints !== undefined")
+    assert page.locator("#chart-instances").count() == 0

@@ -129,3 +129,30 @@ def test_the_fleet_page_shows_parts_before_any_snapshot_was_published(client, ap
         assert holder["team"] == "vision"
         assert ("user" in holder) is sees_user
         assert shared["parts"] == {"kind": "share", "total": 4, "free": 4} and shared["holder"] is None
+
+
+def test_the_history_api_gives_each_instances_memory(api_as, alice, sharing_fleet):
+    from apps.fleet.models import Gpu
+    from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+
+    first = Gpu.devices.get(uuid=FIRST)
+    now = timezone.now().replace(second=0, microsecond=0)
+    GpuRollup.objects.bulk_create(
+        GpuRollup(gpu=first, minute=now - timedelta(minutes=m), samples=60, mem_used_mean=4_000.0, mem_used_max=5_000)
+        for m in (3, 2, 1)
+    )
+    GpuHourlyRollup.objects.create(gpu=first, hour=now.replace(minute=0), samples=60, mem_used_max=5_000)
+    url = "/api/v1/gpus/GPU-mig-0/history/"
+    data = api_as(alice).get(url, {"hours": 1}).json()
+    assert data["resolution"] == "minute" and data["points"] == []  # the GPU's own rows: none written here
+    instances = {i["uuid"]: i for i in data["instances"]}
+    assert len(instances) == 7 and [i["gi_id"] for i in data["instances"]] == list(range(7, 14))
+    mine = instances[FIRST]
+    assert (mine["profile"], mine["memory_mib"]) == ("1g.10gb", 9_728)
+    assert [p["mem_used_max"] for p in mine["points"]] == [5_000] * 3
+    assert mine["points"][0]["t"] < mine["points"][-1]["t"]  # oldest first
+    assert instances[SECOND]["points"] == []
+    hourly = api_as(alice).get(url, {"hours": 1, "resolution": "hour"}).json()
+    assert [p["mem_used_max"] for p in {i["uuid"]: i for i in hourly["instances"]}[FIRST]["points"]] == [5_000]
+    assert api_as(alice).get(url, {"resolution": "raw"}).json()["instances"] == []
+    assert api_as(alice).get("/api/v1/gpus/GPU-shared-0/history/").json()["instances"] == []

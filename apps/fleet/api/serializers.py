@@ -218,11 +218,22 @@ class HistoryPointOutput(serializers.Serializer[dict[str, Any]]):
     power_mean = serializers.FloatField(allow_null=True)
 
 
+class InstanceHistoryOutput(serializers.Serializer[dict[str, Any]]):
+    uuid = serializers.CharField()
+    profile = serializers.CharField()
+    gi_id = serializers.IntegerField(allow_null=True)
+    memory_mib = serializers.IntegerField()
+    points = serializers.ListField(child=serializers.DictField(), help_text="t, mem_used_mean, mem_used_max")
+
+
 class GpuHistoryOutput(serializers.Serializer[dict[str, Any]]):
     uuid = serializers.CharField()
     resolution = serializers.ChoiceField(choices=["raw", "minute", "hour"])
     since = serializers.DateTimeField()
     points = serializers.ListField(child=serializers.DictField())
+    instances = InstanceHistoryOutput(
+        many=True, help_text="a GPU in MIG mode: each instance's memory (minute and hour resolutions; [] for raw)"
+    )
 
 
 class ProbeRequestedOutput(serializers.Serializer[dict[str, Any]]):

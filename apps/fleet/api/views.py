@@ -94,7 +94,7 @@ def _visible_gpu(request: Request, uuid: str) -> Gpu:
 
 class GpuHistoryView(PortalAPIView):
     """A GPU's telemetry for its detail chart: per-minute rollups up to 48 h, per-hour beyond; `resolution=raw`
-    gives the last ~2 minutes of 1 Hz samples."""
+    gives the last ~2 minutes of 1 Hz samples. A GPU in MIG mode adds each instance's memory (`instances`)."""
 
     @extend_schema(
         parameters=[
@@ -116,13 +116,15 @@ class GpuHistoryView(PortalAPIView):
         if resolution not in ("raw", "minute", "hour"):
             raise ValidationFailed("Unknown resolution.", fields={"resolution": ["raw, minute or hour."]})
         since = telemetry.history_window(hours)
+        instances: list[dict[str, Any]] = []
         if resolution == "raw":
             points: list[dict[str, Any]] = telemetry.raw_history(gpu.uuid)
         else:
             points = telemetry.rollup_history(gpu_id=gpu.pk, since=since, resolution=resolution)
-        return Response(
-            GpuHistoryOutput({"uuid": gpu.uuid, "resolution": resolution, "since": since, "points": points}).data
-        )
+            if gpu.mig_mode:
+                instances = telemetry.instance_history(gpu_id=gpu.pk, since=since, resolution=resolution)
+        out = {"uuid": gpu.uuid, "resolution": resolution, "since": since, "points": points, "instances": instances}
+        return Response(GpuHistoryOutput(out).data)
 
 
 class NodeDrainView(PortalAPIView):

@@ -145,6 +145,27 @@ const charts = {
   ], { y: { min: 0, position: "left" }, y1: { min: 0, suggestedMax: 90, position: "right", grid: { drawOnChartArea: false } } }),
 };
 
+// A GPU in MIG mode: each instance's memory (the one reading NVML gives per instance), one line per instance, from
+// the same history request (minute and hour ranges; the raw range has none).
+const INSTANCE_COLORS = ["#2f6fed", "#8e44ad", "#d68a00", "#1e8449", "#d64545", "#17a2b8", "#6c757d"];
+if ($("chart-instances")) charts.instances = lineChart($("chart-instances"), [], { y: { min: 0 } });
+
+function setInstances(instances) {
+  if (!charts.instances) return;
+  charts.instances.data.datasets = instances.map((inst, i) => ({
+    label: `${inst.profile}${inst.gi_id == null ? "" : ` (GI ${inst.gi_id})`}`,
+    data: inst.points.map((p) => ({ x: new Date(p.t).getTime(), y: p.mem_used_max == null ? null : p.mem_used_max / 1024 })),
+    borderColor: INSTANCE_COLORS[i % INSTANCE_COLORS.length],
+    fill: false,
+  }));
+  charts.instances.options.plugins.legend.display = true;
+  charts.instances.update("none");
+  const shown = instances.filter((inst) => inst.points.length).length;
+  $("instances-note").textContent = range.resolution === "raw" ? "per-instance memory is kept per minute: pick 1 h or more"
+    : `${shown} of ${instances.length} instances with readings in this range`;
+  document.body.dataset.instanceLines = String(shown); // for the browser test
+}
+
 // Both shapes to one: raw samples {ts, util, mem_used, temp, power} and rollups {t, util_min/mean/max, ...}.
 function normalize(point) {
   if (point.t !== undefined) {
@@ -209,6 +230,7 @@ async function loadHistory() {
     const points = data.points.map(normalize).sort((a, b) => a.x - b.x);
     setWindow();
     setSeries(points);
+    setInstances(data.instances || []);
     note.textContent = points.length
       ? `${points.length} ${data.resolution === "raw" ? "samples, 1 a second" : `${data.resolution} averages`}`
       : "no data for this range yet";
