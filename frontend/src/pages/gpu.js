@@ -158,7 +158,11 @@ function setInstances(instances) {
     borderColor: INSTANCE_COLORS[i % INSTANCE_COLORS.length],
     fill: false,
   }));
-  charts.instances.options.plugins.legend.display = true;
+  const chart = charts.instances.options;
+  chart.plugins.legend.display = true;
+  chart.plugins.legend.labels = { boxWidth: 12 };
+  // The scale of the instances' own size, so that an empty instance looks empty.
+  chart.scales.y.suggestedMax = Math.max(0, ...instances.map((inst) => inst.memory_mib)) / 1024;
   charts.instances.update("none");
   const shown = instances.filter((inst) => inst.points.length).length;
   $("instances-note").textContent = range.resolution === "raw" ? "per-instance memory is kept per minute: pick 1 h or more"
