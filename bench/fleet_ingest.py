@@ -2,7 +2,7 @@
 
     DATABASE_URL=... REDIS_URL=... .venv/bin/python -m bench.fleet_ingest [--path stream|celery] [--nodes 125]
         [--gpus-per-node 8] [--seconds 30] [--warmup 8] [--heartbeat 5] [--counters]
-        [--jobs-per-gpu K [--job-every N]]
+        [--jobs-per-gpu K [--job-every N]] [--mig-per-gpu K]
 
 What runs:
 - setup (this process, Django): nodes `bench-000`... with tokens and registered GPUs (idempotent), Redis cleaned;
@@ -70,6 +70,7 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
     counters = bool(spec.get("counters"))  # --counters: rows carry the device counters agents send ("x")
     jobs_per_gpu = int(spec.get("jobs_per_gpu", 0))  # --jobs-per-gpu: rows carry their jobs' memory ("j")
     job_every = max(1, int(spec.get("job_every", 10)))
+    mig_per_gpu = int(spec.get("mig_per_gpu", 0))  # --mig-per-gpu: rows carry their MIG instances' memory ("m")
     app = make_celery(os.environ["REDIS_URL"], "bench-generator")
     stream = make_stream_client(os.environ["REDIS_URL"])
     rng = random.Random(1)
@@ -116,6 +117,9 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
                         # As the agent's slow tick sends them: the memory of each job on the GPU (shares of it).
                         base = 10_000 + (i * 8 + len(rows)) * jobs_per_gpu
                         extra["j"] = [[base + j, 2_000 + util * 60 + j] for j in range(jobs_per_gpu)]
+                    if mig_per_gpu:
+                        # A GPU in MIG mode: every sample carries each instance's memory, as the agent reads it.
+                        extra["m"] = [[f"MIG-{uuid[4:]}-{k}", 12 + util * 9 + k] for k in range(mig_per_gpu)]
                     if extra:
                         rows[-1].append(extra)
                 message = {
@@ -237,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--counters", action="store_true", help="rows carry the device counters (mem temp, energy...)")
     p.add_argument("--jobs-per-gpu", type=int, default=0, help="rows carry the memory of this many jobs per GPU")
     p.add_argument("--job-every", type=int, default=10, help="... on every Nth message of a node (agents: ~10 s)")
+    p.add_argument("--mig-per-gpu", type=int, default=0, help="rows carry the memory of this many MIG instances")
     p.add_argument("--generate", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.generate:
@@ -285,7 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = Path(tmp) / "nodes.json"
         spec.write_text(
             json.dumps(
-                {"nodes": nodes, "counters": a.counters, "jobs_per_gpu": a.jobs_per_gpu, "job_every": a.job_every}
+                {
+                    "nodes": nodes,
+                    "counters": a.counters,
+                    "jobs_per_gpu": a.jobs_per_gpu,
+                    "job_every": a.job_every,
+                    "mig_per_gpu": a.mig_per_gpu,
+                }
             )
         )
         total = a.warmup + a.seconds + 2
@@ -352,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpus": gpus,
         "jobs_per_gpu": a.jobs_per_gpu,
         "job_every": a.job_every if a.jobs_per_gpu else None,
+        "mig_per_gpu": a.mig_per_gpu,
         "target_samples_per_s": gpus,
         "samples_per_s": round(samples / wall, 1),
         "telemetry_messages_per_s": round(messages / wall, 1),
