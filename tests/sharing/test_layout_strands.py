@@ -388,3 +388,27 @@ def test_a_change_the_first_read_missed_is_registered_guarded(
     assert layout_version() == version + 1
     (gpu,) = devices(mine["id"])
     assert gpu.retired_at is None and gpu.uuid.endswith("-2")
+
+
+@pytest.mark.django_db
+def test_a_move_the_constraint_refuses_tries_the_next_device(
+    api_as, alice, node_a, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The exclusion constraint refuses the first instance picked (a writer that got there first): the booking moves
+    to the next free one rather than ending."""
+    from apps.booking.services import stranded
+
+    mine = book(api_as(alice), mig_profile="1g.10gb")
+    real_move, tried = stranded._move, []
+
+    def first_refused(unit: Any, to: list[Gpu], now: Any) -> bool:
+        tried.append(to[0].uuid)
+        return False if len(tried) == 1 else real_move(unit, to, now)
+
+    monkeypatch.setattr(stranded, "_move", first_refused)
+    with django_capture_on_commit_callbacks(execute=True):
+        register(node_a, [SEVEN, "A100-80GB"], made=2)
+    reservation = Reservation.objects.get(pk=mine["id"])
+    assert reservation.status == ReservationStatus.BOOKED and reservation.released_reason == ""
+    (gpu,) = devices(mine["id"])
+    assert len(tried) == 2 and gpu.uuid == tried[1] != tried[0] and gpu.retired_at is None

@@ -371,8 +371,9 @@ def reservation_rehome(*, reservation_id: int, now: datetime | None = None) -> O
             for unit in units:
                 window = (unit.start(now), unit.end())
                 options = _targets(unit, taken, _free_in(*window), window)
-                target = next((t for t in options if _parents_free(t, unit, now)), None)
-                if target is not None and _move(unit, target, now):
+                # The next option when the constraint refuses one (a writer the advisory locks did not stop).
+                target = next((t for t in options if _parents_free(t, unit, now) and _move(unit, t, now)), None)
+                if target is not None:
                     taken.update(g.pk for g in target)
                     moved.update(_moves(unit, target))
                     done.append(unit)
