@@ -32,7 +32,7 @@ from apps.core.errors import Forbidden, ValidationFailed
 from apps.efficiency import conf, detector, selectors
 from apps.efficiency.models import IdleMark, IdlePolicy, MarkState
 from apps.events.services import publish
-from apps.fleet.models import Gpu
+from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs import conf as jobs_conf
 from apps.jobs.models import Job, JobReason
 from apps.jobs.services.transitions import job_request_stop
@@ -82,6 +82,12 @@ def _subject(item: selectors.Watched) -> str:
     return f"{item.kind}s/{item.source_id}"
 
 
+def _device_count(gpu_ids: tuple[int, ...]) -> int:
+    """The GPUs and instances held, as bookings count them: the shares of one GPU are one GPU."""
+    rows = Gpu.devices.filter(pk__in=gpu_ids).values_list("pk", "kind", "parent_id")
+    return len({parent if kind == DeviceKind.SHARE and parent is not None else pk for pk, kind, parent in rows})
+
+
 def _handed_back(gpu_ids: tuple[int, ...], hours_left: Decimal, now: datetime) -> tuple[Decimal, Decimal]:
     """The GPU-hours and cost handed back: `hours_left` on each GPU, a MIG instance or share counted at its share of
     its GPU and priced as billing prices it (the admins' price of the MIG profile, else the GPU's price x share)."""
@@ -104,7 +110,7 @@ def _warn(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
         "idle_since": now - timedelta(minutes=v.window_min),
         "reclaim_at": reclaim_at,
         "loaded": v.loaded,
-        "gpu_count": len(item.gpu_ids),
+        "gpu_count": _device_count(item.gpu_ids),
         "team_id": item.team_id,
         "user_id": item.user_id,
     }
@@ -129,7 +135,7 @@ def _warn(item: selectors.Watched, v: detector.Verdict, now: datetime) -> bool:
             "mean_utilization": round(v.window_mean or 0.0, 2),
             "loaded": v.loaded,
             "reclaim_at": reclaim_at.isoformat(),
-            "gpus": len(item.gpu_ids),
+            "gpus": fields["gpu_count"],
         }
         audit_record(actor=None, action="idle.warning", team=Team(pk=item.team_id), data={**data, "why": v.why})
         publish("idle.warning", team_id=item.team_id, subject=_subject(item), data=data, user_id=item.user_id)
@@ -183,7 +189,7 @@ def _release_unused(item: selectors.Watched, now: datetime, th: detector.Thresho
                 "team_id": item.team_id,
                 "user_id": item.user_id,
                 "state": MarkState.UNUSED,
-                "gpu_count": len(item.gpu_ids),
+                "gpu_count": _device_count(item.gpu_ids),
                 "reclaimed_at": now,
                 "reclaimed_gpu_hours": hours,
                 "reclaimed_cost": cost,

@@ -179,6 +179,8 @@ def test_a_share_is_idle_only_while_its_whole_gpu_is(alice, bob, sharing_fleet):
     write_minutes(shared, mine.start + timedelta(minutes=70), 60, util=0, mem=0)
     warned = services.idle_scan(now=mine.start + timedelta(minutes=130)).warned
     assert sorted(warned) == sorted([f"reservations/{mine.pk}", f"reservations/{theirs.pk}"])
+    # Bob's half is two share rows of one GPU: one GPU, as his booking counts it.
+    assert IdleMark.objects.get(kind="reservation", source_id=theirs.pk).gpu_count == 1
     write_minutes(shared, mine.start + timedelta(minutes=130), 16, util=0, mem=0)
     at = mine.start + timedelta(minutes=146)
     assert len(services.idle_scan(now=at).reclaimed) == 2
