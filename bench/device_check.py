@@ -5,7 +5,7 @@
 1. NvmlBackend: discover the GPUs (and the MIG instances of a GPU in MIG mode) and print them.
 2. The real Sampler over NVML at 1 Hz for `--samples` ticks: every message printed as a table, each tick's
    sample() wall time (the driver cost the agent pays each second; slow ticks read processes and ECC), with the
-   memory each MIG instance uses.
+   memory each MIG instance uses (and its SM activity, where GPM gives it: Hopper and later).
 3. The torch probe on every CUDA device: TFLOPS and bandwidth against the spec sheet.
 
 Output: readable text, then everything as one JSON document (also written to --json-out, or to $OUT/device_check.json
@@ -99,8 +99,10 @@ def check_nvml(samples: int) -> dict[str, Any]:
                     f"{fmt(s.sm_clock_mhz, 6)}  {fmt(s.tensor_active, 6)}  {procs:>5}  "
                     f"{problems or ''} {s.error or ''}"
                 )
+                busy = s.mig_util or {}
                 for uuid, used in (s.mig_memory or {}).items():
-                    print(f"            MIG {uuid}: {used} MiB used")
+                    sm = f", SM {busy[uuid]}% busy (GPM)" if uuid in busy else ""
+                    print(f"            MIG {uuid}: {used} MiB used{sm}")
             print(f"       sample() took {took:.2f} ms")
         print(f"  sampler CPU: {cpu * 1000:.1f} ms over {wall:.1f} s = {cpu / wall * 100:.3f}% of one core")
         return {

@@ -25,8 +25,10 @@ reclaim but never cause one.
 
 Parts of a GPU. A share is judged by its GPU's minutes (`Sample` of the whole GPU): the holders of one GPU's
 shares run on the same SMs and NVML does not say whose work keeps it busy, so a share is idle only while the
-whole GPU is, and loaded while anything holds memory on it. A MIG instance has no utilization reading at all
-(NVML answers NOT_SUPPORTED per instance), only its memory: `instance_sample` makes a minute in which it held
+whole GPU is, and loaded while anything holds memory on it. A MIG instance has no utilization reading from NVML's
+usual call (NOT_SUPPORTED per instance). On Hopper and later the agent reads its SM activity through GPM instead,
+and such a minute is judged as a GPU's, against the instance's memory. Elsewhere it has only its memory:
+`instance_sample` makes a minute in which it held
 less than NO_PROCESS_MIB an empty one at 0%, since no process can run a kernel without a CUDA context, which
 takes far more; a minute with more is `held`: used, but idle or busy cannot be told. A held minute counts for
 nothing in the window's mean (like an unknown one), makes the reservation used (never released as unused) and,
@@ -102,8 +104,11 @@ class Verdict:
     why: str
 
 
-def instance_sample(mem_used: float | None, mem_total: float) -> Sample:
-    """A MIG instance's minute from its memory peak alone (the module's docstring says why)."""
+def instance_sample(mem_used: float | None, mem_total: float, util: float | None = None) -> Sample:
+    """A MIG instance's minute: from its SM activity (GPM) where the agent read it, else from its memory peak alone
+    (the module's docstring says why)."""
+    if util is not None:
+        return Sample(util=util, mem_used=mem_used, mem_total=mem_total)
     if mem_used is None:
         return Sample(util=None, mem_used=None, mem_total=mem_total)
     if mem_used < NO_PROCESS_MIB:

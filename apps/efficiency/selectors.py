@@ -114,7 +114,8 @@ def minute_samples(
     *, gpu_ids: Iterable[int], since: datetime, until: datetime
 ) -> dict[int, dict[datetime, detector.Sample]]:
     """{gpu id: {minute: sample}} from the minute rollups in [since, until). A share's minutes are its GPU's, a MIG
-    instance's its own memory readings (detector.instance_sample): the detector's docstring says why."""
+    instance's its own readings (detector.instance_sample: SM activity where GPM gives it, else memory alone): the
+    detector's docstring says why."""
     ids = list(gpu_ids)
     devices = list(Gpu.devices.filter(pk__in=ids).values_list("pk", "kind", "parent_id", "memory_mib"))
     read_from = {
@@ -130,7 +131,7 @@ def minute_samples(
     for gid, minute, util, mem in rows:
         total = float(totals.get(gid) or 0)
         by_source[gid][minute] = (
-            detector.instance_sample(mem, total)
+            detector.instance_sample(mem, total, util)
             if gid in instances
             else detector.Sample(util=util, mem_used=mem, mem_total=total)
         )

@@ -250,6 +250,8 @@ class TelemetryRow:
     counters: dict[str, int] = field(default_factory=dict)
     # MIG mode: memory used (MiB) per MIG instance uuid, from the `"m"` list; empty when the row carries none.
     mig_memory: dict[str, int] = field(default_factory=dict)
+    # MIG mode on a GPU with GPM: % of each instance's SMs busy (the `"m"` entries' third element); empty when none.
+    mig_util: dict[str, int] = field(default_factory=dict)
     # Memory used (MiB) per portal job id on this GPU, from the `"j"` list (workers/jobmem.py); empty when none.
     job_memory: dict[int, int] = field(default_factory=dict)
 
@@ -258,23 +260,28 @@ class TelemetryRow:
 MAX_MIG_INSTANCES = 16
 
 
-def _mig_memory(extra: dict[str, Any], mem_total: int | None) -> dict[str, int]:
-    """The row's per-instance memory. Like the counters, an entry that is not `[uuid, MiB]` with a sane value is
-    left out alone, and so is the whole list when it is not a list."""
+def _mig_memory(extra: dict[str, Any], mem_total: int | None) -> tuple[dict[str, int], dict[str, int]]:
+    """The row's per-instance memory, and SM activity where an entry has it (`[uuid, MiB]` or `[uuid, MiB, %]`).
+    Like the counters, an entry that is not that shape with sane values is left out alone (a bad % alone drops only
+    the %), and so is the whole list when it is not a list."""
     raw = extra.get("m", [])
     out: dict[str, int] = {}
+    busy: dict[str, int] = {}
     if not isinstance(raw, list):
-        return out
+        return out, busy
     limit = MEM_MIB_RANGE[1] if mem_total is None else mem_total
     for item in raw[:MAX_MIG_INSTANCES]:
-        if not (isinstance(item, list) and len(item) == 2):
+        if not (isinstance(item, list) and len(item) in (2, 3)):
             continue
-        uuid, mib = item
+        uuid, mib = item[0], item[1]
         if not (isinstance(uuid, str) and GPU_UUID_RE.match(uuid)):
             continue
         if isinstance(mib, int) and not isinstance(mib, bool) and 0 <= mib <= limit:
             out[uuid] = mib
-    return out
+            pct = item[2] if len(item) == 3 else None
+            if isinstance(pct, int) and not isinstance(pct, bool) and UTIL_RANGE[0] <= pct <= UTIL_RANGE[1]:
+                busy[uuid] = pct
+    return out, busy
 
 
 # Jobs on one GPU: its shares (at most 16, apps.fleet.devices.MAX_SHARES) plus room for jobs that just ended.
@@ -341,6 +348,7 @@ def check_row(row: Any) -> TelemetryRow:
     lost = False
     counters: dict[str, int] = {}
     mig_memory: dict[str, int] = {}
+    mig_util: dict[str, int] = {}
     job_memory: dict[int, int] = {}
     if len(row) == n + 1:
         extra = row[n]
@@ -349,7 +357,7 @@ def check_row(row: Any) -> TelemetryRow:
         _require(isinstance(health, dict), "malformed", "health must be an object")
         lost = health.get("lost") is True
         counters = _counters(extra, health)
-        mig_memory = _mig_memory(extra, mem_total)
+        mig_memory, mig_util = _mig_memory(extra, mem_total)
         job_memory = _job_memory(extra, mem_total)
     return TelemetryRow(
         uuid=uuid,
@@ -363,6 +371,7 @@ def check_row(row: Any) -> TelemetryRow:
         lost=lost,
         counters=counters,
         mig_memory=mig_memory,
+        mig_util=mig_util,
         job_memory=job_memory,
     )
 

@@ -28,8 +28,9 @@ logger = logging.getLogger(__name__)
 #       7.. one history list per GPU.
 # ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 9 per GPU:
 #       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory ("job:mib,..." or ''),
-#       MIG instances' memory ("MIG-uuid=mib,..." or ''): kept under the parent's prefix (`<gpu>|i_hi:<MIG uuid>`),
-#       so the flush takes an instance's minute only from the GPU it belongs to (rollups.accumulator_instance_rows).
+#       MIG instances' memory and, where read, SM % ("MIG-uuid=mib[:pct],..." or ''): kept under the parent's prefix
+#       (`<gpu>|i_hi:<MIG uuid>`), so the flush takes an instance's minute only from the GPU it belongs to
+#       (rollups.accumulator_instance_rows).
 _SCRIPT = """
 local roll = KEYS[2]
 local n = tonumber(ARGV[6])
@@ -84,10 +85,16 @@ for i = 0, n - 1 do
     redis.call('HSET', KEYS[6], f, ARGV[3] .. ',' .. mib .. ',' .. peak)
     keep_max(p .. 'j' .. job, mib)
   end
-  for dev, mib in string.gmatch(ARGV[b + 8], '([^,=]+)=(%d+)') do
+  for dev, mib, pct in string.gmatch(ARGV[b + 8], '([^,=]+)=(%d+):?(%d*)') do
     redis.call('HINCRBY', roll, p .. 'i_n:' .. dev, 1)
     redis.call('HINCRBY', roll, p .. 'i_s:' .. dev, mib)
     keep_max(p .. 'i_hi:' .. dev, mib)
+    if pct ~= '' then
+      redis.call('HINCRBY', roll, p .. 'i_un:' .. dev, 1)
+      redis.call('HINCRBY', roll, p .. 'i_us:' .. dev, pct)
+      keep_min(p .. 'i_ulo:' .. dev, pct)
+      keep_max(p .. 'i_uhi:' .. dev, pct)
+    end
   end
 end
 if n > 0 then
@@ -202,6 +209,8 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             latest["counters"] = row.counters
         if row.mig_memory:
             latest["mig_mem"] = row.mig_memory
+        if row.mig_util:
+            latest["mig_util"] = row.mig_util
         argv += [
             row.uuid,
             json.dumps(latest, separators=(",", ":")),
@@ -211,7 +220,10 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             _num(row.temp),
             _num(row.power),
             ",".join(f"{job_id}:{mib}" for job_id, mib in row.job_memory.items()),
-            ",".join(f"{uuid}={mib}" for uuid, mib in row.mig_memory.items()),
+            ",".join(
+                f"{uuid}={mib}" + (f":{row.mig_util[uuid]}" if uuid in row.mig_util else "")
+                for uuid, mib in row.mig_memory.items()
+            ),
         ]
         redis_keys.append(keys.hist_key(row.uuid))
     newly_lost = [row.uuid for row in rows if row.lost and ident.gpus[row.uuid].status != "lost"]

@@ -107,6 +107,8 @@ class LatestSample(TypedDict):
     counters: NotRequired[dict[str, int]]
     # A GPU in MIG mode: memory used (MiB) by each MIG instance, by its `MIG-` uuid; absent otherwise.
     mig_mem: NotRequired[dict[str, int]]
+    # A GPU in MIG mode with GPM (Hopper and later): % of each instance's SMs busy, by its uuid; absent otherwise.
+    mig_util: NotRequired[dict[str, int]]
 
 
 # Holder fields everyone may see (the fleet websocket and GET /api/v1/gpus/ alike); anything else (user,
@@ -143,7 +145,8 @@ class SnapshotGpu(LatestSample, total=False):
     # "part_uuid", "mem", its memory in MiB, and "used", the MiB the part's job uses now, null when unknown; a
     # holder of several shares is one entry, "shares 1-2/4", with their memory added and "part_uuid" the first),
     # and "parts": {"kind": "mig" | "share", "total": n, "free": n free now, "used": {instance uuid: MiB}
-    # for every MIG instance with a fresh reading (absent when none)}.
+    # for every MIG instance with a fresh reading (absent when none), "busy": {instance uuid: % of its SMs busy}
+    # where GPM gives it (absent otherwise)}.
     holder: Holder | list[dict[str, Any]] | None
     parts: dict[str, Any]
 

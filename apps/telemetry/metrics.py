@@ -188,6 +188,10 @@ MIG_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_ID", "GPU
 MIG_SERIES = (
     ("gpuportal_mig_instance_memory_mib", "MIG instance memory (in MiB), as its profile gives it."),
     ("gpuportal_mig_instance_memory_used_mib", "MIG instance memory used (in MiB), from its GPU's latest sample."),
+    (
+        "gpuportal_mig_instance_sm_active",
+        "Ratio of the MIG instance's SMs busy (as DCGM_FI_PROF_SM_ACTIVE), from GPM on GPUs that have it.",
+    ),
     ("gpuportal_mig_instance_allocated", "1 while a reservation or job holds the MIG instance."),
 )
 
@@ -195,8 +199,8 @@ MIG_SERIES = (
 def mig_text(*, node: str | None = None, fresh: Mapping[str, Sample] | None = None) -> str:
     """MIG instances under dcgm-exporter's convention: the GPU's `gpu`, `UUID` and `device` labels with `GPU_I_ID`
     and `GPU_I_PROFILE`, so dashboards can join them to the GPU's series. What the portal knows of an instance (its
-    memory, what it uses when its GPU's sample is fresh, whether it is held); per-instance activity needs DCGM's
-    profiling fields, which NVML does not give. `fresh`: the GPUs' fresh latest samples, by uuid (`gpu_series`)."""
+    memory, what it uses when its GPU's sample is fresh, whether it is held, and its SM activity where GPM gives it:
+    Hopper and later). `fresh`: the GPUs' fresh latest samples, by uuid (`gpu_series`)."""
     parts = Gpu.devices.filter(kind=DeviceKind.MIG, retired_at__isnull=True, parent__retired_at__isnull=True)
     if node is not None:
         parts = parts.filter(parent__node__name=node)
@@ -214,6 +218,11 @@ def mig_text(*, node: str | None = None, fresh: Mapping[str, Sample] | None = No
         for parent in {row[2] for row in rows}
         for instance, mib in (fresh or {}).get(parent, {}).get("mig_mem", {}).items()
     }
+    busy = {
+        instance: pct
+        for parent in {row[2] for row in rows}
+        for instance, pct in (fresh or {}).get(parent, {}).get("mig_util", {}).items()
+    }
     lines: list[str] = []
     for name, help_text in MIG_SERIES:
         lines.append(f"# HELP {name} {help_text}")
@@ -230,10 +239,11 @@ def mig_text(*, node: str | None = None, fresh: Mapping[str, Sample] | None = No
                 host,
             ]
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in zip(MIG_LABELS, values, strict=True))
-            if name.endswith("used_mib"):
-                value = used.get(uuid)
-                if value is None:  # no fresh reading: no series, not a fake zero
+            if name.endswith(("used_mib", "sm_active")):
+                reading = used.get(uuid) if name.endswith("used_mib") else busy.get(uuid)
+                if reading is None:  # no fresh reading: no series, not a fake zero
                     continue
+                value = reading if name.endswith("used_mib") else round(reading / 100, 2)
             else:
                 value = memory if name.endswith("memory_mib") else int(uuid in held)
             lines.append(f"{name}{{{labels}}} {value}")

@@ -159,6 +159,9 @@ def add_parts(
     in_use = {p["uuid"]: used[p["uuid"]] for p in parts if p["uuid"] in used}
     if in_use:  # every instance's reading, held or not (the GPU page lists them all)
         entry["parts"]["used"] = in_use
+    busy = {} if sample is None or entry.get("stale") else dict(sample.get("mig_util", {}))
+    if busy:  # each instance's SM activity, where GPM gives it
+        entry["parts"]["busy"] = {p["uuid"]: busy[p["uuid"]] for p in parts if p["uuid"] in busy}
 
 
 def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:

@@ -89,16 +89,19 @@ def accumulator_job_memory(raw: Any) -> dict[tuple[int, str], int]:
     return out
 
 
+_INSTANCE_FIELDS = ("i_n", "i_s", "i_hi", "i_un", "i_us", "i_ulo", "i_uhi")
+
+
 def accumulator_instance_rows(raw: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """The MIG instances of `HGETALL fleet:roll:<minute>`: {(GPU uuid, instance uuid): rollup figures} (pure; the
-    `<uuid>|i_n:<MIG uuid>`, `i_s:` and `i_hi:` fields). NVML reads an instance's memory only, so utilization,
-    temperature and power stay None: they are the GPU's."""
+    `<uuid>|i_n:<MIG uuid>`, `i_s:`, `i_hi:` fields, and `i_un:`, `i_us:`, `i_ulo:`, `i_uhi:` for the SM activity
+    GPM gives on Hopper and later). Temperature and power stay None: they are the GPU's."""
     acc: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for key, value in raw.items():
         k = key.decode() if isinstance(key, bytes) else key
         uuid, _, metric = k.rpartition("|")
         name, sep, instance = metric.partition(":")
-        if not uuid or not sep or name not in ("i_n", "i_s", "i_hi") or not instance:
+        if not uuid or not sep or name not in _INSTANCE_FIELDS or not instance:
             continue
         try:
             acc[(uuid, instance)][name] = float(value)
@@ -109,11 +112,12 @@ def accumulator_instance_rows(raw: Any) -> dict[tuple[str, str], dict[str, Any]]
         n = int(a.get("i_n", 0))
         if n <= 0:
             continue
+        busy = int(a.get("i_un", 0))
         out[ident] = {
             "samples": n,
-            "util_min": None,
-            "util_mean": None,
-            "util_max": None,
+            "util_min": int(a["i_ulo"]) if busy and "i_ulo" in a else None,
+            "util_mean": round(a.get("i_us", 0) / busy, 3) if busy else None,
+            "util_max": int(a["i_uhi"]) if busy and "i_uhi" in a else None,
             "mem_used_mean": round(a.get("i_s", 0) / n, 3),
             "mem_used_max": int(a["i_hi"]) if "i_hi" in a else None,
             "temp_max": None,

@@ -18,6 +18,7 @@ from apps.booking.models import ReservationStatus
 from apps.efficiency import detector, services
 from apps.efficiency.models import IdleMark, MarkState
 from apps.fleet import services as fleet_services
+from apps.fleet.messages import check_row
 from apps.fleet.models import Gpu
 from apps.jobs import services as jobs
 from apps.jobs.models import JobReason
@@ -40,8 +41,9 @@ def _ingest(node: str, token: str, rows: list[list[Any]], ts: float) -> None:
 def test_instance_memory_is_rolled_up_from_its_own_gpu_only(settings, sharing_fleet):
     minute = int(datetime.now(UTC).timestamp() // 60 * 60) - 120
     mig, shared = (fleet_services.node_token_issue(node_name=n)[1] for n in ("mig", "shared"))
-    _ingest("mig", mig, [row("GPU-mig-0", mem=9_000, extra={"m": [[FIRST, 5_000], [SECOND, 13]]})], minute + 1)
-    _ingest("mig", mig, [row("GPU-mig-0", mem=9_000, extra={"m": [[FIRST, 6_000]]})], minute + 2)
+    # FIRST's SM activity comes with its memory (GPM, Hopper and later); SECOND's does not.
+    _ingest("mig", mig, [row("GPU-mig-0", mem=9_000, extra={"m": [[FIRST, 5_000, 30], [SECOND, 13]]})], minute + 1)
+    _ingest("mig", mig, [row("GPU-mig-0", mem=9_000, extra={"m": [[FIRST, 6_000, 70]]})], minute + 2)
     # Node "shared" names GPU-mig-0's instance under its own GPU: ingest takes the row (its GPU), the flush
     # never gives the reading to an instance of another node's GPU.
     _ingest("shared", shared, [row("GPU-shared-0", extra={"m": [[FIRST, 9_500]]})], minute + 3)
@@ -50,11 +52,21 @@ def test_instance_memory_is_rolled_up_from_its_own_gpu_only(settings, sharing_fl
     at = datetime.fromtimestamp(minute, tz=UTC)
     first = GpuRollup.objects.get(gpu__uuid=FIRST, minute=at)
     assert (first.samples, first.mem_used_max, first.mem_used_mean) == (2, 6_000, 5_500.0)
-    assert (first.util_mean, first.util_max, first.temp_max, first.power_mean) == (None, None, None, None)
+    assert (first.util_min, first.util_mean, first.util_max) == (30, 50.0, 70)
+    assert (first.temp_max, first.power_mean) == (None, None)  # the GPU's, not the instance's
     second = GpuRollup.objects.get(gpu__uuid=SECOND, minute=at)
-    assert (second.samples, second.mem_used_max) == (1, 13)
+    assert (second.samples, second.mem_used_max, second.util_mean) == (1, 13, None)
     parent = GpuRollup.objects.get(gpu__uuid="GPU-mig-0", minute=at)
     assert (parent.samples, parent.util_mean, parent.mem_used_max) == (2, 50.0, 9_000)
+
+
+def test_an_instances_sm_activity_travels_with_its_memory():
+    parsed = check_row(
+        row("GPU-x", extra={"m": [[FIRST, 5_000, 42], [SECOND, 13, 101], ["MIG-c", 7, True], ["MIG-d", 9, "5"]]})
+    )
+    assert parsed.mig_memory == {FIRST: 5_000, SECOND: 13, "MIG-c": 7, "MIG-d": 9}  # a bad % drops the % alone
+    assert parsed.mig_util == {FIRST: 42}
+    assert check_row(row("GPU-x", extra={"m": [[FIRST, 5_000, 42, 1]]})).mig_memory == {}
 
 
 def test_instance_fields_are_read_apart_from_the_gpus():
@@ -152,6 +164,21 @@ def test_an_instance_holding_memory_is_never_judged(alice, sharing_fleet):
     result = services.idle_scan(now=r.start + timedelta(minutes=200))
     assert (result.warned, result.unused, result.reclaimed) == ([], [], [])
     assert not IdleMark.objects.filter(source_id=r.pk).exists()
+
+
+def test_an_instance_with_sm_activity_is_judged_as_a_gpu(alice, sharing_fleet):
+    """Where GPM gives an instance's SM activity, a process that holds memory but computes nothing is idle (loaded:
+    the longer window), and one that computes is busy."""
+    r = _active(alice, mig_profile="1g.10gb")
+    instance = _held(r)
+    write_minutes(instance, r.start, 10, util=60, mem=6_000)
+    write_minutes(instance, r.start + timedelta(minutes=10), 110, util=1, mem=6_000)  # a notebook left open
+    assert services.idle_scan(now=r.start + timedelta(minutes=120)).warned == []  # loaded: 120 min, not yet
+    write_minutes(instance, r.start + timedelta(minutes=120), 10, util=0, mem=6_000)
+    assert services.idle_scan(now=r.start + timedelta(minutes=130)).warned == [f"reservations/{r.pk}"]
+    assert IdleMark.objects.get(kind="reservation", source_id=r.pk).loaded
+    write_minutes(instance, r.start + timedelta(minutes=130), 2, util=80, mem=6_000)  # back at work
+    assert services.idle_scan(now=r.start + timedelta(minutes=132)).cleared == [f"reservations/{r.pk}"]
 
 
 def test_a_process_back_on_the_instance_clears_the_warning(alice, sharing_fleet):

@@ -232,6 +232,19 @@ def test_simulated_jobs_on_mig_instances_use_their_instances_memory():
     assert sim.sample(1003.0)[0].mig_memory[small.uuid] < 20  # type: ignore[index]
 
 
+def test_simulated_hopper_instances_report_their_sm_activity():
+    """An H100 in MIG mode gives each instance's SM activity (GPM), an A100 none: as NVML does."""
+    sim = SimulatedBackend("n1", ["H100-80GB:mig=1g.10gb*7", "A100-80GB:mig=1g.10gb*7"], seed=3)
+    h100, a100 = sim.discover()
+    sim.assign(h100.mig_devices[0].uuid, "job-1", "const:80:0.5")
+    sim.assign(a100.mig_devices[0].uuid, "job-2", "const:80:0.5")
+    hopper, ampere = sim.sample(1000.0)
+    assert hopper.mig_util is not None and hopper.mig_util[h100.mig_devices[0].uuid] == 80
+    assert set(hopper.mig_util) == {d.uuid for d in h100.mig_devices}
+    assert all(hopper.mig_util[d.uuid] == 0 for d in h100.mig_devices[1:])
+    assert ampere.mig_util is None and ampere.mig_memory is not None
+
+
 def test_simulated_jobs_on_shares_of_one_gpu_load_it_together():
     sim = SimulatedBackend("n1", ["A100-80GB"], seed=3)
     (gpu,) = sim.discover()

@@ -89,6 +89,21 @@ def test_fleet_snapshot_and_metrics_show_the_held_instances_memory(api_as, alice
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_instances_sm_activity_shows_live_where_gpm_gives_it(api_as, alice, client, sharing_fleet):
+    mine = _book_instance(api_as, alice)
+    other = SECOND if mine != SECOND else FIRST
+    _report([[mine, 5_120, 62], [other, 13]])
+    mig = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-mig-0"]
+    assert mig["parts"]["busy"] == {mine: 62}
+    lines = [line for line in render_metrics().splitlines() if line.startswith("gpuportal_mig_instance_sm_active")]
+    assert len(lines) == 1 and lines[0].endswith(" 0.62") and 'GPU_I_PROFILE="1g.10gb"' in lines[0]
+    # Without the third element (no GPM: an A100) there is no such series, and no "busy".
+    _report([[mine, 5_120], [other, 13]])
+    assert "busy" not in {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-mig-0"]["parts"]
+    assert "gpuportal_mig_instance_sm_active{" not in render_metrics()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_stale_sample_shows_no_instance_memory(api_as, alice, sharing_fleet, monkeypatch):
     mine = _book_instance(api_as, alice)
     _report([[mine, 5_120]])

@@ -55,6 +55,7 @@ PATCHED = (
     "nvmlGpmQueryDeviceSupport",
     "nvmlGpmSampleAlloc",
     "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet",
     "nvmlGpmMetricsGet",
     "nvmlGpmSampleFree",
 )
@@ -101,6 +102,7 @@ class FakeMig:
     memory_used_mib: int = 13
     gi_id: int = 7
     error: int | None = None
+    sm_pct: float = 0.0  # what GPM's SM activity reports for this instance, 0..100
 
 
 class FakeNvml:
@@ -116,7 +118,8 @@ class FakeNvml:
         self._handles = [pynvml.c_nvmlDevice_t(s) for s in self._structs]
         self._event_sets: dict[int, tuple[Any, int, set[int]]] = {}  # address -> (struct, mask, gpu indices)
         self._pending_events: deque[tuple[int, int]] = deque()  # (gpu index, xid)
-        self._gpm_buffers: dict[int, tuple[Any, int | None, float | None]] = {}  # address -> (struct, gpu, pct)
+        # address -> (struct, source, {metric id: value}); source: the GPU index, or (index, GPU instance id)
+        self._gpm_buffers: dict[int, tuple[Any, Any, dict[int, float]]] = {}
         # MIG device handles are real c_nvmlDevice_t pointers too, one struct per (GPU, slot), kept alive here.
         self._mig_structs: dict[tuple[int, int], Any] = {}
 
@@ -381,7 +384,7 @@ class FakeNvml:
     def nvmlGpmSampleAlloc(self) -> Any:
         self._enter("nvmlGpmSampleAlloc")
         struct = pynvml.struct_c_nvmlGpmSample_t()
-        self._gpm_buffers[ctypes.addressof(struct)] = (struct, None, None)
+        self._gpm_buffers[ctypes.addressof(struct)] = (struct, None, {})
         return pynvml.c_nvmlGpmSample_t(struct)
 
     def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
@@ -392,21 +395,37 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         address = ctypes.addressof(gpmSample.contents)
         struct, _, _ = self._gpm_buffers[address]
-        self._gpm_buffers[address] = (struct, index, gpu.tensor_pct)
+        self._gpm_buffers[address] = (struct, index, {pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: gpu.tensor_pct})
+        return gpmSample
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        index = self._index(device)  # the GPU's handle, as NVML wants it (an instance's handle is refused)
+        gpu = self._enter("nvmlGpmMigSampleGet", index)
+        assert gpu is not None
+        if not gpu.gpm_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mig = next((m for m in gpu.mig_slots if m is not None and m.gi_id == gpuInstanceId), None)
+        if not gpu.mig_enabled or mig is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if mig.error is not None:
+            raise pynvml.NVMLError(mig.error)
+        address = ctypes.addressof(gpmSample.contents)
+        struct, _, _ = self._gpm_buffers[address]
+        self._gpm_buffers[address] = (struct, (index, gpuInstanceId), {pynvml.NVML_GPM_METRIC_SM_UTIL: mig.sm_pct})
         return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
         self._enter("nvmlGpmMetricsGet")
         if metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        _, gpu1, _ = self._gpm_buffers[ctypes.addressof(metricsGet.sample1.contents)]
-        _, gpu2, pct = self._gpm_buffers[ctypes.addressof(metricsGet.sample2.contents)]
-        if gpu1 is None or gpu1 != gpu2:
+        _, source1, _ = self._gpm_buffers[ctypes.addressof(metricsGet.sample1.contents)]
+        _, source2, values = self._gpm_buffers[ctypes.addressof(metricsGet.sample2.contents)]
+        if source1 is None or source1 != source2:  # two samples of different GPUs or instances
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         for i in range(metricsGet.numMetrics):
             metric = metricsGet.metrics[i]
-            if metric.metricId == pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
-                metric.value = pct
+            if metric.metricId in values:
+                metric.value = values[metric.metricId]
                 metric.nvmlReturn = pynvml.NVML_SUCCESS
             else:
                 metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED

@@ -131,6 +131,59 @@ def test_mig_instances_are_discovered_and_their_memory_read_every_tick(monkeypat
     backend.close()
 
 
+def test_mig_instances_sm_activity_comes_from_gpm_per_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H100 in MIG mode: NVML has no utilization for it, GPM gives each instance's SM activity through
+    nvmlGpmMigSampleGet (the GPU's handle, the instance's GPU instance id); an A100 (no GPM) is not asked."""
+    gpus = two_gpus()
+    gpus[0].mig_enabled = True
+    gpus[0].errors["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    gpus[0].mig_slots = [FakeMig("MIG-aaaa", gi_id=1, sm_pct=62.4), FakeMig("MIG-bbbb", gi_id=9, sm_pct=0.0)]
+    gpus[1].mig_enabled = True
+    gpus[1].mig_slots = [FakeMig("MIG-cccc", gi_id=2, sm_pct=90.0)]
+    fake = FakeNvml(gpus).install(monkeypatch)
+    backend = NvmlBackend()
+    backend.discover()
+    first = backend.sample(1000.0)
+    assert first[0].mig_util is None and first[0].utilization_pct is None  # a rate needs two samples
+    second, a100 = backend.sample(1001.0)
+    assert second.mig_util == {"MIG-aaaa": 62, "MIG-bbbb": 0} and second.tensor_active is None
+    assert a100.mig_util is None and a100.mig_memory == {"MIG-cccc": 13}
+    assert fake.count("nvmlGpmMigSampleGet", 0) == 4 and fake.count("nvmlGpmMigSampleGet", 1) == 0
+    assert fake.total("nvmlGpmSampleGet") == 0  # no tensor activity for a GPU in MIG mode
+    # On the wire: a third element per instance, decoded back the same; an old two-element entry still reads.
+    (_, _, _, decoded) = parse_message(json.loads(json.dumps(build_message("n", [second, a100], ts=1001.0, seq=1))))
+    assert decoded[0].mig_util == second.mig_util and decoded[0].mig_memory == second.mig_memory
+    assert decoded[1].mig_util is None
+    # One instance that cannot be read is left out and named; the other keeps its figure.
+    gpus[0].mig_slots[1].error = pynvml.NVML_ERROR_UNKNOWN  # type: ignore[union-attr]
+    gpus[0].mig_slots[0].sm_pct = 5.0  # type: ignore[union-attr]
+    third = backend.sample(1002.0)[0]
+    assert third.mig_util == {"MIG-aaaa": 5} and third.error is not None and "MIG-bbbb" in third.error
+    # The layout changes (mig-parted): the gone instance's buffers are freed, the new one gets its own.
+    live = fake.live_gpm_buffers
+    gpus[0].mig_slots = [FakeMig("MIG-aaaa", gi_id=1, sm_pct=5.0), FakeMig("MIG-dddd", gi_id=3, sm_pct=40.0)]
+    assert backend.refresh_layout() is True
+    assert fake.live_gpm_buffers == live - 2
+    backend.sample(1003.0)
+    assert backend.sample(1004.0)[0].mig_util == {"MIG-aaaa": 5, "MIG-dddd": 40}
+    backend.close()
+    assert fake.live_gpm_buffers == 0
+
+
+def test_a_gpu_without_gpm_for_instances_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = two_gpus()[:1]
+    gpus[0].mig_enabled = True
+    gpus[0].mig_slots = [FakeMig("MIG-aaaa", gi_id=1, sm_pct=50.0)]
+    fake = FakeNvml(gpus).install(monkeypatch)
+    backend = NvmlBackend()
+    backend.discover()
+    gpus[0].gpm_supported = False  # GPM answers NOT_SUPPORTED for instances on this driver
+    assert backend.sample(1000.0)[0].mig_util is None
+    backend.sample(1001.0)
+    assert fake.count("nvmlGpmMigSampleGet", 0) == 1 and backend.sample(1002.0)[0].mig_memory == {"MIG-aaaa": 13}
+    backend.close()
+
+
 def test_sample_values_are_converted_to_portal_units(fake: FakeNvml) -> None:
     backend = NvmlBackend()
     first, second = backend.sample(1000.0)

@@ -28,7 +28,9 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   clock MHz, `en` energy since the driver loaded (mJ), `ptx` / `prx` PCIe throughput (KB/s, as NVML reports it),
   `prc` PCIe replays (count), `nvl` NVLink traffic over all links (KiB, cumulative); ~45 bytes a row;
   `"m"`: on a GPU in MIG mode, the memory each MIG instance uses, `[["MIG-...", used_mib], ...]` (an instance
-  whose read failed is left out); the row's own `mem` is then the sum over the GPU;
+  whose read failed is left out), with a third element on GPUs with GPM, the % of the instance's SMs that were
+  busy since the last tick (`[["MIG-...", used_mib, sm_pct], ...]`); the row's own `mem` is then the sum over the
+  GPU;
   `"j"`: the memory each portal job uses on this GPU, `[[job_id, used_mib], ...]`: its processes (or its MIG
   instance) as the agent attributes them (workers/jobmem.py), on the ticks where they were read;
   `"e"`: an error text for this GPU this tick.
@@ -104,6 +106,7 @@ class GpuSample:
     error: str | None = None
     counters: dict[str, int] = field(default_factory=dict)  # COUNTER_KEYS the GPU has; missing: not readable
     mig_memory: dict[str, int] | None = None  # MIG mode: MiB used per instance uuid; None: not a MIG GPU or unread
+    mig_util: dict[str, int] | None = None  # MIG mode with GPM: % of each instance's SMs busy; None: not read
     job_memory: dict[int, int] | None = None  # MiB used per portal job id; None: not attributed this tick
 
 
@@ -163,7 +166,9 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
     if counters:
         extra["x"] = counters
     if sample.mig_memory:
-        extra["m"] = [[uuid, mib] for uuid, mib in sample.mig_memory.items()]
+        # [uuid, MiB], or [uuid, MiB, SM %] where the instance's SM activity was read (GPM).
+        busy = sample.mig_util or {}
+        extra["m"] = [[uuid, mib] + ([busy[uuid]] if uuid in busy else []) for uuid, mib in sample.mig_memory.items()]
     if sample.job_memory:
         extra["j"] = [[job_id, mib] for job_id, mib in sample.job_memory.items()]
     if sample.error:
@@ -196,7 +201,8 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         health=health,
         error=extra.get("e"),
         counters={k: v for k, v in zip(COUNTER_KEYS, extra.get("x", []), strict=False) if v is not None},
-        mig_memory={str(uuid): int(mib) for uuid, mib in extra["m"]} if "m" in extra else None,
+        mig_memory={str(m[0]): int(m[1]) for m in extra["m"]} if "m" in extra else None,
+        mig_util=({str(m[0]): int(m[2]) for m in extra["m"] if len(m) > 2} or None) if "m" in extra else None,
         job_memory={int(job_id): int(mib) for job_id, mib in extra["j"]} if "j" in extra else None,
     )
 

@@ -26,9 +26,11 @@ throughput (each `nvmlDeviceGetPcieThroughput` samples the link for 20 ms), the 
 rows (`health["remap_cor"]`, `["remap_unc"]`, `["remap_fail"]`) on the slow tick, their last value repeated in
 between. A counter the board lacks (no HBM sensor, no NVLink, no row remapping before Ampere) is left out.
 
-Tensor activity comes from GPM (GPU Performance Monitoring, Hopper and later): two GPM samples one tick apart give
-`NVML_GPM_METRIC_ANY_TENSOR_UTIL`. Older GPUs, and GPUs in MIG mode, report None; DCGM's profiling counters are
-the alternative there and are out of scope for a dependency-light agent.
+Tensor activity comes from GPM (GPU Performance Monitoring, Hopper and later; `workers.gpu.gpm`): two GPM samples
+one tick apart give `NVML_GPM_METRIC_ANY_TENSOR_UTIL`. Older GPUs report None; DCGM's profiling counters are the
+alternative there and are out of scope for a dependency-light agent. A GPU in MIG mode has no utilization of its
+own (NVML answers NOT_SUPPORTED); with GPM, each instance's SM activity (`NVML_GPM_METRIC_SM_UTIL` from
+`nvmlGpmMigSampleGet`) is read instead, the one utilization figure an instance has (`GpuSample.mig_util`).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.gpu.base import HEALTH_OK, GpuInfo, GpuSample
+from workers.gpu.gpm import GpmPair, gpm_supported
 from workers.gpu.mig import MigDevice
-from workers.gpu.nvml_mig import discover_mig_handles, read_mig_memory
+from workers.gpu.nvml_mig import discover_mig_handles, read_mig_memory, read_mig_sm
 from workers.gpu.specs import model_key_for
 
 logger = logging.getLogger(__name__)
@@ -67,6 +70,7 @@ PCIE_RX = "pcie_rx"
 PCIE_REPLAY = "pcie_replay"
 REMAP = "remapped_rows"
 MIG_MEMORY = "mig_memory"
+MIG_SM = "mig_sm_activity"
 
 
 class NvmlUnavailable(RuntimeError):
@@ -90,9 +94,8 @@ class _Gpu:
         self.unsupported: set[str] = set()
         self.lost_error: str | None = None
         self.health: dict[str, Any] = dict(HEALTH_OK)
-        self.gpm_samples: list[Any] = []  # two GPM buffers used alternately
-        self.gpm_turn = 0
-        self.gpm_primed = False
+        self.gpm: GpmPair | None = None  # tensor activity (GPM, not in MIG mode)
+        self.mig_gpm: dict[str, GpmPair] | None = None  # MIG mode with GPM: SM activity per instance uuid
         self.counters: dict[str, int] = {}  # base.COUNTER_KEYS, slow ones kept between their reads
         self.mig_handles: list[tuple[MigDevice, Any]] = []  # its MIG instances and their handles (MIG mode)
 
@@ -174,7 +177,8 @@ class NvmlBackend:
             name = nv.nvmlDeviceGetName(handle)
             memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total // _MIB)
             mig, mig_handles, _ok = self._read_mig(handle, index)
-            gpm = self._want_tensor and not mig and self._gpm_supported(handle)
+            has_gpm = gpm_supported(nv, handle)
+            gpm = self._want_tensor and not mig and has_gpm
             info = GpuInfo(
                 uuid=uuid,
                 index=index,
@@ -188,9 +192,11 @@ class NvmlBackend:
             gpu = _Gpu(info, handle)
             gpu.mig_handles = mig_handles
             if gpm:
-                gpu.gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+                gpu.gpm = GpmPair(nv)
             else:
                 gpu.unsupported.add(TENSOR)
+            if has_gpm:
+                gpu.mig_gpm = {}  # buffers made for each instance as it is first read
             gpus.append(gpu)
         return gpus
 
@@ -234,15 +240,11 @@ class NvmlBackend:
             )
             gpu.info = dataclasses.replace(gpu.info, mig_mode=mig, mig_devices=devices)
             gpu.mig_handles = handles
+            if gpu.mig_gpm:
+                for uuid in set(gpu.mig_gpm) - {d.uuid for d in devices}:  # instances gone: their buffers too
+                    gpu.mig_gpm.pop(uuid).free()
             changed = True
         return changed
-
-    def _gpm_supported(self, handle: Any) -> bool:
-        nv = self._nv
-        try:
-            return bool(nv.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-        except (nv.NVMLError, AttributeError):  # old driver or old bindings: no GPM
-            return False
 
     def _setup_xid_events(self) -> None:
         nv = self._nv
@@ -318,6 +320,7 @@ class NvmlBackend:
             error="; ".join(errors) or None,
             counters=dict(gpu.counters),
             mig_memory=values.get(MIG_MEMORY),
+            mig_util=values.get(MIG_SM) or None,
         )
 
     def _read_all(self, gpu: _Gpu, slow: bool, values: dict[str, Any], errors: list[str]) -> None:
@@ -333,6 +336,8 @@ class NvmlBackend:
         self._read(gpu, TENSOR, lambda: self._read_gpm(gpu), values, errors)
         if gpu.mig_handles:
             self._read(gpu, MIG_MEMORY, lambda: self._read_mig_memory(gpu, errors), values, errors)
+            if gpu.mig_gpm is not None:
+                self._read(gpu, MIG_SM, lambda: self._read_mig_sm(gpu, errors), values, errors)
         if slow:
             self._read(gpu, PROCESSES, lambda: self._read_processes(h), values, errors)
             ecc = self._read(
@@ -382,6 +387,12 @@ class NvmlBackend:
         errors.extend(f"{MIG_MEMORY} {text}" for text in failed)
         return used
 
+    def _read_mig_sm(self, gpu: _Gpu, errors: list[str]) -> dict[str, int]:
+        assert gpu.mig_gpm is not None
+        busy, failed = read_mig_sm(self._nv, gpu.handle, gpu.mig_handles, gpu.mig_gpm)
+        errors.extend(f"{MIG_SM} {text}" for text in failed)
+        return busy
+
     def _read_fields(self, handle: Any) -> dict[str, int]:
         """Memory temperature and NVLink traffic in one call; each field has its own status (no HBM sensor, no
         NVLink: that field is left out)."""
@@ -422,25 +433,10 @@ class NvmlBackend:
 
     def _read_gpm(self, gpu: _Gpu) -> float | None:
         nv = self._nv
-        current = gpu.gpm_samples[gpu.gpm_turn]
-        previous = gpu.gpm_samples[1 - gpu.gpm_turn]
-        nv.nvmlGpmSampleGet(gpu.handle, current)
-        gpu.gpm_turn = 1 - gpu.gpm_turn
-        if not gpu.gpm_primed:  # a GPM metric is a rate between two samples: the first tick has none
-            gpu.gpm_primed = True
-            return None
-        request = nv.c_nvmlGpmMetricsGet_t()
-        request.version = nv.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = 1
-        request.sample1 = previous
-        request.sample2 = current
-        request.metrics[0].metricId = nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
-        nv.nvmlGpmMetricsGet(request)
-        metric = request.metrics[0]
-        if metric.nvmlReturn != nv.NVML_SUCCESS:
-            raise nv.NVMLError(metric.nvmlReturn)
+        assert gpu.gpm is not None
+        value = gpu.gpm.read(lambda buf: nv.nvmlGpmSampleGet(gpu.handle, buf), nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL)
         # Rounded at the source to what the message carries, so a decoded message equals the sample.
-        return round(max(0.0, min(1.0, float(metric.value) / 100.0)), 3)
+        return None if value is None else round(value / 100.0, 3)
 
     def _read_processes(self, handle: Any) -> list[tuple[int, int]]:
         procs = self._nv.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -500,8 +496,9 @@ class NvmlBackend:
             if self._event_set is not None:
                 nv.nvmlEventSetFree(self._event_set)
             for gpu in self._gpus or []:
-                for buf in gpu.gpm_samples:
-                    nv.nvmlGpmSampleFree(buf)
+                for pair in [gpu.gpm, *(gpu.mig_gpm or {}).values()]:
+                    if pair is not None:
+                        pair.free()
         except nv.NVMLError as exc:
             logger.warning("freeing NVML resources failed: %s", exc)
         finally:

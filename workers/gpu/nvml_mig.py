@@ -6,9 +6,10 @@ The calls, as NVIDIA documents them: `nvmlDeviceGetMigMode(handle)` -> (current,
 (INVALID_ARGUMENT on some drivers), both skipped; on the MIG handle `nvmlDeviceGetUUID` -> "MIG-...",
 `nvmlDeviceGetName` -> "NVIDIA A100-SXM4-80GB MIG 1g.10gb" (the profile), `nvmlDeviceGetMemoryInfo` -> its memory,
 `nvmlDeviceGetGpuInstanceId` -> the GPU instance id. Each tick the agent reads `nvmlDeviceGetMemoryInfo` on every
-instance's handle for the memory it uses: the one per-instance reading NVML gives (utilization and the other
-counters are the whole GPU's, or need DCGM's profiling fields). Takes the `pynvml` module as an argument so tests
-can give it a stand-in with the same call shapes and error classes.
+instance's handle for the memory it uses, and on a GPU with GPM (Hopper and later) each instance's SM activity
+through `nvmlGpmMigSampleGet(GPU handle, GPU instance id, sample)` (`workers.gpu.gpm`): NVML has no utilization for
+an instance otherwise, and the other counters are the whole GPU's. Takes the `pynvml` module as an argument so
+tests can give it a stand-in with the same call shapes and error classes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from workers.gpu.gpm import GpmPair
 from workers.gpu.mig import MigDevice, profile_from_device_name
 
 logger = logging.getLogger(__name__)
@@ -86,3 +88,36 @@ def read_mig_memory(nv: Any, instances: list[tuple[MigDevice, Any]]) -> tuple[di
                 raise
             errors.append(f"{device.uuid}: {exc}")
     return used, errors
+
+
+def read_mig_sm(
+    nv: Any, handle: Any, instances: list[tuple[MigDevice, Any]], pairs: dict[str, GpmPair]
+) -> tuple[dict[str, int], list[str]]:
+    """SM activity (% of the instance's SMs busy, GPM's `NVML_GPM_METRIC_SM_UTIL`) of each instance, by its uuid,
+    between this tick and the last, and an error text per instance that could not be read. `pairs` keeps each
+    instance's two GPM buffers (made here on its first read; an instance has no figure until its second).
+    NOT_SUPPORTED (no GPM for instances on this GPU), GPU_IS_LOST and RESET_REQUIRED are raised."""
+    busy: dict[str, int] = {}
+    errors: list[str] = []
+    for device, _mig in instances:
+        pair = pairs.get(device.uuid)
+        if pair is None:
+            pair = pairs[device.uuid] = GpmPair(nv)
+
+        def take(buf: Any, gi: int = device.gi_id) -> object:
+            return nv.nvmlGpmMigSampleGet(handle, gi, buf)
+
+        try:
+            value = pair.read(take, nv.NVML_GPM_METRIC_SM_UTIL)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) in (
+                nv.NVML_ERROR_NOT_SUPPORTED,
+                nv.NVML_ERROR_GPU_IS_LOST,
+                nv.NVML_ERROR_RESET_REQUIRED,
+            ):
+                raise
+            errors.append(f"{device.uuid}: {exc}")
+            continue
+        if value is not None:
+            busy[device.uuid] = round(value)
+    return busy, errors

@@ -398,9 +398,13 @@ class SimulatedBackend:
             tensor_ratio = max(tensor_ratio, other.profile.tensor_ratio)
             shared_processes.append((other.pid, int(other_mem)))
         mig_memory: dict[str, int] | None = None
+        mig_util: dict[str, int] | None = None
         mig_processes: list[tuple[int, int]] = []
         if gpu.info.mig_devices:
-            util, mem, tensor_ratio, mig_memory, mig_processes = self._mig_load(gpu, now, util, mem, tensor_ratio)
+            util, mem, tensor_ratio, mig_memory, mig_processes, mig_busy = self._mig_load(
+                gpu, now, util, mem, tensor_ratio
+            )
+            mig_util = mig_busy if spec.gpm else None  # NVML gives an instance's SM activity only through GPM
         util = max(0.0, min(100.0, util))
         util_pct = round(util)
         mem_used = int(min(mem, spec.memory_mib * 0.97))
@@ -452,16 +456,19 @@ class SimulatedBackend:
             error=None,
             counters=counters,
             mig_memory=mig_memory,
+            mig_util=mig_util,
         )
 
     @staticmethod
     def _mig_load(
         gpu: _SimGpu, now: float, util: float, mem: float, tensor_ratio: float
-    ) -> tuple[float, float, float, dict[str, int], list[tuple[int, int]]]:
+    ) -> tuple[float, float, float, dict[str, int], list[tuple[int, int]], dict[str, int]]:
         """A GPU in MIG mode: each instance holds what its job's profile asks of a GPU of the instance's size;
         the GPU's utilization adds up the instances' by their compute fraction (1g = 1/7), its memory is their
-        sum. Returns (util, mem, tensor ratio, MiB used per instance, processes as (pid, MiB))."""
+        sum. Returns (util, mem, tensor ratio, MiB used per instance, processes as (pid, MiB), % of each instance's
+        SMs busy)."""
         per_instance: dict[str, int] = {}
+        busy: dict[str, int] = {}
         processes: list[tuple[int, int]] = []
         for device in gpu.info.mig_devices:
             # A MIG instance's own context: about a dozen MiB even with nothing running, as nvidia-smi shows.
@@ -479,10 +486,12 @@ class SimulatedBackend:
                 )
                 used = max(used, job_mib)
                 util += base_util * float(profile_fraction(device.profile))
+                busy[device.uuid] = round(max(0.0, min(100.0, base_util)))
                 tensor_ratio = max(tensor_ratio, run.profile.tensor_ratio)
                 processes.append((run.pid, int(used)))
             per_instance[device.uuid] = int(used)
-        return util, max(mem, float(sum(per_instance.values()))), tensor_ratio, per_instance, processes
+            busy.setdefault(device.uuid, 0)
+        return util, max(mem, float(sum(per_instance.values()))), tensor_ratio, per_instance, processes, busy
 
     @staticmethod
     def _counters(gpu: _SimGpu, load: float, tensor_ratio: float, dt: float) -> dict[str, int]:

@@ -31,6 +31,7 @@ class GpuSpec:
     sm_clock_idle_mhz: int
     nvml_names: tuple[str, ...]
     notes: str = ""
+    gpm: bool = False  # GPU Performance Monitoring (Hopper and later): SM activity per MIG instance, tensor activity
 
 
 _SPECS: tuple[GpuSpec, ...] = (
@@ -81,6 +82,7 @@ _SPECS: tuple[GpuSpec, ...] = (
         sm_clock_idle_mhz=345,
         nvml_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100"),
         notes="Figures per the project issue (see comment in specs.py); PCIe variant 350 W, 2,000 GB/s.",
+        gpm=True,
     ),
     GpuSpec(
         key="H200-141GB",
@@ -96,6 +98,7 @@ _SPECS: tuple[GpuSpec, ...] = (
         sm_clock_idle_mhz=345,
         nvml_names=("NVIDIA H200", "NVIDIA H200 NVL"),
         notes="H200 NVL (PCIe): 600 W TDP, 60 TFLOPS fp32, 835 fp16 dense.",
+        gpm=True,
     ),
     GpuSpec(
         key="L40S-48GB",

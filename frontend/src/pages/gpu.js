@@ -44,7 +44,8 @@ function showParts(g) {
     if (!meter) continue; // a page rendered before parts had meters
     const mib = g.stale ? undefined : used[uuid];
     meter.value = mib == null ? 0 : mib;
-    const text = mib == null ? "—" : `${gib(mib)} / ${gib(Number(meter.max))} GiB`;
+    const busy = g.stale ? undefined : ((g.parts && g.parts.busy) || {})[uuid]; // SM activity, where GPM gives it
+    const text = (mib == null ? "—" : `${gib(mib)} / ${gib(Number(meter.max))} GiB`) + (busy == null ? "" : ` · SM ${busy}%`);
     const span = row.querySelector(".part-used-text");
     if (span.textContent !== text) span.textContent = text;
   }
