@@ -28,6 +28,7 @@ from apps.booking import selectors as booking_selectors
 from apps.booking.services.devices import (
     check_part_in_fleet,
     check_profile,
+    free_part_count,
     parse_share,
     place_parts_locked,
     share_text,
@@ -197,7 +198,13 @@ def _serve_one(entry: WaitlistEntry, now: datetime) -> str | None:
     if entry.mig_profile or entry.gpu_share is not None:
         if not _slice_free(entry, max(start, now), entry.end):
             return None
-        free = entry.gpu_count
+        free = free_part_count(
+            model=entry.gpu_model,
+            mig_profile=entry.mig_profile or None,
+            gpu_share=entry.gpu_share,
+            start=max(start, now),
+            end=entry.end,
+        )
     else:
         free = len(booking_selectors.free_gpus(start=max(start, now), end=entry.end, model=entry.gpu_model))
         if free < entry.gpu_count:

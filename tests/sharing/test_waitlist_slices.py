@@ -73,9 +73,24 @@ def test_a_member_waiting_for_half_a_gpu_is_told_once_two_shares_are_free(alice,
     assert waitlist_serve()["notified"] == [entry.pk]
     event = OutboxEvent.objects.get(event_type="waitlist.available")
     assert event.user_id == bob.pk and event.data["gpu_share"] == "0.5" and "mig_profile" not in event.data
+    assert event.data["free"] == 2  # the four shares of the split GPU make two halves
     # Told, not booked: bob books it himself.
     assert not Reservation.objects.filter(user=bob).exists()
     assert WaitlistEntry.objects.get(pk=entry.pk).state == WaitState.NOTIFIED
+
+
+def test_a_member_told_of_instances_hears_how_many_are_free(alice, bob, sharing_fleet):
+    first = _book(alice, mig_profile="1g.10gb", gpu_count=3)
+    _book(alice, mig_profile="1g.10gb", gpu_count=4)  # all seven held
+    start, end = slot(days=1, hours=2)
+    entry = waitlist_join(
+        user=bob, team=first.team, gpu_model="A100-80GB", gpu_count=2, mig_profile="1g.10gb", start=start, end=end
+    )
+    assert waitlist_serve()["notified"] == []
+    booking.reservation_end(user=alice, reservation_id=first.pk)
+    assert waitlist_serve()["notified"] == [entry.pk]
+    event = OutboxEvent.objects.get(event_type="waitlist.available")
+    assert (event.data["mig_profile"], event.data["gpu_count"], event.data["free"]) == ("1g.10gb", 2, 3)
 
 
 @pytest.mark.parametrize(

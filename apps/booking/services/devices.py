@@ -314,6 +314,31 @@ def place_parts_locked(
     return [by_id[i] for i in picked]
 
 
+def free_part_count(
+    *, model: GpuModel, mig_profile: str | None, gpu_share: Decimal | None, start: datetime, end: datetime
+) -> int:
+    """How many of a slice are free in [start, end): instances of `mig_profile`, or how many times `gpu_share` of one
+    GPU could be booked side by side (a GPU split in four with three shares free holds one half, not one and a
+    half). A read, for telling a waiting member how much there is; booking itself places under the model's lock."""
+    kind = DeviceKind.MIG if mig_profile else DeviceKind.SHARE
+    rows = _units(
+        kind=kind, profile=mig_profile or "", model_id=model.pk, uuids=[], start=start, end=end, include_offline=False
+    )
+    if mig_profile:
+        return sum(1 for _, _, _, taken in rows if not taken)
+    assert gpu_share is not None
+    free: dict[int, int] = {}
+    split: dict[int, int] = {}
+    for _, parent, shares, taken in rows:
+        split[parent] = shares
+        free[parent] = free.get(parent, 0) + (0 if taken else 1)
+    total = 0
+    for parent, n in free.items():
+        need = shares_needed(gpu_share, split[parent])
+        total += n // need if need else 0
+    return total
+
+
 _SPLIT_SQL = """
 SELECT p.uuid, p.mig_mode, p.shares,
        ARRAY(SELECT u.uuid FROM fleet_gpu u WHERE u.parent_id = p.id AND u.kind = 'share' AND u.retired_at IS NULL
