@@ -14,6 +14,7 @@ from apps.billing import services as billing
 from apps.billing.models import MigProfilePrice, UsageRecord
 from apps.booking.services import allocations_create
 from apps.fleet.models import Gpu
+from apps.telemetry.models import GpuRollup
 
 pytestmark = pytest.mark.django_db
 
@@ -157,3 +158,29 @@ def test_the_monthly_report_shows_each_slice_at_its_fraction(vision, alice, admi
     )  # fmt: skip
     frozen = api_as(admin).get(url).json()
     assert (frozen["status"], frozen["teams"][0]["by_slice"], frozen["totals"]["by_slice"]) == ("closed", [], [])
+
+
+def test_an_instances_sm_activity_gives_its_ledger_rows_an_idle_cost(vision, alice, admin, api_as, sharing_fleet):
+    """Where GPM gives a MIG instance's SM activity (Hopper and later; kept in the instance's own minute rollups),
+    its ledger rows carry it and the report counts the instance's idle cost; an instance with only its memory
+    (an A100) stays unknown, as before."""
+    from tests.efficiency.conftest import write_minutes
+
+    first, second = Gpu.devices.filter(parent=sharing_fleet["mig"]).order_by("index")[:2]
+    end = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    write_minutes(first, end - timedelta(hours=1), 60, util=25.0, mem=5_000)
+    GpuRollup.objects.bulk_create(
+        [GpuRollup(gpu=second, minute=end - timedelta(minutes=60 - i), samples=60, mem_used_mean=900,
+                   mem_used_max=900) for i in range(60)]
+    )  # fmt: skip
+    _hold(vision, alice, first, 1)
+    _hold(vision, alice, second, 2)
+    (measured,) = _rows(1)
+    (memory_only,) = _rows(2)
+    assert measured.mean_utilization == Decimal("0.25") and memory_only.mean_utilization is None
+    month = timezone.localtime(measured.start).strftime("%Y-%m")
+    (team,) = api_as(admin).get(f"/api/v1/reports/monthly/?month={month}&team=vision").json()["teams"]
+    (instances,) = team["by_slice"]
+    assert (instances["slice"], instances["cost"], instances["idle_cost"]) == ("1g.10gb", "0.80", "0.30")
+    assert (instances["mean_utilization"], instances["idle_cost_complete"]) == ("0.2500", False)
+    assert instances["unknown_utilization_gpu_hours"] == "0.143"
