@@ -13,6 +13,10 @@ one holds (read every ~10 s); the agent knows which job each process belongs to:
 
 NVML's pids are the host's: an agent run in a container of its own needs the host's PID namespace for this.
 A process that belongs to no job of this agent (a user's shell, another tool) is left out.
+
+The same attribution gives each job its SM activity (`GpuSample.job_util`): its processes' per-process
+utilization added up (capped at 100), or its MIG instance's GPM reading. On a GPU split in shares this, not the
+GPU's utilization, says whether a holder computes or only holds memory.
 """
 
 from __future__ import annotations
@@ -95,8 +99,31 @@ class JobMemory:
         out: list[GpuSample] = []
         for sample in samples:
             found = self._attribute(sample, by_session, by_container, on_device)
-            out.append(dataclasses.replace(sample, job_memory=found) if found is not None else sample)
+            if found is None:
+                out.append(sample)
+                continue
+            busy = self._busy(sample, by_session, by_container, on_device)
+            out.append(dataclasses.replace(sample, job_memory=found, job_util=busy or None))
         return out
+
+    def _busy(
+        self,
+        sample: GpuSample,
+        by_session: Mapping[int, int],
+        by_container: Mapping[str, int],
+        on_device: Mapping[str, int],
+    ) -> dict[int, int]:
+        """% of SMs busy per job: its processes' figures added up, or its MIG instance's."""
+        busy: dict[int, int] = {}
+        for pid, pct in (sample.process_util or {}).items():
+            job_id = self._job_of(pid, by_session, by_container)
+            if job_id is not None:
+                busy[job_id] = min(100, busy.get(job_id, 0) + pct)
+        for uuid, pct in (sample.mig_util or {}).items():
+            job_id = on_device.get(uuid)
+            if job_id is not None:
+                busy[job_id] = pct
+        return busy
 
     def _attribute(
         self,

@@ -33,6 +33,7 @@ from apps.billing.models import (
     Notification,
     NotificationLevel,
     Price,
+    SourceKind,
     UsageRecord,
 )
 from apps.core.errors import Conflict, Forbidden, ValidationFailed
@@ -79,6 +80,15 @@ def ledger_rows_due(
         if piece.end <= horizon and piece.month not in closed
     ]
     utilizations = selectors.mean_utilizations([(a.gpu_id, p.start, p.end) for a, p in pieces])
+    # A job on a share or MIG instance: its own SM activity, where its node read it, wins over the device's rollups
+    # (a share has none of its own: the GPU's utilization is all its holders' together).
+    on_parts = [i for i, (a, _) in enumerate(pieces) if a.parent_id is not None and a.source == SourceKind.JOB]
+    own = selectors.job_part_utilizations(
+        [(pieces[i][0].source_id, pieces[i][0].parent_id or 0, pieces[i][1].start, pieces[i][1].end) for i in on_parts]
+    )
+    for i, value in zip(on_parts, own, strict=True):
+        if value is not None:
+            utilizations[i] = value
     return [
         UsageRecord(
             team_id=alloc.team_id,

@@ -23,9 +23,11 @@ grace after the warning is the same. It is never exempt: a loaded GPU at 0% for 
 Unknown minutes count for nothing: too few known minutes in the window, no warning; missing data can delay a
 reclaim but never cause one.
 
-Parts of a GPU. A share is judged by its GPU's minutes (`Sample` of the whole GPU): the holders of one GPU's
-shares run on the same SMs and NVML does not say whose work keeps it busy, so a share is idle only while the
-whole GPU is, and loaded while anything holds memory on it. A MIG instance has no utilization reading from NVML's
+Parts of a GPU. A reservation of a share is judged by its GPU's minutes (`Sample` of the whole GPU): the holders
+of one GPU's shares run on the same SMs and the GPU's utilization does not say whose work keeps it busy, so a
+share is idle only while the whole GPU is, and loaded while anything holds memory on it. A job on a share is
+judged by its own processes' minutes where its node reads per-process utilization (selectors
+`with_share_jobs_own_minutes`), against its shares' memory. A MIG instance has no utilization reading from NVML's
 usual call (NOT_SUPPORTED per instance). On Hopper and later the agent reads its SM activity through GPM instead,
 and such a minute is judged as a GPU's, against the instance's memory. Elsewhere it has only its memory:
 `instance_sample` makes a minute in which it held

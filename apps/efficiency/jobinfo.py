@@ -114,9 +114,11 @@ def job_efficiency(job: Job) -> JobEfficiency:
 
 
 def _part_use(job: Job, parts: list[Gpu], out: JobEfficiency) -> list[advice.GpuUse]:
-    """A MIG instance's or share's job: utilization from its GPU's rollups (NVML has no per-instance utilization),
-    memory from what its node attributes to the job itself (the GPU's memory is its neighbours' too: per minute
-    from `JobMemoryMinute`, the peak from the job's own readings), against the part's own memory. Fills `out`."""
+    """A MIG instance's or share's job: what its node attributes to the job itself, per minute from
+    `JobMemoryMinute` (the GPU's readings are its neighbours' too): its memory against the part's own, the peak
+    from its own readings, and its SM activity (its processes' per-process utilization, or its instance's GPM
+    reading). A minute without the job's own activity (a node that cannot read it) takes the GPU's utilization,
+    as the best there is. Fills `out`."""
     parent_ids = sorted({p.parent_id for p in parts if p.parent_id is not None})
     end = job.ended_at or timezone.now()
     assert job.started_at is not None
@@ -130,10 +132,14 @@ def _part_use(job: Job, parts: list[Gpu], out: JobEfficiency) -> list[advice.Gpu
         if util is not None:
             per_minute.setdefault(minute, []).append(util)
     own_minutes: dict[datetime, int] = {}
-    for minute, mib in JobMemoryMinute.objects.filter(
+    own_busy: dict[datetime, list[float]] = {}
+    for minute, mib, busy in JobMemoryMinute.objects.filter(
         job=job, minute__gte=_floor(job.started_at), minute__lte=end
-    ).values_list("minute", "mem_used_max"):
+    ).values_list("minute", "mem_used_max", "util_mean"):
         own_minutes[minute] = max(own_minutes.get(minute, 0), mib)
+        if busy is not None:
+            own_busy.setdefault(minute, []).append(busy)
+    per_minute.update(own_busy)  # the job's own activity wins over the GPU's where the node read it
     out.series = [
         {
             "t": m.isoformat(),

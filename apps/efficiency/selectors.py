@@ -13,7 +13,7 @@ from apps.efficiency import detector
 from apps.efficiency.models import IdleExemption, IdleMark, IdlePolicy, MarkState
 from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs.models import Job, JobState
-from apps.telemetry.models import GpuRollup
+from apps.telemetry.models import GpuRollup, JobMemoryMinute
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,43 @@ def minute_samples(
     for pk, source in read_from.items():
         if source in by_source:
             out[pk] = by_source[source]
+    return out
+
+
+def with_share_jobs_own_minutes(
+    items: Sequence[Watched], samples: dict[int, dict[datetime, detector.Sample]], *, since: datetime, until: datetime
+) -> dict[int, dict[datetime, detector.Sample]]:
+    """`samples` with each job on shares judged by its own minutes where its node read the job's SM activity
+    (`JobMemoryMinute.util_mean`: its processes' per-process utilization), against its shares' memory: a holder
+    that computes nothing is idle even while a neighbour keeps the GPU busy. A minute without that reading keeps
+    the GPU's. A reservation keeps the GPU's minutes: its holder's processes need not be portal jobs."""
+    jobs = {it.source_id: it for it in items if it.kind == "job"}
+    if not jobs:
+        return samples
+    shares = {
+        pk: (parent, mib)
+        for pk, parent, mib in Gpu.devices.filter(
+            pk__in={g for it in jobs.values() for g in it.gpu_ids}, kind=DeviceKind.SHARE
+        ).values_list("pk", "parent_id", "memory_mib")
+    }
+    if not shares:
+        return samples
+    rows = JobMemoryMinute.objects.filter(
+        job_id__in=list(jobs), minute__gte=since, minute__lt=until, util_mean__isnull=False
+    ).values_list("job_id", "gpu_id", "minute", "util_mean", "mem_used_max")
+    own: dict[tuple[int, int], dict[datetime, tuple[float, int]]] = defaultdict(dict)
+    for job_id, parent_id, minute, util, mem in rows:
+        own[(job_id, parent_id)][minute] = (util, mem)
+    out = dict(samples)
+    for job_id, it in jobs.items():
+        held = [(pk, *shares[pk]) for pk in it.gpu_ids if pk in shares]
+        for pk, parent, _ in held:
+            minutes = own.get((job_id, parent))
+            if not minutes:
+                continue
+            total = float(sum(mib for _, p, mib in held if p == parent))
+            mine = {m: detector.Sample(util=u, mem_used=mem, mem_total=total) for m, (u, mem) in minutes.items()}
+            out[pk] = {**samples.get(pk, {}), **mine}
     return out
 
 

@@ -254,6 +254,8 @@ class TelemetryRow:
     mig_util: dict[str, int] = field(default_factory=dict)
     # Memory used (MiB) per portal job id on this GPU, from the `"j"` list (workers/jobmem.py); empty when none.
     job_memory: dict[int, int] = field(default_factory=dict)
+    # % of SMs busy per portal job id (the `"j"` entries' third element: its processes', or its MIG instance's).
+    job_util: dict[int, int] = field(default_factory=dict)
 
 
 # A GPU has at most 7 MIG instances today; the bound keeps a broken agent from growing the latest sample.
@@ -288,22 +290,27 @@ def _mig_memory(extra: dict[str, Any], mem_total: int | None) -> tuple[dict[str,
 MAX_JOBS_PER_GPU = 32
 
 
-def _job_memory(extra: dict[str, Any], mem_total: int | None) -> dict[int, int]:
-    """The row's per-job memory, checked like `_mig_memory`: `[job_id, MiB]` entries, a bad one left out alone."""
+def _job_memory(extra: dict[str, Any], mem_total: int | None) -> tuple[dict[int, int], dict[int, int]]:
+    """The row's per-job memory and SM activity, checked like `_mig_memory`: `[job_id, MiB]` or `[job_id, MiB,
+    SM %]` entries, a bad one left out alone (a bad % drops the % alone)."""
     raw = extra.get("j", [])
     out: dict[int, int] = {}
+    busy: dict[int, int] = {}
     if not isinstance(raw, list):
-        return out
+        return out, busy
     limit = MEM_MIB_RANGE[1] if mem_total is None else mem_total
     for item in raw[:MAX_JOBS_PER_GPU]:
-        if not (isinstance(item, list) and len(item) == 2):
+        if not (isinstance(item, list) and len(item) in (2, 3)):
             continue
-        job_id, mib = item
+        job_id, mib = item[0], item[1]
         if not (isinstance(job_id, int) and not isinstance(job_id, bool) and 0 < job_id < 2**63):
             continue
         if isinstance(mib, int) and not isinstance(mib, bool) and 0 <= mib <= limit:
             out[job_id] = mib
-    return out
+            pct = item[2] if len(item) == 3 else None
+            if isinstance(pct, int) and not isinstance(pct, bool) and UTIL_RANGE[0] <= pct <= UTIL_RANGE[1]:
+                busy[job_id] = pct
+    return out, busy
 
 
 # workers.gpu.base.COUNTER_KEYS and the health keys that are counters (repeated, not imported, as above).
@@ -350,6 +357,7 @@ def check_row(row: Any) -> TelemetryRow:
     mig_memory: dict[str, int] = {}
     mig_util: dict[str, int] = {}
     job_memory: dict[int, int] = {}
+    job_util: dict[int, int] = {}
     if len(row) == n + 1:
         extra = row[n]
         _require(isinstance(extra, dict), "malformed", "9th column must be an object")
@@ -358,7 +366,7 @@ def check_row(row: Any) -> TelemetryRow:
         lost = health.get("lost") is True
         counters = _counters(extra, health)
         mig_memory, mig_util = _mig_memory(extra, mem_total)
-        job_memory = _job_memory(extra, mem_total)
+        job_memory, job_util = _job_memory(extra, mem_total)
     return TelemetryRow(
         uuid=uuid,
         util=check_int(row[1], "util", *UTIL_RANGE, nullable=True),
@@ -373,6 +381,7 @@ def check_row(row: Any) -> TelemetryRow:
         mig_memory=mig_memory,
         mig_util=mig_util,
         job_memory=job_memory,
+        job_util=job_util,
     )
 
 

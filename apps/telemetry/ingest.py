@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 # KEYS: 1 latest, 2 minute accumulator, 3 pending minutes, 4 stats, 5 node seen, 6 job memory,
 #       7.. one history list per GPU.
 # ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 9 per GPU:
-#       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory ("job:mib,..." or ''),
+#       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory and, where known, SM %
+#       ("job:mib[:pct],..." or ''; the % summed per minute under `<gpu>|ju_n<job>` and `ju_s<job>`),
 #       MIG instances' memory and, where read, SM % ("MIG-uuid=mib[:pct],..." or ''): kept under the parent's prefix
 #       (`<gpu>|i_hi:<MIG uuid>`), so the flush takes an instance's minute only from the GPU it belongs to
 #       (rollups.accumulator_instance_rows).
@@ -76,7 +77,7 @@ for i = 0, n - 1 do
     redis.call('HINCRBY', roll, p .. 'p_n', 1)
     redis.call('HINCRBYFLOAT', roll, p .. 'p_s', w)
   end
-  for job, mib in string.gmatch(ARGV[b + 7], '(%d+):(%d+)') do
+  for job, mib, pct in string.gmatch(ARGV[b + 7], '(%d+):(%d+):?(%d*)') do
     local f = job .. '|' .. uuid
     local peak = tonumber(mib)
     local cur = redis.call('HGET', KEYS[6], f)
@@ -84,6 +85,10 @@ for i = 0, n - 1 do
     if old and old > peak then peak = old end
     redis.call('HSET', KEYS[6], f, ARGV[3] .. ',' .. mib .. ',' .. peak)
     keep_max(p .. 'j' .. job, mib)
+    if pct ~= '' then
+      redis.call('HINCRBY', roll, p .. 'ju_n' .. job, 1)
+      redis.call('HINCRBY', roll, p .. 'ju_s' .. job, pct)
+    end
   end
   for dev, mib, pct in string.gmatch(ARGV[b + 8], '([^,=]+)=(%d+):?(%d*)') do
     redis.call('HINCRBY', roll, p .. 'i_n:' .. dev, 1)
@@ -219,7 +224,10 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             _num(row.mem),
             _num(row.temp),
             _num(row.power),
-            ",".join(f"{job_id}:{mib}" for job_id, mib in row.job_memory.items()),
+            ",".join(
+                f"{job_id}:{mib}" + (f":{row.job_util[job_id]}" if job_id in row.job_util else "")
+                for job_id, mib in row.job_memory.items()
+            ),
             ",".join(
                 f"{uuid}={mib}" + (f":{row.mig_util[uuid]}" if uuid in row.mig_util else "")
                 for uuid, mib in row.mig_memory.items()

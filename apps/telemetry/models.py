@@ -63,14 +63,20 @@ class GpuHourlyRollup(RollupFields):
 
 
 class JobMemoryMinute(models.Model):
-    """The most GPU memory one job's own processes held on one GPU in one minute, as its node attributed them
-    (workers/jobmem.py). Kept for jobs on a MIG instance or a share, whose GPU's rollup is their neighbours' too;
-    a whole-GPU job's memory is its GPU's rollup. Kept as long as the minute rollups."""
+    """The most GPU memory one job's own processes held on one GPU in one minute, and their mean SM activity, as
+    its node attributed them (workers/jobmem.py). Kept for jobs on a MIG instance or a share, whose GPU's rollup
+    is their neighbours' too; a whole-GPU job's memory is its GPU's rollup. Kept as long as the minute rollups."""
 
     job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="memory_minutes")
     gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="+", help_text="the physical GPU")
     minute = models.DateTimeField(help_text="start of the minute, UTC")
     mem_used_max = models.PositiveIntegerField(help_text="MiB")
+    util_mean = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="mean % of SMs the job kept busy (its processes' per-process utilization, or its MIG instance's"
+        " GPM reading); null where the node could not read it",
+    )
 
     objects = RollupQuerySet.as_manager()
 

@@ -73,19 +73,32 @@ def accumulator_to_rows(raw: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def accumulator_job_memory(raw: Any) -> dict[tuple[int, str], int]:
-    """The job memory of `HGETALL fleet:roll:<minute>`: {(job id, GPU uuid): the most MiB its processes held}
-    (pure; the `<uuid>|j<job id>` fields)."""
-    out: dict[tuple[int, str], int] = {}
+def accumulator_job_memory(raw: Any) -> dict[tuple[int, str], tuple[int, float | None]]:
+    """The jobs of `HGETALL fleet:roll:<minute>`: {(job id, GPU uuid): (the most MiB its processes held, their mean
+    SM % or None)} (pure; the `<uuid>|j<job id>`, `ju_n<job id>` and `ju_s<job id>` fields)."""
+    mem: dict[tuple[int, str], int] = {}
+    busy: dict[tuple[int, str], dict[str, float]] = defaultdict(dict)
     for key, value in raw.items():
         k = key.decode() if isinstance(key, bytes) else key
         uuid, _, metric = k.rpartition("|")
-        if not uuid or metric[:1] != "j" or not metric[1:].isdigit():
+        if not uuid or metric[:1] != "j":
+            continue
+        name, job = (metric[:4], metric[4:]) if metric[:3] == "ju_" else ("j", metric[1:])
+        if not job.isdigit():
             continue
         try:
-            out[(int(metric[1:]), uuid)] = int(float(value))
+            number = float(value)
         except (TypeError, ValueError):
             continue
+        if name == "j":
+            mem[(int(job), uuid)] = int(number)
+        else:
+            busy[(int(job), uuid)][name] = number
+    out: dict[tuple[int, str], tuple[int, float | None]] = {}
+    for ident, mib in mem.items():
+        counts = busy.get(ident, {})
+        n = counts.get("ju_n", 0)
+        out[ident] = (mib, round(counts.get("ju_s", 0) / n, 3) if n else None)
     return out
 
 
@@ -154,8 +167,8 @@ def _job_memory_rows(raw: Any, start: datetime) -> list[JobMemoryMinute]:
     ).values_list("job_id", "gpu__parent__uuid", "gpu__parent_id")
     on_part = {(job_id, uuid): parent_id for job_id, uuid, parent_id in parts if parent_id is not None}
     return [
-        JobMemoryMinute(job_id=job_id, gpu_id=on_part[(job_id, uuid)], minute=start, mem_used_max=mib)
-        for (job_id, uuid), mib in readings.items()
+        JobMemoryMinute(job_id=job_id, gpu_id=on_part[(job_id, uuid)], minute=start, mem_used_max=mib, util_mean=busy)
+        for (job_id, uuid), (mib, busy) in readings.items()
         if (job_id, uuid) in on_part
     ]
 
@@ -184,7 +197,7 @@ def flush_rollups(*, now: float | None = None) -> int:
                 jobs,
                 update_conflicts=True,
                 unique_fields=["job", "gpu", "minute"],
-                update_fields=["mem_used_max"],
+                update_fields=["mem_used_max", "util_mean"],
                 batch_size=500,
             )
         # After commit: if we die here the next flush upserts the same values again.

@@ -184,3 +184,41 @@ def test_an_instances_sm_activity_gives_its_ledger_rows_an_idle_cost(vision, ali
     assert (instances["slice"], instances["cost"], instances["idle_cost"]) == ("1g.10gb", "0.80", "0.30")
     assert (instances["mean_utilization"], instances["idle_cost_complete"]) == ("0.2500", False)
     assert instances["unknown_utilization_gpu_hours"] == "0.143"
+
+
+def test_a_share_jobs_own_sm_activity_gives_its_ledger_rows_an_idle_cost(vision, alice, admin, api_as, sharing_fleet):
+    """A job on a share: its ledger rows take the SM activity its node attributed to the job itself (per minute in
+    JobMemoryMinute), never the GPU's (its neighbours' too)."""
+    from apps.jobs.models import Job, JobState
+    from apps.telemetry.models import JobMemoryMinute
+
+    quarter, other = Gpu.devices.filter(parent=sharing_fleet["shared"]).order_by("index")[:2]
+    end = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    job = Job.objects.create(
+        team=vision, user=alice, image="x", command=["python", "serve.py"], gpu_count=1, cpus=Decimal(1),
+        memory_mib=1024, max_duration_s=7200, state=JobState.SUCCEEDED, started_at=end - timedelta(hours=1),
+        ended_at=end,
+    )  # fmt: skip
+    parent = sharing_fleet["shared"]
+    JobMemoryMinute.objects.bulk_create(
+        [JobMemoryMinute(job=job, gpu=parent, minute=end - timedelta(minutes=60 - i), mem_used_max=2_000,
+                         util_mean=10.0 if i < 30 else 30.0) for i in range(60)]
+    )  # fmt: skip
+    from tests.efficiency.conftest import write_minutes
+
+    write_minutes(parent, end - timedelta(hours=1), 60, util=90.0, mem=40_000)  # the GPU, busy with the neighbours
+    _hold(vision, alice, quarter, job.pk)
+    _hold(vision, alice, other, job.pk + 1000)  # a job with no reading of its own: unknown, not the GPU's 90%
+    (row,) = _rows(job.pk)
+    assert row.mean_utilization == Decimal("0.2") and row.share == Decimal("0.25")
+    (unread,) = _rows(job.pk + 1000)
+    assert unread.mean_utilization is None
+    month = timezone.localtime(row.start).strftime("%Y-%m")
+    (team,) = api_as(admin).get(f"/api/v1/reports/monthly/?month={month}&team=vision").json()["teams"]
+    (share,) = team["by_slice"]
+    assert (share["slice"], share["cost"], share["idle_cost"], share["idle_cost_complete"]) == (
+        "1/4 share",
+        "1.40",
+        "0.56",
+        False,
+    )

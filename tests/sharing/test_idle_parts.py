@@ -243,3 +243,40 @@ def test_a_job_whose_process_left_its_instance_is_stopped(alice, vision, ready):
     # What was left of its 6 hours, on one seventh of a GPU.
     left = (job.started_at + timedelta(hours=6) - (start + timedelta(minutes=96))).total_seconds() / 3600
     assert abs(float(mark.reclaimed_gpu_hours) - left / 7) < 0.001
+
+
+def _share_job(alice: Any, vision: Any, share: Gpu) -> Any:
+    job = jobs.job_submit(
+        user=alice, team=vision, image="portal-test/busybox:latest", command=["sleep", "1d"],
+        max_duration_s=6 * 3600, gpu_share=0.25,
+    )  # fmt: skip
+    return jobs.job_transition(jobs.job_start(job=job, node=share.node, gpus=[share], now=timezone.now()), "running")
+
+
+def test_a_share_job_that_computes_nothing_is_idle_beside_a_busy_neighbour(alice, vision, ready, sharing_fleet):
+    """Where the node reads each job's own SM activity (per-process utilization), a job on a share is judged by
+    it: the one holding a model and computing nothing is warned and reclaimed while its neighbour keeps the GPU
+    busy; the busy one is never warned. Minutes without the job's own reading fall back to the GPU's."""
+    from apps.telemetry.models import JobMemoryMinute
+
+    shared = sharing_fleet["shared"]
+    first, second = Gpu.devices.filter(parent=shared).order_by("index")[:2]
+    idle, busy = _share_job(alice, vision, first), _share_job(alice, vision, second)
+    start = max(idle.started_at, busy.started_at).replace(second=0, microsecond=0)
+
+    def minutes(offset: int, count: int, idle_util: float | None) -> None:
+        write_minutes(shared, start + timedelta(minutes=offset), count, util=85, mem=40_000)
+        JobMemoryMinute.objects.bulk_create(
+            [JobMemoryMinute(job=j, gpu=shared, minute=start + timedelta(minutes=offset + i), mem_used_max=mem,
+                             util_mean=util) for i in range(count)
+             for j, mem, util in ((idle, 12_000, idle_util), (busy, 20_000, 85.0))]
+        )  # fmt: skip
+
+    minutes(0, 130, None)  # the node cannot read per-process utilization: the GPU's minutes, busy
+    assert services.idle_scan(now=start + timedelta(minutes=130)).warned == []
+    minutes(130, 121, 0.0)  # a model loaded (12 GiB of its 20 GiB), no kernel: the loaded window, then warned
+    scan = services.idle_scan(now=start + timedelta(minutes=251))
+    assert scan.warned == [f"jobs/{idle.pk}"]
+    minutes(251, 16, 0.0)
+    assert services.idle_scan(now=start + timedelta(minutes=267)).reclaimed == [f"jobs/{idle.pk}"]
+    assert not IdleMark.objects.filter(kind="job", source_id=busy.pk).exists()

@@ -215,6 +215,25 @@ def test_a_part_jobs_memory_is_kept_per_minute_and_charted(alice, vision, ready,
     assert 'id="chart-job-gpu"' in page and '"mem": 9500' in page
 
 
+def test_each_share_jobs_own_sm_activity_is_kept_per_minute(alice, vision, ready, sent, settings):
+    """Two jobs on quarters of one GPU, one computing and one only holding memory: each minute keeps each job's
+    own SM activity (the "j" entries' third element), and the job page reads the job's, not the GPU's."""
+    busy, idle = _started(alice, vision, gpu_share=0.25), _started(alice, vision, gpu_share=0.25)
+    minute = int(time.time()) // 60 * 60 - 120
+    settings.TELEMETRY_MAX_AGE_S = 300
+    for offset, pct in ((5, 90), (25, 70)):
+        _report("shared", "GPU-shared-0", [[busy.pk, 6_000, pct], [idle.pk, 3_000, 0]], ts=minute + offset)
+    _report("shared", "GPU-shared-0", [[busy.pk, 6_000]], ts=minute + 45)  # a read without the figure
+    flush_rollups(now=minute + 60 + 300 + 6)
+    rows = {r.job_id: (r.mem_used_max, r.util_mean) for r in JobMemoryMinute.objects.all()}
+    assert rows == {busy.pk: (6_000, 80.0), idle.pk: (3_000, 0.0)}
+    for job in (busy, idle):
+        Job.objects.filter(pk=job.pk).update(started_at=datetime.fromtimestamp(minute - 60, tz=UTC))
+    assert job_efficiency(Job.objects.get(pk=busy.pk)).gpu_utilization_mean == 80.0
+    eff = job_efficiency(Job.objects.get(pk=idle.pk))
+    assert eff.gpu_utilization_mean == 0.0 and [p["util"] for p in eff.series] == [0.0]  # the GPU said 50%
+
+
 def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_as, client):
     mig = _started(alice, vision, mig_profile="1g.10gb")
     _report("mig", "GPU-mig-0", [[mig.pk, 3_000]])  # the agent's reading of the job's instance

@@ -42,6 +42,7 @@ PATCHED = (
     "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetFieldValues",
@@ -78,6 +79,8 @@ class FakeGpu:
     gpm_supported: bool = False
     tensor_pct: float = 0.0  # what the GPM tensor metric reports, 0..100
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+    # The driver's per-process utilization samples: (pid, CPU timestamp in µs, SM %), oldest first.
+    process_samples: list[tuple[int, int, int]] = field(default_factory=list)
     ecc_dbe: int = 0
     lost: bool = False
     energy_mj: int = 1_234_567
@@ -295,6 +298,22 @@ class FakeNvml:
             )
             for pid, mib in gpu.processes
         ]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        """The samples newer than `timeStamp`, as the library returns them (its ctypes structs); NOT_FOUND when
+        there are none, NOT_SUPPORTED in MIG mode, as the driver answers."""
+        gpu = self._gpu("nvmlDeviceGetProcessUtilization", handle)
+        if gpu.mig_enabled:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        newer = [(pid, ts, sm) for pid, ts, sm in gpu.process_samples if ts > timeStamp]
+        if not newer:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        out = []
+        for pid, ts, sm in newer:
+            sample = pynvml.c_nvmlProcessUtilizationSample_t()
+            sample.pid, sample.timeStamp, sample.smUtil = pid, ts, sm
+            out.append(sample)
+        return out
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
         gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)

@@ -228,7 +228,7 @@ def test_the_agents_telemetry_names_the_jobs_on_its_gpus(agent: Agent) -> None:
     agent.sampler.send = sent.append
     agent.sampler._tick(time.time())  # the first tick reads the processes
     rows = {row[0]: row for row in sent[0]["g"]}  # type: ignore[attr-defined]
-    assert [job for job, _ in rows[agent.gpus[1].uuid][-1]["j"]] == [5]
+    assert [entry[0] for entry in rows[agent.gpus[1].uuid][-1]["j"]] == [5]
     assert rows[agent.gpus[0].uuid][-1]["p"] == [] and "j" not in rows[agent.gpus[0].uuid][-1]  # read, no job
 
 

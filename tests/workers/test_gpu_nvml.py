@@ -442,3 +442,32 @@ def test_a_layout_changed_under_the_agent_is_read_again(monkeypatch: pytest.Monk
     assert not backend.discover()[0].mig_mode and backend.discover()[0].mig_devices == ()
     assert backend.sample(1001.0)[0].mig_memory is None
     backend.close()
+
+
+def test_process_utilization_is_each_listed_process_mean_since_the_last_read(fake: FakeNvml) -> None:
+    """nvmlDeviceGetProcessUtilization(handle, last seen): a process's mean over its new samples, 0 for a listed
+    process without any, NOT_FOUND (no samples) as all zeros, a sample already counted never counted again."""
+    gpu = fake.gpus[0]
+    gpu.process_samples = [(4242, 1_000, 90), (4242, 2_000, 70), (17, 2_000, 4), (999, 2_000, 50)]
+    backend = NvmlBackend(slow_every_s=10.0)
+    first = backend.sample(1000.0)[0]
+    assert first.process_util == {4242: 80, 17: 4}  # pid 999 is not among the processes listed
+    assert backend.sample(1001.0)[0].process_util is None  # not a slow tick: not read
+    gpu.process_samples.append((4242, 3_000, 30))
+    assert backend.sample(1010.0)[0].process_util == {4242: 30, 17: 0}  # only the sample newer than 2,000 µs
+    assert backend.sample(1020.0)[0].process_util == {4242: 0, 17: 0}  # NOT_FOUND: nothing ran since
+    assert fake.count("nvmlDeviceGetProcessUtilization", 0) == 3
+    assert fake.count("nvmlDeviceGetProcessUtilization", 1) == 0  # no process on the A100: nothing to ask
+    # It travels as the third element of the "p" entries and reads back equal.
+    (back,) = parse_message(build_message("n", [first], ts=1000.0, seq=1))[3]
+    assert back.process_util == first.process_util and back.processes == first.processes
+    backend.close()
+
+
+def test_process_utilization_not_supported_is_not_asked_again(fake: FakeNvml) -> None:
+    fake.gpus[0].errors["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = NvmlBackend(slow_every_s=10.0)
+    assert backend.sample(1000.0)[0].process_util is None
+    assert backend.sample(1010.0)[0].processes == [(17, 512), (4242, 39_000)]
+    assert fake.count("nvmlDeviceGetProcessUtilization", 0) == 1
+    backend.close()

@@ -163,4 +163,35 @@ def test_the_agents_sampler_sends_each_jobs_memory(tmp_path: Path) -> None:
     sampler.annotate = JobMemory(lambda: [RunningJob(21, (gpu.uuid,), "")], job_of_pid=backend.job_of_pid).annotate
     sampler._tick(time.time())
     (row,) = sent[0]["g"]
-    assert [job for job, _ in row[-1]["j"]] == [21]
+    ((job, mib, busy),) = row[-1]["j"]  # the job's memory and its processes' SM activity
+    assert job == 21 and mib > 0 and busy > 30
+
+
+def test_each_jobs_sm_activity_is_told_apart_on_a_shared_gpu() -> None:
+    """Per-process utilization, attributed as memory is: each job's processes added up, capped at 100; a MIG
+    instance's job takes its instance's GPM reading."""
+    owner = {101: 7, 102: 7, 103: 8}
+    out = JobMemory(lambda: [RunningJob(9, ("MIG-a-1",), "")], job_of_pid=owner.get).annotate(
+        [
+            sample(processes=[(101, 300), (102, 200), (103, 5), (104, 9)], process_util={101: 70, 102: 45, 103: 0}),
+            sample(mig_memory={"MIG-a-1": 4_000}, mig_util={"MIG-a-1": 35}),
+        ]
+    )
+    assert out[0].job_util == {7: 100, 8: 0} and out[0].job_memory == {7: 500, 8: 5}
+    assert out[1].job_util == {9: 35}
+    row = sample_to_row(out[0])
+    assert row[-1]["j"] == [[7, 500, 100], [8, 5, 0]]
+    assert row_to_sample(row, 0.0).job_util == {7: 100, 8: 0}
+    # Processes read without utilization (not supported): memory only, as before.
+    (plain,) = JobMemory(lambda: [], job_of_pid=owner.get).annotate([sample(processes=[(101, 300)])])
+    assert plain.job_util is None and sample_to_row(plain)[-1]["j"] == [[7, 300]]
+
+
+def test_simulated_shared_gpu_gives_each_job_its_own_utilization() -> None:
+    backend = SimulatedBackend("n1", ["A100-80GB"], seed=5)
+    (shared,) = backend.discover()
+    backend.assign(shared.uuid, "job-21", "const:60:0.2")
+    backend.assign(shared.uuid, "job-22", "const:0:0.1")  # holds memory, computes nothing
+    (out,) = JobMemory(lambda: [], job_of_pid=backend.job_of_pid).annotate(backend.sample(time.time()))
+    assert set(out.job_util or {}) == {21, 22}
+    assert (out.job_util or {})[22] == 0 and (out.job_util or {})[21] > 30

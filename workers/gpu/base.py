@@ -19,6 +19,9 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
 - An optional 9th element carries what is usually absent, to keep the common row at ~80 bytes:
   `"p"`: per-process memory `[[pid, used_mib], ...]`, present only on ticks where processes were read (the
   NVML call is slow, so the agent reads it every ~10 s; absent means "not read this tick", `[]` means "none");
+  where NVML gives per-process utilization (not in MIG mode), each entry has a third element, the mean % of the
+  GPU's SMs the process kept busy since the last read (`[[pid, used_mib, sm_pct], ...]`; 0 for a process that
+  ran no kernel);
   `"h"`: only the health keys that signal a problem (`ecc_dbe` > 0 volatile double-bit ECC errors, `xid` > 0
   critical Xid events seen since the agent started, `last_xid`, `lost`: true when the GPU stopped answering,
   `remap_cor` / `remap_unc` rows remapped for correctable / uncorrectable errors, `remap_fail`: true when a
@@ -32,7 +35,9 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   busy since the last tick (`[["MIG-...", used_mib, sm_pct], ...]`); the row's own `mem` is then the sum over the
   GPU;
   `"j"`: the memory each portal job uses on this GPU, `[[job_id, used_mib], ...]`: its processes (or its MIG
-  instance) as the agent attributes them (workers/jobmem.py), on the ticks where they were read;
+  instance) as the agent attributes them (workers/jobmem.py), on the ticks where they were read; with a third
+  element where its SM activity is known (its processes' per-process utilization added up, or its MIG
+  instance's GPM reading): `[[job_id, used_mib, sm_pct], ...]`;
   `"e"`: an error text for this GPU this tick.
 """
 
@@ -108,6 +113,9 @@ class GpuSample:
     mig_memory: dict[str, int] | None = None  # MIG mode: MiB used per instance uuid; None: not a MIG GPU or unread
     mig_util: dict[str, int] | None = None  # MIG mode with GPM: % of each instance's SMs busy; None: not read
     job_memory: dict[int, int] | None = None  # MiB used per portal job id; None: not attributed this tick
+    # Per-process utilization (slow ticks, not in MIG mode): % of SMs each pid kept busy since the last read.
+    process_util: dict[int, int] | None = None
+    job_util: dict[int, int] | None = None  # % of the GPU's (or its instance's) SMs busy per portal job id
 
 
 @runtime_checkable
@@ -155,7 +163,8 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
     ]
     extra: dict[str, Any] = {}
     if sample.processes is not None:
-        extra["p"] = [[pid, mib] for pid, mib in sample.processes]
+        proc_busy = sample.process_util or {}
+        extra["p"] = [[pid, mib] + ([proc_busy[pid]] if pid in proc_busy else []) for pid, mib in sample.processes]
     # Only problems travel: None ("not readable") and all-clear values decode back to HEALTH_OK defaults.
     health = {k: v for k, v in sample.health.items() if v is not None and HEALTH_OK.get(k) != v}
     if health:
@@ -167,10 +176,16 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
         extra["x"] = counters
     if sample.mig_memory:
         # [uuid, MiB], or [uuid, MiB, SM %] where the instance's SM activity was read (GPM).
-        busy = sample.mig_util or {}
-        extra["m"] = [[uuid, mib] + ([busy[uuid]] if uuid in busy else []) for uuid, mib in sample.mig_memory.items()]
+        mig_busy = sample.mig_util or {}
+        extra["m"] = [
+            [uuid, mib] + ([mig_busy[uuid]] if uuid in mig_busy else []) for uuid, mib in sample.mig_memory.items()
+        ]
     if sample.job_memory:
-        extra["j"] = [[job_id, mib] for job_id, mib in sample.job_memory.items()]
+        job_busy = sample.job_util or {}
+        extra["j"] = [
+            [job_id, mib] + ([job_busy[job_id]] if job_id in job_busy else [])
+            for job_id, mib in sample.job_memory.items()
+        ]
     if sample.error:
         extra["e"] = sample.error
     if extra:
@@ -197,13 +212,15 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         power_w=power,
         sm_clock_mhz=sm,
         tensor_active=tensor,
-        processes=None if procs is None else [(int(p), int(m)) for p, m in procs],
+        processes=None if procs is None else [(int(p[0]), int(p[1])) for p in procs],
         health=health,
         error=extra.get("e"),
         counters={k: v for k, v in zip(COUNTER_KEYS, extra.get("x", []), strict=False) if v is not None},
         mig_memory={str(m[0]): int(m[1]) for m in extra["m"]} if "m" in extra else None,
         mig_util=({str(m[0]): int(m[2]) for m in extra["m"] if len(m) > 2} or None) if "m" in extra else None,
-        job_memory={int(job_id): int(mib) for job_id, mib in extra["j"]} if "j" in extra else None,
+        job_memory={int(j[0]): int(j[1]) for j in extra["j"]} if "j" in extra else None,
+        process_util=({int(p[0]): int(p[2]) for p in procs if len(p) > 2} or None) if procs is not None else None,
+        job_util=({int(j[0]): int(j[2]) for j in extra["j"] if len(j) > 2} or None) if "j" in extra else None,
     )
 
 

@@ -31,6 +31,13 @@ one tick apart give `NVML_GPM_METRIC_ANY_TENSOR_UTIL`. Older GPUs report None; D
 alternative there and are out of scope for a dependency-light agent. A GPU in MIG mode has no utilization of its
 own (NVML answers NOT_SUPPORTED); with GPM, each instance's SM activity (`NVML_GPM_METRIC_SM_UTIL` from
 `nvmlGpmMigSampleGet`) is read instead, the one utilization figure an instance has (`GpuSample.mig_util`).
+
+Per-process utilization (`GpuSample.process_util`), on the slow tick with the processes: the GPU's utilization
+does not say which of the jobs sharing it (a GPU split in shares) computes and which only holds memory.
+`nvmlDeviceGetProcessUtilization(handle, last_seen)` gives the driver's samples of each process's SM
+utilization newer than the last one seen (a CPU timestamp in µs): a process's figure is the mean of its samples,
+0 for a listed process with none (it ran no kernel; NVML then answers NOT_FOUND when no process has any). It is
+the same reading `nvidia-smi pmon` shows. GPUs in MIG mode answer NOT_SUPPORTED (GPM covers their instances).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ POWER = "power"
 SM_CLOCK = "sm_clock"
 TENSOR = "tensor_active"
 PROCESSES = "processes"
+PROCESS_UTIL = "process_util"
 ECC = "ecc_dbe"
 ENERGY = "energy"
 FIELDS = "field_values"
@@ -98,6 +106,7 @@ class _Gpu:
         self.mig_gpm: dict[str, GpmPair] | None = None  # MIG mode with GPM: SM activity per instance uuid
         self.counters: dict[str, int] = {}  # base.COUNTER_KEYS, slow ones kept between their reads
         self.mig_handles: list[tuple[MigDevice, Any]] = []  # its MIG instances and their handles (MIG mode)
+        self.process_util_seen = 0  # newest per-process utilization sample read (driver timestamp, µs)
 
 
 def _field_value(nv: Any, field: Any) -> float | None:
@@ -318,6 +327,7 @@ class NvmlBackend:
             processes=values.get(PROCESSES),
             health=dict(gpu.health),
             error="; ".join(errors) or None,
+            process_util=values.get(PROCESS_UTIL) or None,
             counters=dict(gpu.counters),
             mig_memory=values.get(MIG_MEMORY),
             mig_util=values.get(MIG_SM) or None,
@@ -339,7 +349,9 @@ class NvmlBackend:
             if gpu.mig_gpm is not None:
                 self._read(gpu, MIG_SM, lambda: self._read_mig_sm(gpu, errors), values, errors)
         if slow:
-            self._read(gpu, PROCESSES, lambda: self._read_processes(h), values, errors)
+            procs = self._read(gpu, PROCESSES, lambda: self._read_processes(h), values, errors)
+            if procs and not gpu.mig_handles:
+                self._read(gpu, PROCESS_UTIL, lambda: self._read_process_util(gpu, procs), values, errors)
             ecc = self._read(
                 gpu,
                 ECC,
@@ -442,6 +454,29 @@ class NvmlBackend:
         procs = self._nv.nvmlDeviceGetComputeRunningProcesses(handle)
         # usedGpuMemory is None where the driver cannot attribute memory (WDDM, some MIG setups): report 0.
         return sorted((int(p.pid), int((p.usedGpuMemory or 0) // _MIB)) for p in procs)
+
+    def _read_process_util(self, gpu: _Gpu, processes: list[tuple[int, int]]) -> dict[int, int]:
+        """{pid: mean SM %} for the processes just listed (see the module docstring)."""
+        nv = self._nv
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(gpu.handle, gpu.process_util_seen)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_FOUND:
+                raise
+            samples = []  # no process has run a kernel since the last read
+        total: dict[int, int] = {}
+        count: dict[int, int] = {}
+        newest = gpu.process_util_seen
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            if stamp <= gpu.process_util_seen:
+                continue  # the driver may hand back a sample already counted
+            newest = max(newest, stamp)
+            pid = int(sample.pid)
+            total[pid] = total.get(pid, 0) + min(int(sample.smUtil), 100)
+            count[pid] = count.get(pid, 0) + 1
+        gpu.process_util_seen = newest
+        return {pid: round(total[pid] / count[pid]) if pid in count else 0 for pid, _ in processes}
 
     def _mark_lost(self, gpu: _Gpu, message: str) -> None:
         gpu.lost_error = f"GPU lost ({message})"

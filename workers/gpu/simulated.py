@@ -387,6 +387,8 @@ class SimulatedBackend:
             mem_noise = rng.gauss(0.0, 1.0)
             mem = max(mem, base_mem * (1.0 + 0.0005 * mem_noise))
             tensor_ratio = run.profile.tensor_ratio
+        own_util = util
+        busy_by_pid: dict[int, int] = {}  # per-process SM % (NVML's per-process utilization)
         shared_processes: list[tuple[int, int]] = []
         for other in gpu.shared_runs.values():  # the other jobs on a shared GPU add their load, without noise
             if other.started_at is None:
@@ -397,6 +399,7 @@ class SimulatedBackend:
             mem += other_mem
             tensor_ratio = max(tensor_ratio, other.profile.tensor_ratio)
             shared_processes.append((other.pid, int(other_mem)))
+            busy_by_pid[other.pid] = round(max(0.0, min(100.0, other_util)))
         mig_memory: dict[str, int] | None = None
         mig_util: dict[str, int] | None = None
         mig_processes: list[tuple[int, int]] = []
@@ -436,10 +439,15 @@ class SimulatedBackend:
             tensor = max(0.0, min(1.0, util / 100.0 * tensor_ratio * (1.0 + 0.1 * rng.gauss(0.0, 1.0))))
 
         processes: list[tuple[int, int]] | None = None
+        process_util: dict[int, int] | None = None
         if slow:
             own = mem_used - gpu.idle_mem_mib - sum(mib for _, mib in shared_processes)
             processes = [] if run is None else [(run.pid, max(0, own))]
             processes += shared_processes + mig_processes
+            if not gpu.info.mig_devices and processes:  # NVML has no per-process utilization in MIG mode
+                if run is not None:
+                    busy_by_pid[run.pid] = round(max(0.0, min(100.0, own_util)))
+                process_util = {pid: busy_by_pid.get(pid, 0) for pid, _ in processes}
         counters = self._counters(gpu, util / 100.0, tensor_ratio, dt)
         return GpuSample(
             uuid=gpu.info.uuid,
@@ -457,6 +465,7 @@ class SimulatedBackend:
             counters=counters,
             mig_memory=mig_memory,
             mig_util=mig_util,
+            process_util=process_util,
         )
 
     @staticmethod

@@ -61,7 +61,7 @@ from apps.billing.selectors.usage import (
     usage_records,
     usage_summary,
 )
-from apps.billing.selectors.utilization import mean_utilizations
+from apps.billing.selectors.utilization import job_part_utilizations, mean_utilizations
 
 __all__ = [
     "CSV_ALL_TEAMS",
@@ -81,6 +81,7 @@ __all__ = [
     "daily_costs",
     "estimate_cost",
     "is_manager_of",
+    "job_part_utilizations",
     "list_prices",
     "local_tz",
     "mean_utilizations",

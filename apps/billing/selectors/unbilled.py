@@ -36,6 +36,7 @@ class OpenAllocation:
     # profile: a slice bills at the GPU's price x share unless an admin priced the profile (billing.MigProfilePrice).
     share: Decimal = Decimal(1)
     profile: str = ""
+    parent_id: int | None = None  # the physical GPU of a MIG instance or share
     # Why it ended early, when the portal ended it (a reservation's released_reason, "idle" for a reclaimed job):
     # the ledger's last row of the allocation says so.
     end_reason: str = ""
@@ -84,6 +85,7 @@ def unbilled_allocations(
         "end",
         "gpu__capacity",
         "gpu__mig_profile",
+        "gpu__parent_id",
         "reservation__released_reason",
         "job_reason",
     ):
@@ -109,6 +111,7 @@ def unbilled_allocations(
                 end=min(row["end"], now),
                 share=Decimal(row["gpu__capacity"]),
                 profile=row["gpu__mig_profile"],
+                parent_id=row["gpu__parent_id"],
                 end_reason=end_reason if row["end"] <= now else "",
             )
         )

@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connection
 
 from apps.billing.selectors.months import ZERO
-from apps.telemetry.models import GpuHourlyRollup, GpuRollup, RollupFields
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute, RollupFields
 
 
 def _floor_minute(moment: datetime) -> datetime:
@@ -66,3 +66,34 @@ def mean_utilizations(segments: Sequence[tuple[int, datetime, datetime]]) -> lis
     missing = [(i, gpu, _floor_hour(lo), hi) for i, (gpu, lo, hi) in enumerate(segments) if i not in by_minute]
     by_hour = _rollup_means(GpuHourlyRollup, "hour", missing) if missing else {}
     return [by_minute.get(i, by_hour.get(i)) for i in range(len(segments))]
+
+
+def job_part_utilizations(segments: Sequence[tuple[int, int, datetime, datetime]]) -> list[Decimal | None]:
+    """Mean SM activity (0..1) of each (job id, physical GPU id, start, end) of a job on a MIG instance or share,
+    from what its node attributed to the job itself (`JobMemoryMinute.util_mean`, the minutes starting in the
+    segment); None where the node gave none. One query."""
+    if not segments:
+        return []
+    quote = connection.ops.quote_name
+    columns = {f.name: f.column for f in JobMemoryMinute._meta.concrete_fields if f.column}
+    table = quote(JobMemoryMinute._meta.db_table)
+    job, gpu, at, util = (quote(columns[name]) for name in ("job", "gpu", "minute", "util_mean"))
+    sql = (
+        "SELECT seg.i, agg.m "  # noqa: S608 - names from the model's _meta
+        "FROM unnest(%s::int[], %s::bigint[], %s::bigint[], %s::timestamptz[], %s::timestamptz[]) "
+        "AS seg(i, job_id, gpu_id, lo, hi) "
+        f"CROSS JOIN LATERAL (SELECT AVG(r.{util}) AS m FROM {table} r WHERE r.{job} = seg.job_id "
+        f"AND r.{gpu} = seg.gpu_id AND r.{at} >= seg.lo AND r.{at} < seg.hi AND r.{util} IS NOT NULL) agg"
+    )
+    arrays: list[list[Any]] = [[], [], [], [], []]
+    for index, (job_id, gpu_id, lo, hi) in enumerate(segments):
+        for array, value in zip(arrays, (index, job_id, gpu_id, _floor_minute(lo), hi), strict=True):
+            array.append(value)
+    out: list[Decimal | None] = [None] * len(segments)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, arrays)
+        for index, mean in cursor.fetchall():
+            if mean is not None:
+                value = Decimal(str(float(mean))) / 100
+                out[int(index)] = min(max(value, ZERO), Decimal(1)).quantize(Decimal("0.000001"))
+    return out
