@@ -25,7 +25,7 @@ from apps.fleet.models import Gpu
 from apps.telemetry import keys
 from apps.telemetry import selectors as telemetry
 from apps.telemetry.fanout import Snapshot, Viewer, last_snapshot_document, viewer_for
-from apps.telemetry.publisher import add_parts, parts_by_uuid, share_job_memory
+from apps.telemetry.publisher import add_parts, parts_by_uuid, share_job_readings
 
 SPARK_POINTS = 60  # seconds of utilization history drawn in a row's sparkline
 
@@ -38,7 +38,7 @@ def _snapshot_from_database(*, user: AnyUser, viewer: Viewer) -> dict[str, Any]:
     holders = selectors.gpu_holders()
     parts = parts_by_uuid({g.pk: g.uuid for g in gpus if g.mig_mode or g.shares > 1})
     now = time.time()
-    share_used = share_job_memory(parts, holders, now=now)
+    share_used, share_busy = share_job_readings(parts, holders, now=now)
     rows = []
     for gpu in gpus:
         sample: dict[str, Any] = dict(latest.get(gpu.uuid) or {})
@@ -57,7 +57,7 @@ def _snapshot_from_database(*, user: AnyUser, viewer: Viewer) -> dict[str, Any]:
             }
         )
         if gpu.uuid in parts:  # its MIG instances or shares, as the publisher lists them
-            add_parts(rows[-1], parts[gpu.uuid], holders, latest.get(gpu.uuid), share_used)
+            add_parts(rows[-1], parts[gpu.uuid], holders, latest.get(gpu.uuid), share_used, share_busy)
     nodes = [
         {"name": n.name, "status": n.status, "last_heartbeat": n.last_heartbeat and n.last_heartbeat.isoformat()}
         for n in selectors.nodes_visible_to(user=user)

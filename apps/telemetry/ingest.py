@@ -81,9 +81,11 @@ for i = 0, n - 1 do
     local f = job .. '|' .. uuid
     local peak = tonumber(mib)
     local cur = redis.call('HGET', KEYS[6], f)
-    local old = cur and tonumber(string.match(cur, ',(%d+)$'))
+    local old = cur and tonumber(string.match(cur, '^[^,]*,%d+,(%d+)'))
     if old and old > peak then peak = old end
-    redis.call('HSET', KEYS[6], f, ARGV[3] .. ',' .. mib .. ',' .. peak)
+    local now = ARGV[3] .. ',' .. mib .. ',' .. peak
+    if pct ~= '' then now = now .. ',' .. pct end
+    redis.call('HSET', KEYS[6], f, now)
     keep_max(p .. 'j' .. job, mib)
     if pct ~= '' then
       redis.call('HINCRBY', roll, p .. 'ju_n' .. job, 1)

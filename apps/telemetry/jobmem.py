@@ -34,6 +34,7 @@ class JobGpuMemory:
     ts: float
     used_mib: int
     peak_mib: int
+    busy_pct: int | None = None  # % of SMs its processes kept busy at the last report, where the node read it
 
     def fresh(self, now: float) -> bool:
         return now - self.ts <= keys.JOB_MEMORY_FRESH_S
@@ -48,8 +49,10 @@ def _parse(field: Any, value: Any) -> JobGpuMemory | None:
         name = field.decode() if isinstance(field, bytes) else str(field)
         text = value.decode() if isinstance(value, bytes) else str(value)
         job, uuid = name.split("|", 1)
-        ts, used, peak = text.split(",")
-        return JobGpuMemory(int(job), uuid, float(ts), int(used), int(peak))
+        ts, used, peak, *busy = text.split(",")
+        if len(busy) > 1:
+            return None
+        return JobGpuMemory(int(job), uuid, float(ts), int(used), int(peak), int(busy[0]) if busy else None)
     except (ValueError, AttributeError):
         return None
 

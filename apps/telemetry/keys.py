@@ -32,10 +32,11 @@ HISTORY_TTL_S = 600
 
 # --- Memory used per job on each GPU ----------------------------------------------------------------------------
 # Hash. Field: `<job id>|<GPU uuid>` (the physical GPU whose row reported it: a MIG instance's or a share's job is
-# reported by its parent). Value: `ts,used_mib,peak_mib` (ts of the last report, epoch seconds; the peak since the
-# field was created). Written by ingest from the rows' `"j"` lists (the agent reads processes every ~10 s);
-# `apps.telemetry.jobmem` reads it (only for a job's own GPUs, so a node cannot speak for another node's job),
-# copies the peaks into `Job.gpu_memory_own_peak_mib` every minute and deletes fields not reported for a while.
+# reported by its parent). Value: `ts,used_mib,peak_mib[,sm_pct]` (ts of the last report, epoch seconds; the peak
+# since the field was created; the % of SMs its processes kept busy, where the node read it). Written by ingest
+# from the rows' `"j"` lists (the agent reads processes every ~10 s); `apps.telemetry.jobmem` reads it (only for a
+# job's own GPUs, so a node cannot speak for another node's job), copies the peaks into
+# `Job.gpu_memory_own_peak_mib` every minute and deletes fields not reported for a while.
 JOB_MEMORY = "fleet:jobmem"
 # A per-job reading older than this is not "now" any more (three of the agent's ~10 s process reads missed).
 JOB_MEMORY_FRESH_S = 35.0
@@ -145,8 +146,9 @@ class SnapshotGpu(LatestSample, total=False):
     # "part_uuid", "mem", its memory in MiB, and "used", the MiB the part's job uses now, null when unknown; a
     # holder of several shares is one entry, "shares 1-2/4", with their memory added and "part_uuid" the first),
     # and "parts": {"kind": "mig" | "share", "total": n, "free": n free now, "used": {instance uuid: MiB}
-    # for every MIG instance with a fresh reading (absent when none), "busy": {instance uuid: % of its SMs busy}
-    # where GPM gives it (absent otherwise)}.
+    # for every MIG instance with a fresh reading (absent when none), "busy": {part uuid: % of its SMs busy}
+    # for an instance where GPM gives it and for a held share where its job's node reads per-process utilization
+    # (absent otherwise)}.
     holder: Holder | list[dict[str, Any]] | None
     parts: dict[str, Any]
 

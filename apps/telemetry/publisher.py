@@ -70,7 +70,7 @@ class FleetPublisher:
             self.refresh_directory()
         latest = all_latest_samples()
         holders = gpu_holders()
-        share_used = share_job_memory(self._parts, holders, now=now)
+        share_used, share_busy = share_job_readings(self._parts, holders, now=now)
         gpus: list[keys.SnapshotGpu] = []
         for row in self._directory:
             sample = latest.get(row["uuid"])
@@ -90,7 +90,7 @@ class FleetPublisher:
             entry["holder"] = holders.get(row["uuid"])
             parts = self._parts.get(row["uuid"])
             if parts:
-                add_parts(entry, parts, holders, sample, share_used)
+                add_parts(entry, parts, holders, sample, share_used, share_busy)
             gpus.append(entry)  # type: ignore[arg-type]
         return {
             "type": "fleet",
@@ -137,10 +137,12 @@ def add_parts(
     holders: dict[str, dict[str, Any]],
     sample: keys.LatestSample | None,
     share_used: Mapping[str, int] | None = None,
+    share_busy: Mapping[str, int] | None = None,
 ) -> None:
     """Set a snapshot entry's `holder` (one per held part) and `parts` (keys.SnapshotGpu) from the GPU's parts
     (`parts_by_uuid`), who holds what, and its latest sample (what each MIG instance uses, while fresh);
-    `share_used` (`share_job_memory`) is what the job on each share uses."""
+    `share_used` and `share_busy` (`share_job_readings`) are what the job on each share uses and the % of SMs its
+    processes keep busy."""
     used = {} if sample is None or entry.get("stale") else dict(sample.get("mig_mem", {}))
     used.update(share_used or {})
     held = [
@@ -160,7 +162,8 @@ def add_parts(
     if in_use:  # every instance's reading, held or not (the GPU page lists them all)
         entry["parts"]["used"] = in_use
     busy = {} if sample is None or entry.get("stale") else dict(sample.get("mig_util", {}))
-    if busy:  # each instance's SM activity, where GPM gives it
+    busy.update(share_busy or {})
+    if busy:  # each instance's SM activity where GPM gives it, each share's job's where its node reads it
         entry["parts"]["busy"] = {p["uuid"]: busy[p["uuid"]] for p in parts if p["uuid"] in busy}
 
 
@@ -203,9 +206,17 @@ def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], tot
 def share_job_memory(
     parts: Mapping[str, list[dict[str, Any]]], holders: Mapping[str, dict[str, Any]], *, now: float
 ) -> dict[str, int]:
-    """What the jobs on each share use now (by the share's uuid), from their node's attribution of the GPU's
-    processes (apps.telemetry.jobmem): a share has no memory reading of its own. A share held by a reservation shows
-    the jobs running inside it. One Redis round trip, plus one query while a reservation holds a share."""
+    """What the jobs on each share use now (by the share's uuid): `share_job_readings`' memory."""
+    return share_job_readings(parts, holders, now=now)[0]
+
+
+def share_job_readings(
+    parts: Mapping[str, list[dict[str, Any]]], holders: Mapping[str, dict[str, Any]], *, now: float
+) -> tuple[dict[str, int], dict[str, int]]:
+    """What the jobs on each share use now and the % of SMs their processes keep busy (each by the share's uuid),
+    from their node's attribution of the GPU's processes (apps.telemetry.jobmem): a share has no reading of its own.
+    A share held by a reservation shows the jobs running inside it. One Redis round trip, plus one query while a
+    reservation holds a share."""
     wanted: dict[tuple[int, str], str] = {}  # (job id, GPU uuid) -> the share shown
     reserved: dict[int, list[tuple[str, str]]] = {}  # reservation id -> [(GPU uuid, share uuid)]
     for gpu_uuid, gpu_parts_ in parts.items():
@@ -222,10 +233,14 @@ def share_job_memory(
             # A job's reading is per GPU: with two shares of one GPU in one reservation, the first one shows it.
             wanted.setdefault((job_id, gpu_uuid), share)
     out: dict[str, int] = {}
+    busy: dict[str, int] = {}
     for pair, reading in job_memory_readings(wanted).items():
         if reading.fresh(now):
-            out[wanted[pair]] = out.get(wanted[pair], 0) + reading.used_mib
-    return out
+            share = wanted[pair]
+            out[share] = out.get(share, 0) + reading.used_mib
+            if reading.busy_pct is not None:
+                busy[share] = min(100, busy.get(share, 0) + reading.busy_pct)
+    return out, busy
 
 
 def parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:

@@ -102,3 +102,22 @@ def test_a_mig_gpu_page_draws_each_instances_memory(signed_in, live_portal, alic
     page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-0/")  # not in MIG mode: no such chart
     page.wait_for_function("document.body.dataset.historyPoints !== undefined")
     assert page.locator("#chart-instances").count() == 0
+
+
+def test_a_shared_gpu_page_shows_each_held_shares_job_activity(signed_in, live_portal, alice, vision, ready, sent):
+    """Each held share's row shows what its job uses and, where its node reads per-process utilization, the % of
+    the GPU's SMs the job keeps busy: the one that computes and the one that only holds memory are told apart."""
+    from apps.telemetry.publisher import FleetPublisher
+    from tests.sharing.test_job_memory import _report, _started
+
+    busy, idle = _started(alice, vision, gpu_share=0.25), _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[busy.pk, 8_192, 70], [idle.pk, 3_072, 0]])
+    FleetPublisher().publish_once()
+    shares = {job.pk: Gpu.devices.get(jobs=job).uuid for job in (busy, idle)}
+    page = signed_in("alice")
+    page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-0/")
+    row = f'#gpu-parts tr[data-part="{shares[busy.pk]}"] .part-used-text'
+    page.wait_for_function(f"document.querySelector('{row}').textContent !== '—'")
+    assert page.inner_text(row) == "8.0 / 20.0 GiB · SM 70%"
+    other = f'#gpu-parts tr[data-part="{shares[idle.pk]}"] .part-used-text'
+    assert page.inner_text(other) == "3.0 / 20.0 GiB · SM 0%"

@@ -234,6 +234,20 @@ def test_each_share_jobs_own_sm_activity_is_kept_per_minute(alice, vision, ready
     assert eff.gpu_utilization_mean == 0.0 and [p["util"] for p in eff.series] == [0.0]  # the GPU said 50%
 
 
+def test_the_fleet_shows_each_share_jobs_sm_activity_now(alice, vision, ready, sent):
+    """The live snapshot's `parts.busy` carries each held share's job's SM activity beside the MIG instances'; the
+    reading keeps its peak across reports that carry the figure."""
+    busy, idle = _started(alice, vision, gpu_share=0.25), _started(alice, vision, gpu_share=0.25)
+    _report("shared", "GPU-shared-0", [[busy.pk, 12_000, 95], [idle.pk, 3_000, 0]])
+    _report("shared", "GPU-shared-0", [[busy.pk, 8_000, 70], [idle.pk, 3_000]])  # idle's figure unread this time
+    reading = job_memory(busy)
+    assert (reading.used_mib, reading.peak_mib) == (8_000, 12_000)
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    by_job = {h["id"]: h["part_uuid"] for h in shared["holder"]}
+    assert shared["parts"]["busy"] == {by_job[busy.pk]: 70}
+    assert shared["parts"]["used"] == {by_job[busy.pk]: 8_000, by_job[idle.pk]: 3_000}
+
+
 def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_as, client):
     mig = _started(alice, vision, mig_profile="1g.10gb")
     _report("mig", "GPU-mig-0", [[mig.pk, 3_000]])  # the agent's reading of the job's instance
