@@ -31,9 +31,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from workers.gpu.base import GpuSample
 from workers.gpu.nvml import NvmlBackend, NvmlUnavailable
 from workers.runtimes.base import JobOutcome, LaunchSpec, RuntimeEvents
 from workers.runtimes.process import ProcessRuntime
@@ -94,16 +96,21 @@ class Collected:
 class GpuWatch:
     """Samples NVML every `every_s` with processes read each tick, in a thread, while a job runs."""
 
-    def __init__(self, every_s: float = 0.5) -> None:
+    def __init__(self, every_s: float = 0.5, *, keep_samples: bool = False) -> None:
         self.backend = NvmlBackend(slow_every_s=0.0)
         self.infos = self.backend.discover()
         self.every_s = every_s
+        self.keep_samples = keep_samples
+        self.samples: list[GpuSample] = []  # every sample as read, when keep_samples (bench/device_sharing.py)
+        # Applied to each tick's samples as they are read (the agent's job attribution needs the jobs' live pids).
+        self.annotate: Callable[[list[GpuSample]], list[GpuSample]] | None = None
         self.ticks: list[list[dict[str, Any]]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.ticks = []
+        self.samples = []
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -115,7 +122,11 @@ class GpuWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            now = time.time()
+            samples = self.backend.sample(time.time())
+            if self.annotate is not None:
+                samples = self.annotate(samples)
+            if self.keep_samples:
+                self.samples.extend(samples)
             self.ticks.append(
                 [
                     {
@@ -124,8 +135,9 @@ class GpuWatch:
                         "mem": s.memory_used_mib,
                         "tensor": s.tensor_active,
                         "procs": s.processes,
+                        "proc_util": s.process_util,
                     }
-                    for s in self.backend.sample(now)
+                    for s in samples
                 ]
             )
             self._stop.wait(self.every_s)

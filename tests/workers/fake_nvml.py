@@ -43,6 +43,7 @@ PATCHED = (
     "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetGpuInstanceProfileInfo",
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetFieldValues",
@@ -93,6 +94,9 @@ class FakeGpu:
     errors: dict[str, int] = field(default_factory=dict)
     # MIG mode: the device slots, each an instance or None (empty slot: NOT_FOUND, as the driver answers)
     mig_slots: list[FakeMig | None] = field(default_factory=list)
+    # The GPU-instance profiles the board offers: NVML profile id -> (name, slices, how many fit, memory MB); empty
+    # for a board without MIG (NOT_SUPPORTED for every id).
+    gi_profiles: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -314,6 +318,18 @@ class FakeNvml:
             sample.pid, sample.timeStamp, sample.smUtil = pid, ts, sm
             out.append(sample)
         return out
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
+        gpu = self._gpu("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        if not gpu.gi_profiles:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if profile not in gpu.gi_profiles:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        name, slices, count, memory = gpu.gi_profiles[profile]
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount, info.instanceCount, info.memorySizeMB = profile, slices, count, memory
+        info.name = f"MIG {name}".encode()
+        return info
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
         gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
