@@ -163,8 +163,10 @@ def add_parts(
         entry["parts"]["used"] = in_use
     busy = {} if sample is None or entry.get("stale") else dict(sample.get("mig_util", {}))
     busy.update(share_busy or {})
-    if busy:  # each instance's SM activity where GPM gives it, each share's job's where its node reads it
-        entry["parts"]["busy"] = {p["uuid"]: busy[p["uuid"]] for p in parts if p["uuid"] in busy}
+    # Each instance's SM activity where GPM gives it, each held share's job's where its node reads it.
+    part_busy = {p["uuid"]: busy[p["uuid"]] for p in parts if p["uuid"] in busy}
+    if part_busy:
+        entry["parts"]["busy"] = part_busy
 
 
 def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:

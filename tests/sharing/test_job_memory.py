@@ -246,6 +246,8 @@ def test_the_fleet_shows_each_share_jobs_sm_activity_now(alice, vision, ready, s
     by_job = {h["id"]: h["part_uuid"] for h in shared["holder"]}
     assert shared["parts"]["busy"] == {by_job[busy.pk]: 70}
     assert shared["parts"]["used"] == {by_job[busy.pk]: 8_000, by_job[idle.pk]: 3_000}
+    mig = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-mig-0"]
+    assert "busy" not in mig["parts"]  # no GPM reading there, and the shares' figures are not its
 
 
 def test_a_mig_jobs_guidance_names_its_instance(alice, vision, ready, sent, api_as, client):
