@@ -65,7 +65,9 @@ def share_lines(gpu: dict[str, Any]) -> list[str]:
         else:
             name = f"shares {','.join(map(str, indexes))}/{total}"
         used, mem = row.get("memory_used_mib"), int(row.get("memory_mib") or 0)
-        lines.append(f"{name:<11} {f'{used}/{mem} MiB  ' if used is not None else ''}{holder_text(row.get('holder'))}")
+        busy = row.get("sm_active_pct")
+        figures = (f"{used}/{mem} MiB  " if used is not None else "") + (f"SM {busy}%  " if busy is not None else "")
+        lines.append(f"{name:<11} {figures}{holder_text(row.get('holder'))}")
     return lines
 
 
@@ -205,8 +207,9 @@ def cmd_gpus(client: Client, args: argparse.Namespace) -> int:
         print(f"{g['node']:<16} {g['index']:>2} {g['model']:<14} {g['status']:<9} {util:>5} {mem:>15}  {who}")
         # Each instance under its GPU: the uuid a job on it sees, the memory it uses, and who holds it.
         for m in instances:
-            used_mib = m.get("memory_used_mib")
+            used_mib, busy = m.get("memory_used_mib"), m.get("sm_active_pct")
             m_mem = "" if used_mib is None else f"{used_mib}/{m.get('memory_mib', '?')} MiB  "
+            m_mem += "" if busy is None else f"SM {busy}%  "
             line = f"{'':<19} └ {m.get('profile', '?'):<11} {m.get('uuid', '')}  {m_mem}{holder_text(m.get('holder'))}"
             print(line.rstrip())
         for line in share_lines(g):

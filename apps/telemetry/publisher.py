@@ -171,7 +171,7 @@ def add_parts(
 
 def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:
     """A job or booking that holds several shares of one GPU (half of a GPU split in four) is one holder: its
-    shares named together ("shares 1-2/4"), their memory added, and its job's reading once (share_job_memory puts
+    shares named together ("shares 1-2/4"), their memory added, and its job's reading once (share_job_readings puts
     it on the first of them), so it is read against all the memory it was given."""
     index = {p["uuid"]: p.get("index", 0) for p in parts if p["kind"] == "share"}
     out: list[dict[str, Any]] = []
@@ -203,13 +203,6 @@ def _one_per_holder(held: list[dict[str, Any]], parts: list[dict[str, Any]], tot
                 which = ", ".join(str(i + 1) for i in indexes)
             first[key]["part"] = f"shares {which}/{total}"
     return out
-
-
-def share_job_memory(
-    parts: Mapping[str, list[dict[str, Any]]], holders: Mapping[str, dict[str, Any]], *, now: float
-) -> dict[str, int]:
-    """What the jobs on each share use now (by the share's uuid): `share_job_readings`' memory."""
-    return share_job_readings(parts, holders, now=now)[0]
 
 
 def share_job_readings(

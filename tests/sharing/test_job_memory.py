@@ -298,28 +298,36 @@ def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(
 
     half = _started(alice, vision, gpu_share=0.5)
     quarter = _started(alice, vision, gpu_share=0.25)
-    _report("shared", "GPU-shared-0", [[half.pk, 31_000], [quarter.pk, 5_000]])
+    _report("shared", "GPU-shared-0", [[half.pk, 31_000, 60], [quarter.pk, 5_000]])
     answer = api_as(alice).get("/api/v1/gpus/", {"node": "shared"}).json()
     (shared,) = [g for g in answer["results"] if g["uuid"] == "GPU-shared-0"]
     rows = [
-        (s["index"], s["memory_mib"], s["memory_used_mib"], (s["holder"] or {}).get("id"))
+        (s["index"], s["memory_mib"], s["memory_used_mib"], s["sm_active_pct"], (s["holder"] or {}).get("id"))
         for s in shared["share_devices"]
     ]
-    # The half's reading is on its first share; the free share has neither reading nor holder.
+    # The half's reading is on its first share; the free share has neither reading nor holder; the quarter's node
+    # did not read its SM activity.
     assert rows == [
-        (0, 20_480, 31_000, half.pk),
-        (1, 20_480, None, half.pk),
-        (2, 20_480, 5_000, quarter.pk),
-        (3, 20_480, None, None),
+        (0, 20_480, 31_000, 60, half.pk),
+        (1, 20_480, None, None, half.pk),
+        (2, 20_480, 5_000, None, quarter.pk),
+        (3, 20_480, None, None, None),
     ]
     assert shared["shares_free"] == 1
     assert all(g["share_devices"] == [] for g in answer["results"] if g["uuid"] != "GPU-shared-0")
     # Per holder: the half is one row, read against both its shares' memory.
     holders = [
-        (h["holder"]["id"], h["indexes"], h["memory_mib"], h["memory_used_mib"], len(h["share_uuids"]))
+        (
+            h["holder"]["id"],
+            h["indexes"],
+            h["memory_mib"],
+            h["memory_used_mib"],
+            h["sm_active_pct"],
+            len(h["share_uuids"]),
+        )
         for h in shared["share_holders"]
     ]
-    assert holders == [(half.pk, [0, 1], 40_960, 31_000, 2), (quarter.pk, [2], 20_480, 5_000, 1)]
+    assert holders == [(half.pk, [0, 1], 40_960, 31_000, 60, 2), (quarter.pk, [2], 20_480, 5_000, None, 1)]
     assert all(g["share_holders"] == [] for g in answer["results"] if g["uuid"] != "GPU-shared-0")
     # Another team sees that the shares are taken and by which team, not by whom or which job.
     other = api_as(charlie).get("/api/v1/gpus/", {"node": "shared"}).json()
@@ -334,13 +342,13 @@ def test_the_gpu_api_and_cli_list_each_held_share_with_its_jobs_memory(
     assert gpuportal.cmd_gpus(Portal(), gpuportal.build_parser().parse_args(["gpus"])) == 0  # type: ignore[arg-type]
     lines = [line.split("└ ")[1] for line in capsys.readouterr().out.splitlines() if "└" in line]
     assert lines == [
-        f"shares 1-2/4 31000/40960 MiB  job vision {half.pk}",  # the half's two shares: one line, both memories
+        f"shares 1-2/4 31000/40960 MiB  SM 60%  job vision {half.pk}",  # the half's two shares: one line
         f"share 3/4   5000/20480 MiB  job vision {quarter.pk}",
     ]
     shared = seen  # another team's answer: the same lines, without the job ids
     assert gpuportal.cmd_gpus(Portal(), gpuportal.build_parser().parse_args(["gpus"])) == 0  # type: ignore[arg-type]
     lines = [line.split("└ ")[1] for line in capsys.readouterr().out.splitlines() if "└" in line]
-    assert lines == ["shares 1-2/4 31000/40960 MiB  job vision", "share 3/4   5000/20480 MiB  job vision"]
+    assert lines == ["shares 1-2/4 31000/40960 MiB  SM 60%  job vision", "share 3/4   5000/20480 MiB  job vision"]
 
 
 def test_the_cli_names_a_holder_of_every_share_all_of_them():

@@ -63,10 +63,11 @@ def test_a_row_keeps_good_instance_readings_and_drops_bad_ones_alone():
 
 def test_gpu_api_shows_what_each_instance_uses(api_as, alice, sharing_fleet):
     mine = _book_instance(api_as, alice)
-    _report([[mine, 5_120], [SECOND if mine != SECOND else FIRST, 13]])
+    _report([[mine, 5_120, 64], [SECOND if mine != SECOND else FIRST, 13]])  # its SM activity too (GPM)
     gpus = {g["uuid"]: g for g in api_as(alice).get("/api/v1/gpus/").json()["results"]}
     instances = {i["uuid"]: i for i in gpus["GPU-mig-0"]["mig_devices"]}
     assert instances[mine]["memory_used_mib"] == 5_120 and instances[mine]["memory_mib"] == 9_728
+    assert [i["sm_active_pct"] for i in instances.values() if i["sm_active_pct"] is not None] == [64]
     reported = {uuid for uuid, i in instances.items() if i["memory_used_mib"] is not None}
     assert len(reported) == 2  # the five instances the agent did not report are unknown, not zero
     assert gpus["GPU-mig-0"]["memory_used_mib"] == 7_000  # the GPU's own reading is unchanged

@@ -105,9 +105,10 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
             return []
         sample = self._sample(gpu)
         used: Mapping[str, int] = {} if sample is None else sample.get("mig_mem", {})
+        busy: Mapping[str, int] = {} if sample is None else sample.get("mig_util", {})
         return [
             {"uuid": p.uuid, "profile": p.mig_profile, "memory_mib": p.memory_mib, "gi_id": p.gi_id,
-             "memory_used_mib": used.get(p.uuid), "holder": self.get_holder(p)}
+             "memory_used_mib": used.get(p.uuid), "sm_active_pct": busy.get(p.uuid), "holder": self.get_holder(p)}
             for p in self._parts(gpu)
             if p.kind == DeviceKind.MIG
         ]  # fmt: skip
@@ -116,9 +117,10 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
         if gpu.shares <= 1:
             return []
         used: Mapping[str, int] = self.context.get("share_used", {})
+        busy: Mapping[str, int] = self.context.get("share_busy", {})
         return [
             {"uuid": p.uuid, "index": p.index, "memory_mib": p.memory_mib, "memory_used_mib": used.get(p.uuid),
-             "holder": self.get_holder(p)}
+             "sm_active_pct": busy.get(p.uuid), "holder": self.get_holder(p)}
             for p in self._parts(gpu)
             if p.kind == DeviceKind.SHARE
         ]  # fmt: skip
@@ -128,6 +130,7 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
             return []
         holders: Mapping[str, Holder] = self.context.get("holders", {})
         used: Mapping[str, int] = self.context.get("share_used", {})
+        busy: Mapping[str, int] = self.context.get("share_busy", {})
         rows: dict[tuple[Any, Any], dict[str, Any]] = {}
         for p in self._parts(gpu):
             holder = holders.get(p.uuid)
@@ -138,13 +141,15 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
             if row is None:
                 row = rows[key] = {
                     "holder": self.get_holder(p), "share_uuids": [], "indexes": [], "memory_mib": 0,
-                    "memory_used_mib": None,
+                    "memory_used_mib": None, "sm_active_pct": None,
                 }  # fmt: skip
             row["share_uuids"].append(p.uuid)
             row["indexes"].append(p.index)
             row["memory_mib"] += p.memory_mib or 0
-            if p.uuid in used:  # share_job_memory puts a job's reading on its first share
+            if p.uuid in used:  # share_job_readings puts a job's reading on its first share
                 row["memory_used_mib"] = (row["memory_used_mib"] or 0) + used[p.uuid]
+            if p.uuid in busy:
+                row["sm_active_pct"] = min(100, (row["sm_active_pct"] or 0) + busy[p.uuid])
         return list(rows.values())
 
     def _sample(self, gpu: Gpu) -> LatestSample | None:

@@ -26,7 +26,7 @@ from apps.fleet.api.serializers import (
 from apps.fleet.filtersets import GpuFilterSet
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.telemetry import selectors as telemetry
-from apps.telemetry.publisher import share_job_memory
+from apps.telemetry.publisher import share_job_readings
 
 
 class GpuModelListView(ScopedListAPIView):
@@ -71,13 +71,15 @@ class GpuListView(ScopedListAPIView):
         holders = selectors.gpu_holders()
         parts = selectors.gpu_parts(gpu_ids=[g.pk for g in rows if g.mig_mode or g.shares > 1])
         shared = {g.uuid: [{"uuid": p.uuid, "kind": p.kind} for p in parts.get(g.pk, [])] for g in rows if g.shares > 1}
+        # What each held share's job uses now, and its SM activity: one Redis round trip for the page, not one per GPU.
+        share_used, share_busy = share_job_readings(shared, holders, now=time.time()) if shared else ({}, {})
         context = {
             **self.get_serializer_context(),
             "latest": telemetry.latest_samples(g.uuid for g in rows),
             "holders": holders,
             "parts": parts,
-            # What each held share's job uses now: one Redis round trip for the page, not one per GPU.
-            "share_used": share_job_memory(shared, holders, now=time.time()) if shared else {},
+            "share_used": share_used,
+            "share_busy": share_busy,
             "team_ids": set(team_ids_of(request.user)),
             "see_all": request.user.is_staff,
         }
