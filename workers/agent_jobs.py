@@ -541,7 +541,9 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
     )
     simulated = agent.backend if isinstance(agent.backend, SimulatedBackend) else None
     agent.sampler.annotate = JobMemory(
-        runner.running_jobs, job_of_pid=simulated.job_of_pid if simulated is not None else None
+        runner.running_jobs,
+        job_of_pid=simulated.job_of_pid if simulated is not None else None,
+        process_activity=mps is None,  # under MPS the server's process may carry its clients' work (jobmem.py)
     ).annotate
     logger.info("jobs run with the %s runtime%s", kind, f" ({url})" if kind == "docker" else f" (state {state_dir})")
 

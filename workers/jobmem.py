@@ -16,7 +16,10 @@ A process that belongs to no job of this agent (a user's shell, another tool) is
 
 The same attribution gives each job its SM activity (`GpuSample.job_util`): its processes' per-process
 utilization added up (capped at 100), or its MIG instance's GPM reading. On a GPU split in shares this, not the
-GPU's utilization, says whether a holder computes or only holds memory.
+GPU's utilization, says whether a holder computes or only holds memory. Not on a node whose shares run under MPS
+(`process_activity=False`): there the clients' kernels run in the MPS server's context, so NVML may count their
+work to the server's process and a busy job would read 0% and be reclaimed as idle; such a job is judged by its
+GPU's utilization, as a reservation of a share is.
 """
 
 from __future__ import annotations
@@ -76,10 +79,12 @@ class JobMemory:
         *,
         job_of_pid: Callable[[int], int | None] | None = None,
         proc: Path = PROC,
+        process_activity: bool = True,
     ) -> None:
         self._jobs = jobs
         self._job_of_pid = job_of_pid
         self._proc = proc
+        self._process_activity = process_activity
 
     def annotate(self, samples: list[GpuSample]) -> list[GpuSample]:
         """The samples, each with the memory of the jobs found on it (unchanged when nothing was read)."""
@@ -115,7 +120,8 @@ class JobMemory:
     ) -> dict[int, int]:
         """% of SMs busy per job: its processes' figures added up, or its MIG instance's."""
         busy: dict[int, int] = {}
-        for pid, pct in (sample.process_util or {}).items():
+        per_process = (sample.process_util or {}) if self._process_activity else {}
+        for pid, pct in per_process.items():
             job_id = self._job_of(pid, by_session, by_container)
             if job_id is not None:
                 busy[job_id] = min(100, busy.get(job_id, 0) + pct)

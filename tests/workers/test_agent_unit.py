@@ -230,6 +230,23 @@ def test_the_agents_telemetry_names_the_jobs_on_its_gpus(agent: Agent) -> None:
     rows = {row[0]: row for row in sent[0]["g"]}  # type: ignore[attr-defined]
     assert [entry[0] for entry in rows[agent.gpus[1].uuid][-1]["j"]] == [5]
     assert rows[agent.gpus[0].uuid][-1]["p"] == [] and "j" not in rows[agent.gpus[0].uuid][-1]  # read, no job
+    assert len(rows[agent.gpus[1].uuid][-1]["j"][0]) == 3  # with the job's SM activity
+
+
+def test_an_agent_whose_shares_run_under_mps_sends_no_per_process_activity(tmp_path: Path, monkeypatch) -> None:
+    # Under MPS NVML may count the clients' work to the MPS server's process: the jobs' figures are left out rather
+    # than sent as 0% (idle reclaim would take a busy job for an idle one).
+    monkeypatch.setenv("GPUPORTAL_MPS", "1")
+    monkeypatch.setenv("GPUPORTAL_RUNTIME", "process")
+    cfg = AgentConfig(name="n1", token=TOKEN, broker="redis://127.0.0.1:1/0", state_dir=tmp_path, gpus=1)
+    agent = Agent(cfg, backend=SimulatedBackend("n1", ["A100-80GB"], seed=1), backend_kind="simulated")
+    assert isinstance(agent.backend, SimulatedBackend)
+    agent.backend.assign(agent.gpus[0].uuid, "job-5", "const:50:0.25")
+    sent: list[dict[str, object]] = []
+    agent.sampler.send = sent.append
+    agent.sampler._tick(time.time())
+    ((job, mib),) = sent[0]["g"][0][-1]["j"]  # type: ignore[index]
+    assert job == 5 and mib > 0
 
 
 def test_a_mig_layout_changed_under_the_agent_is_registered_at_once(tmp_path: Path, monkeypatch) -> None:

@@ -182,6 +182,13 @@ def test_each_jobs_sm_activity_is_told_apart_on_a_shared_gpu() -> None:
     row = sample_to_row(out[0])
     assert row[-1]["j"] == [[7, 500, 100], [8, 5, 0]]
     assert row_to_sample(row, 0.0).job_util == {7: 100, 8: 0}
+    # A node whose shares run under MPS: the processes' figures are not the jobs' (the MPS server's process may carry
+    # its clients' work), so only the MIG instance's is kept.
+    mps = JobMemory(lambda: [RunningJob(9, ("MIG-a-1",), "")], job_of_pid=owner.get, process_activity=False)
+    (on_mps,) = mps.annotate([sample(processes=[(101, 300)], process_util={101: 70})])
+    assert on_mps.job_util is None and on_mps.job_memory == {7: 300}
+    (mig_there,) = mps.annotate([sample(mig_memory={"MIG-a-1": 4_000}, mig_util={"MIG-a-1": 35})])
+    assert mig_there.job_util == {9: 35}
     # Processes read without utilization (not supported): memory only, as before.
     (plain,) = JobMemory(lambda: [], job_of_pid=owner.get).annotate([sample(processes=[(101, 300)])])
     assert plain.job_util is None and sample_to_row(plain)[-1]["j"] == [[7, 300]]
