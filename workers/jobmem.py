@@ -14,6 +14,14 @@ one holds (read every ~10 s); the agent knows which job each process belongs to:
 NVML's pids are the host's: an agent run in a container of its own needs the host's PID namespace for this.
 A process that belongs to no job of this agent (a user's shell, another tool) is left out.
 
+A running job with no process on its GPU holds nothing there (no CUDA context: it is still loading its data, or
+it gave the GPU up), and says so with 0 MiB (and 0% where the GPU's processes' utilization was read): a job on a
+share that computes nothing beside a busy neighbour is then judged idle by its own minutes, not by its neighbour's.
+Only when the GPU's listing can be trusted to be complete: every process on it belongs to a job of this agent, and
+the processes' memory accounts for the GPU's memory used (within LISTING_SLACK_MIB, what the driver holds for
+itself). An agent that cannot see the processes (run in a container without the host's PID namespace) or a GPU
+used from outside the portal says nothing of the jobs it did not see, and they keep their GPU's figures.
+
 The same attribution gives each job its SM activity (`GpuSample.job_util`): its processes' per-process
 utilization added up (capped at 100), or its MIG instance's GPM reading. On a GPU split in shares this, not the
 GPU's utilization, says whether a holder computes or only holds memory. Not on a node whose shares run under MPS
@@ -36,6 +44,9 @@ from workers.runtimes.process import proc_stat
 logger = logging.getLogger(__name__)
 
 PROC = Path("/proc")
+# Memory used on a GPU that no listed process accounts for and the listing still counts as complete: the driver's
+# own reservation (a few hundred MiB on recent boards); a model held by an unseen process takes far more.
+LISTING_SLACK_MIB = 1024
 _CONTAINER_ID = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
 
 
@@ -88,7 +99,7 @@ class JobMemory:
 
     def annotate(self, samples: list[GpuSample]) -> list[GpuSample]:
         """The samples, each with the memory of the jobs found on it (unchanged when nothing was read)."""
-        if not any(s.processes or s.mig_memory for s in samples):
+        if not any(s.processes is not None or s.mig_memory for s in samples):
             return samples
         running = self._jobs()
         by_session: dict[int, int] = {}
@@ -108,6 +119,12 @@ class JobMemory:
                 out.append(sample)
                 continue
             busy = self._busy(sample, by_session, by_container, on_device)
+            if self._listing_complete(sample, by_session, by_container):
+                for job in running:
+                    if sample.uuid in job.devices and job.job_id not in found:
+                        found[job.job_id] = 0
+                        if sample.process_util is not None and self._process_activity:
+                            busy[job.job_id] = 0
             out.append(dataclasses.replace(sample, job_memory=found, job_util=busy or None))
         return out
 
@@ -130,6 +147,17 @@ class JobMemory:
             if job_id is not None:
                 busy[job_id] = pct
         return busy
+
+    def _listing_complete(
+        self, sample: GpuSample, by_session: Mapping[int, int], by_container: Mapping[str, int]
+    ) -> bool:
+        """Whether this tick's process listing of the GPU shows everything on it (see the module docstring)."""
+        if sample.processes is None or sample.memory_used_mib is None or sample.mig_memory:
+            return False
+        listed = sum(mib for _, mib in sample.processes)
+        if sample.memory_used_mib - listed > LISTING_SLACK_MIB:
+            return False
+        return all(self._job_of(pid, by_session, by_container) is not None for pid, _ in sample.processes)
 
     def _attribute(
         self,

@@ -234,6 +234,31 @@ def test_each_share_jobs_own_sm_activity_is_kept_per_minute(alice, vision, ready
     assert eff.gpu_utilization_mean == 0.0 and [p["util"] for p in eff.series] == [0.0]  # the GPU said 50%
 
 
+def test_a_share_job_with_nothing_on_the_gpu_is_kept_as_holding_nothing(alice, vision, ready, sent, settings):
+    """From the agent's attribution to the minute rows: a job on a quarter with no process on the GPU, beside a
+    neighbour computing on its own quarter, reads 0 MiB and 0% (the listing shows everything on the GPU), and its
+    minutes say so; before, it had no reading and was judged by its neighbour's work."""
+    from workers.gpu.base import GpuSample, sample_to_row
+    from workers.jobmem import JobMemory, RunningJob
+
+    busy, empty = _started(alice, vision, gpu_share=0.25), _started(alice, vision, gpu_share=0.25)
+    running = [RunningJob(busy.pk, ("GPU-shared-0",), ""), RunningJob(empty.pk, ("GPU-shared-0",), "")]
+    attribution = JobMemory(lambda: running, job_of_pid={4242: busy.pk}.get)
+    minute = int(time.time()) // 60 * 60 - 120
+    settings.TELEMETRY_MAX_AGE_S = 300
+    _, token = fleet_services.node_token_issue(node_name="shared")
+    for offset in (5, 25):
+        reading = GpuSample("GPU-shared-0", minute + offset, 80, 6_400, 81_920, 50, 200.0, 1_400,
+                            processes=[(4242, 6_000)], process_util={4242: 80})  # fmt: skip
+        (annotated,) = attribution.annotate([reading])
+        result = telemetry_ingest(telemetry("shared", token, [sample_to_row(annotated)], ts=minute + offset))
+        assert result.accepted == 1
+    flush_rollups(now=minute + 60 + 300 + 6)
+    rows = {r.job_id: (r.mem_used_max, r.util_mean) for r in JobMemoryMinute.objects.all()}
+    assert rows == {busy.pk: (6_000, 80.0), empty.pk: (0, 0.0)}
+    assert job_memory(Job.objects.get(pk=empty.pk)).peak_mib == 0
+
+
 def test_the_fleet_shows_each_share_jobs_sm_activity_now(alice, vision, ready, sent):
     """The live snapshot's `parts.busy` carries each held share's job's SM activity beside the MIG instances'; the
     reading keeps its peak across reports that carry the figure."""

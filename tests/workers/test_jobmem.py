@@ -22,8 +22,8 @@ from workers.runtimes.process import ProcessRuntime
 from workers.sampler import Sampler
 
 
-def sample(uuid: str = "GPU-a", **fields: Any) -> GpuSample:
-    return GpuSample(uuid, 0.0, 50, 1000, 81920, 40, 100.0, 1400, **fields)
+def sample(uuid: str = "GPU-a", memory_used_mib: int = 1000, **fields: Any) -> GpuSample:
+    return GpuSample(uuid, 0.0, 50, memory_used_mib, 81920, 40, 100.0, 1400, **fields)
 
 
 def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
@@ -55,8 +55,9 @@ def test_a_process_belongs_to_the_job_whose_session_it_is_in(tmp_path: Path, rec
         attributed = JobMemory(lambda: jobs).annotate(
             [sample(processes=[(child, 700), (os.getpid(), 50)]), sample("GPU-b", processes=[])]
         )
-        # The test's own process holds GPU memory too, but belongs to no job: left out, not guessed.
-        assert [s.job_memory for s in attributed] == [{31: 700}, {}]
+        # The test's own process holds GPU memory too, but belongs to no job: left out, not guessed. Job 32 has
+        # nothing on GPU-b, whose listing is empty: it holds nothing there.
+        assert [s.job_memory for s in attributed] == [{31: 700}, {32: 0}]
     finally:
         runtime.stop(31, grace_s=0.5)
         recorder.wait_exit(31)
@@ -202,3 +203,46 @@ def test_simulated_shared_gpu_gives_each_job_its_own_utilization() -> None:
     (out,) = JobMemory(lambda: [], job_of_pid=backend.job_of_pid).annotate(backend.sample(time.time()))
     assert set(out.job_util or {}) == {21, 22}
     assert (out.job_util or {})[22] == 0 and (out.job_util or {})[21] > 30
+
+
+def test_a_job_with_no_process_on_its_gpu_holds_nothing_there_when_the_listing_is_complete() -> None:
+    """A job on a shared GPU that has not (or no longer) a CUDA context there reads 0 MiB and 0% beside a busy
+    neighbour, so it is judged by its own minutes; never where the listing may hide it."""
+    owner = {101: 7}
+    jobs = [RunningJob(7, ("GPU-a",), ""), RunningJob(8, ("GPU-a",), ""), RunningJob(9, ("GPU-b",), "")]
+    busy_neighbour = sample(processes=[(101, 900)], process_util={101: 80})  # 1,000 MiB used, 900 listed
+    (out,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([busy_neighbour])
+    assert out.job_memory == {7: 900, 8: 0} and out.job_util == {7: 80, 8: 0}
+    assert sample_to_row(out)[-1]["j"] == [[7, 900, 80], [8, 0, 0]]
+    # Nothing on the GPU at all: both hold nothing; their SM activity was not read (NVML is not asked without
+    # processes), so none is claimed.
+    (empty,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([sample(processes=[], memory_used_mib=450)])
+    assert empty.job_memory == {7: 0, 8: 0} and empty.job_util is None
+    assert sample_to_row(empty)[-1]["j"] == [[7, 0], [8, 0]]
+    # A process of nobody here (another tool, or a job whose pid the agent cannot map): job 8 may be that one.
+    (foreign,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate(
+        [sample(processes=[(101, 500), (555, 400)], process_util={101: 80, 555: 0})]
+    )
+    assert foreign.job_memory == {7: 500} and foreign.job_util == {7: 80}
+    # Memory used that the listing does not explain (an agent without the host's PID namespace sees no process).
+    (hidden,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([sample(processes=[], memory_used_mib=30_000)])
+    assert hidden.job_memory == {} and hidden.job_util is None
+    # Under MPS the processes' figures are not read as the jobs': memory only.
+    (mps,) = JobMemory(lambda: jobs, job_of_pid=owner.get, process_activity=False).annotate([busy_neighbour])
+    assert mps.job_memory == {7: 900, 8: 0} and mps.job_util is None
+    # A GPU in MIG mode: its jobs are on instances, judged by what the instances report.
+    mig_jobs = [RunningJob(10, ("MIG-a-1",), ""), RunningJob(11, ("MIG-a-2",), "")]
+    (mig,) = JobMemory(lambda: mig_jobs).annotate([sample(processes=[], mig_memory={"MIG-a-1": 4_000})])
+    assert mig.job_memory == {10: 4_000}
+    # Not read this tick: nothing said.
+    assert JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([sample()])[0].job_memory is None
+
+
+def test_a_simulated_job_that_leaves_its_share_reads_zero() -> None:
+    backend = SimulatedBackend("n1", ["A100-80GB"], seed=5)
+    (shared,) = backend.discover()
+    backend.assign(shared.uuid, "job-31", "const:60:0.2")
+    jobs = [RunningJob(31, (shared.uuid,), ""), RunningJob(32, (shared.uuid,), "")]  # 32 runs, nothing on the GPU
+    (out,) = JobMemory(lambda: jobs, job_of_pid=backend.job_of_pid).annotate(backend.sample(time.time()))
+    assert (out.job_memory or {})[32] == 0 and (out.job_util or {})[32] == 0
+    assert (out.job_memory or {})[31] > 0 and (out.job_util or {})[31] > 30
