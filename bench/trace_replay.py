@@ -3,7 +3,8 @@
 Why: the scheduling policies are only as good as the waits they produce on a real workload, and the
 replay must run the very code the portal runs (``apps.jobs.scheduling.schedule``), not a model of it.
 
-    python -m bench.trace_replay --pods CSV --gpus N [--node-size G] [--nodes CSV --model-mix] [--time-scale K] \
+    python -m bench.trace_replay --pods CSV --gpus N [--node-size G | --node-shapes G,G,..] [--nodes CSV --model-mix] \
+        [--time-scale K] \
         --policy fifo|backfill|fair [--sharing] [--gang-nodes-kept F [--long-job-h H] [--patience-h H]] \
         [--drop-unfinished] --json
 
@@ -18,7 +19,8 @@ serial numbers, and qos is the one attribute that groups tasks by who runs them 
 
 Cluster: N GPUs in 8-GPU nodes (``--node-size``) of one model (gpu_spec ignored), or with ``--model-mix`` the node
 list's models in proportion to their GPU counts (largest remainder), 8-GPU nodes per model, gpu_spec honoured
-(a task whose models are absent or cannot hold its gang is skipped and counted).
+(a task whose models are absent or cannot hold its gang is skipped and counted). ``--node-shapes 8,8,8,8,8,4,2,2``
+gives the nodes' sizes one by one instead (one model; the node list has nodes of 1, 2, 4 and 8 GPUs).
 
 ``--gang-nodes-kept`` turns on the core's long-work rule (``apps.jobs.scheduling.longwork``, off by default as in
 the portal): jobs estimated to run ``--long-job-h`` or more that leave part of a node go where long work already
@@ -135,8 +137,17 @@ def model_mix(nodes: Path, total_gpus: int) -> dict[str, int]:
     return {m: n for m, n in sorted(out.items()) if n > 0}
 
 
-def build_cluster(total_gpus: int, mix: dict[str, int] | None, node_size: int = NODE_SIZE) -> list[Gpu]:
-    """N GPUs in nodes of ``node_size`` GPUs (the last node of a model may be smaller)."""
+def build_cluster(
+    total_gpus: int, mix: dict[str, int] | None, node_size: int = NODE_SIZE, shapes: Sequence[int] = ()
+) -> list[Gpu]:
+    """N GPUs in nodes of ``node_size`` GPUs (the last node of a model may be smaller), or nodes of the sizes in
+    ``shapes`` (one model)."""
+    if shapes:
+        return [
+            Gpu(id=f"node-{n:03d}-gpu{i}", node=f"node-{n:03d}", model=SINGLE_MODEL)
+            for n, size in enumerate(shapes)
+            for i in range(size)
+        ]
     counts = mix if mix is not None else {SINGLE_MODEL: total_gpus}
     gpus: list[Gpu] = []
     for model, count in counts.items():
@@ -269,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=Path, default=DEFAULT_PODS, help="pod list CSV (default: %(default)s)")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated cluster")
     parser.add_argument("--node-size", type=int, default=NODE_SIZE, help="GPUs per node (default: %(default)s)")
+    parser.add_argument("--node-shapes", default="", help="GPUs of each node, e.g. 8,8,8,8,8,4,2,2 (sums to --gpus)")
     parser.add_argument("--nodes", type=Path, default=DEFAULT_NODES, help="node list CSV for --model-mix")
     parser.add_argument("--model-mix", action="store_true", help="the node list's models, gpu_spec honoured")
     parser.add_argument("--time-scale", type=float, default=1.0, help="divide arrival times by K")
@@ -285,6 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gpus < 1 or args.node_size < 1 or args.time_scale <= 0:
         parser.error("--gpus, --node-size and --time-scale must be positive")
     try:
+        shapes = [int(x) for x in args.node_shapes.split(",")] if args.node_shapes else []
+    except ValueError:
+        parser.error("--node-shapes: GPUs per node, comma-separated")
+    if shapes and (min(shapes) < 1 or sum(shapes) != args.gpus or args.model_mix):
+        parser.error("--node-shapes: positive sizes adding up to --gpus, without --model-mix")
+    try:
         policy = dataclasses.replace(
             policy_by_name(args.policy),
             gang_nodes_kept=args.gang_nodes_kept,
@@ -299,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not tasks:
         parser.error(f"{args.pods}: no GPU task with creation, scheduled and deletion times to replay")
     mix = model_mix(args.nodes, args.gpus) if args.model_mix else None
-    gpus = build_cluster(args.gpus, mix, args.node_size)
+    gpus = build_cluster(args.gpus, mix, args.node_size, shapes)
     if mix is None:
         tasks = [TraceTask(t.name, t.team, t.arrival, t.runtime, t.gpu_count, None, t.gpu_milli) for t in tasks]
     largest: dict[frozenset[str] | None, int] = {}
@@ -334,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "patience_h": args.patience_h,
         "gpus": args.gpus,
         "node_size": args.node_size,
+        "node_shapes": shapes,
         "model_mix": mix if mix is not None else {SINGLE_MODEL: args.gpus},
         "time_scale": args.time_scale,
         "drop_unfinished": args.drop_unfinished,

@@ -59,6 +59,15 @@ def test_node_size_and_the_mean_wait_by_task_size(tmp_path: Path, capsys: pytest
     assert small["node_size"] == 4
     assert small["skipped"]["no_fitting_node"] == 1  # p0's 8 GPUs do not fit on a 4-GPU node
 
+    # Nodes of mixed sizes: the 8-GPU gang fits on the one 8-GPU node only.
+    assert main(["--pods", str(pods), "--gpus", "12", "--node-shapes", "2,2,8", "--policy", "fair", "--json"]) == 0
+    mixed = json.loads(capsys.readouterr().out)
+    assert mixed["node_shapes"] == [2, 2, 8] and mixed["skipped"]["no_fitting_node"] == 0
+    assert main(["--pods", str(pods), "--gpus", "12", "--node-shapes", "4,4,4", "--policy", "fair", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"]["no_fitting_node"] == 1
+    with pytest.raises(SystemExit):
+        main(["--pods", str(pods), "--gpus", "12", "--node-shapes", "2,2", "--policy", "fair"])
+
     assert main(["--pods", str(pods), "--gpus", "16", "--policy", "fair", "--sharing", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["mean_wait_by_size_s"]) == {"frac", "1", "8"}
