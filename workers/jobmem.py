@@ -22,6 +22,11 @@ the processes' memory accounts for the GPU's memory used (within LISTING_SLACK_M
 itself). An agent that cannot see the processes (run in a container without the host's PID namespace) or a GPU
 used from outside the portal says nothing of the jobs it did not see, and they keep their GPU's figures.
 
+With a complete listing the agent also says what the processes of no job use together (`GpuSample.others`: MiB,
+and SM % where read): on a GPU split in shares, the work of whoever holds a share by a reservation and uses it
+from a shell or a notebook, not through a portal job (apps/efficiency/selectors.py judges such a reservation by it
+when it is the GPU's only one).
+
 The same attribution gives each job its SM activity (`GpuSample.job_util`): its processes' per-process
 utilization added up (capped at 100), or its MIG instance's GPM reading. On a GPU split in shares this, not the
 GPU's utilization, says whether a holder computes or only holds memory. Not on a node whose shares run under MPS
@@ -119,13 +124,16 @@ class JobMemory:
                 out.append(sample)
                 continue
             busy = self._busy(sample, by_session, by_container, on_device)
-            if self._listing_complete(sample, by_session, by_container):
+            others = self._others(sample, by_session, by_container)
+            if others is not None and others[2] == 0:
+                # Every process on the GPU is a job's: a running job with none there holds nothing there.
                 for job in running:
                     if sample.uuid in job.devices and job.job_id not in found:
                         found[job.job_id] = 0
                         if sample.process_util is not None and self._process_activity:
                             busy[job.job_id] = 0
-            out.append(dataclasses.replace(sample, job_memory=found, job_util=busy or None))
+            theirs = None if others is None else (others[0], others[1])
+            out.append(dataclasses.replace(sample, job_memory=found, job_util=busy or None, others=theirs))
         return out
 
     def _busy(
@@ -148,16 +156,22 @@ class JobMemory:
                 busy[job_id] = pct
         return busy
 
-    def _listing_complete(
+    def _others(
         self, sample: GpuSample, by_session: Mapping[int, int], by_container: Mapping[str, int]
-    ) -> bool:
-        """Whether this tick's process listing of the GPU shows everything on it (see the module docstring)."""
+    ) -> tuple[int, int | None, int] | None:
+        """What the processes of no job of this agent use on the GPU (MiB, SM % or None where not read, how many),
+        or None where the listing may not show everything on it (see the module docstring)."""
         if sample.processes is None or sample.memory_used_mib is None or sample.mig_memory:
-            return False
-        listed = sum(mib for _, mib in sample.processes)
-        if sample.memory_used_mib - listed > LISTING_SLACK_MIB:
-            return False
-        return all(self._job_of(pid, by_session, by_container) is not None for pid, _ in sample.processes)
+            return None
+        if sample.memory_used_mib - sum(mib for _, mib in sample.processes) > LISTING_SLACK_MIB:
+            return None
+        theirs = [(pid, mib) for pid, mib in sample.processes if self._job_of(pid, by_session, by_container) is None]
+        busy: int | None = None
+        if sample.process_util is not None and self._process_activity:
+            busy = min(100, sum(sample.process_util.get(pid, 0) for pid, _ in theirs))
+        elif not sample.processes and self._process_activity:
+            busy = 0  # nothing on the GPU at all
+        return sum(mib for _, mib in theirs), busy, len(theirs)
 
     def _attribute(
         self,

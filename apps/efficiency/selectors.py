@@ -148,7 +148,7 @@ def with_share_jobs_own_minutes(
     """`samples` with each job on shares judged by its own minutes where its node read the job's SM activity
     (`JobMemoryMinute.util_mean`: its processes' per-process utilization), against its shares' memory: a holder
     that computes nothing is idle even while a neighbour keeps the GPU busy. A minute without that reading keeps
-    the GPU's. A reservation keeps the GPU's minutes: its holder's processes need not be portal jobs."""
+    the GPU's. A reservation's own minutes are `with_share_reservations_own_minutes`."""
     jobs = {it.source_id: it for it in items if it.kind == "job"}
     if not jobs:
         return samples
@@ -175,6 +175,76 @@ def with_share_jobs_own_minutes(
                 continue
             total = float(sum(mib for _, p, mib in held if p == parent))
             mine = {m: detector.Sample(util=u, mem_used=mem, mem_total=total) for m, (u, mem) in minutes.items()}
+            out[pk] = {**samples.get(pk, {}), **mine}
+    return out
+
+
+def with_share_reservations_own_minutes(
+    items: Sequence[Watched],
+    samples: dict[int, dict[datetime, detector.Sample]],
+    *,
+    since: datetime,
+    until: datetime,
+) -> dict[int, dict[datetime, detector.Sample]]:
+    """`samples` with a reservation of shares judged by what is its own on the GPU, where that can be told: when
+    it is the only reservation holding shares of that GPU at `until` (now), everything on the GPU that is no job's
+    is its holder's (the agent's `others`, read where its process listing shows everything on the GPU), plus the
+    jobs it runs inside it. Its holder computing nothing is then idle while a neighbour's job keeps the GPU busy.
+    A minute without that reading keeps the GPU's. Another reservation's work in an earlier minute can only make
+    this one look busier, never idler."""
+    held = {it.source_id: it for it in items if it.kind == "reservation"}
+    if not held:
+        return samples
+    shares = {
+        pk: (parent, mib)
+        for pk, parent, mib in Gpu.devices.filter(
+            pk__in={g for it in held.values() for g in it.gpu_ids}, kind=DeviceKind.SHARE
+        ).values_list("pk", "parent_id", "memory_mib")
+    }
+    if not shares:
+        return samples
+    parents = {parent for parent, _ in shares.values()}
+    holders: dict[int, set[int]] = defaultdict(set)
+    for parent, rid in Allocation.objects.filter(
+        gpu__parent_id__in=parents,
+        active=True,
+        reservation__status=ReservationStatus.ACTIVE,
+        reservation__start__lte=until,
+        reservation__end__gt=until,
+    ).values_list("gpu__parent_id", "reservation_id"):
+        if parent is not None:
+            holders[parent].add(rid)
+    alone = {(rid, parent) for parent, rids in holders.items() if len(rids) == 1 for rid in rids}
+    wanted = [(it, parent) for it in held.values() for parent in {shares[g][0] for g in it.gpu_ids if g in shares}]
+    wanted = [(it, parent) for it, parent in wanted if (it.source_id, parent) in alone]
+    if not wanted:
+        return samples
+    since = max(since, min(it.start for it, _ in wanted))
+    others: dict[int, dict[datetime, tuple[float, int]]] = defaultdict(dict)
+    for gid, minute, util, mem in GpuRollup.objects.filter(
+        gpu_id__in={parent for _, parent in wanted},
+        minute__gte=since,
+        minute__lt=until,
+        others_util_mean__isnull=False,
+        others_mem_max__isnull=False,
+    ).values_list("gpu_id", "minute", "others_util_mean", "others_mem_max"):
+        others[gid][minute] = (util, mem)
+    inner: dict[tuple[int, int], dict[datetime, tuple[float, int]]] = defaultdict(dict)
+    for rid, gid, minute, util, mem in JobMemoryMinute.objects.filter(
+        job__reservation_id__in={it.source_id for it, _ in wanted}, minute__gte=since, minute__lt=until
+    ).values_list("job__reservation_id", "gpu_id", "minute", "util_mean", "mem_used_max"):
+        u, m = inner[(rid, gid)].get(minute, (0.0, 0))
+        inner[(rid, gid)][minute] = (u + (util or 0.0), m + mem)
+    out = dict(samples)
+    for it, parent in wanted:
+        mine_pks = [g for g in it.gpu_ids if g in shares and shares[g][0] == parent]
+        total = float(sum(shares[g][1] for g in mine_pks))
+        jobs_here = inner.get((it.source_id, parent), {})
+        mine = {}
+        for minute, (util, mem) in others[parent].items():
+            ju, jm = jobs_here.get(minute, (0.0, 0))
+            mine[minute] = detector.Sample(util=min(100.0, util + ju), mem_used=mem + jm, mem_total=total)
+        for pk in mine_pks:
             out[pk] = {**samples.get(pk, {}), **mine}
     return out
 

@@ -225,6 +225,7 @@ def idle_scan(*, now: datetime | None = None) -> ScanResult:
     since = min(max(it.start, horizon) for it in items)
     samples = selectors.minute_samples(gpu_ids={g for it in items for g in it.gpu_ids}, since=since, until=now)
     samples = selectors.with_share_jobs_own_minutes(items, samples, since=since, until=now)
+    samples = selectors.with_share_reservations_own_minutes(items, samples, since=since, until=now)
     fresh = timedelta(minutes=conf.FRESH_WITHIN_MIN)
     for it in items:
         th = selectors.thresholds_of(pols.get(it.team_id))

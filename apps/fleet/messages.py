@@ -256,6 +256,9 @@ class TelemetryRow:
     job_memory: dict[int, int] = field(default_factory=dict)
     # % of SMs busy per portal job id (the `"j"` entries' third element: its processes', or its MIG instance's).
     job_util: dict[int, int] = field(default_factory=dict)
+    # What the processes of no portal job use together (the `"o"` list: MiB, SM % where read); None when not sent.
+    others_mem: int | None = None
+    others_util: int | None = None
 
 
 # A GPU has at most 7 MIG instances today; the bound keeps a broken agent from growing the latest sample.
@@ -313,6 +316,22 @@ def _job_memory(extra: dict[str, Any], mem_total: int | None) -> tuple[dict[int,
     return out, busy
 
 
+def _others(extra: dict[str, Any], mem_total: int | None) -> tuple[int | None, int | None]:
+    """The row's `"o"` entry, `[MiB]` or `[MiB, SM %]`: both None when it is absent or not that shape with sane
+    values; a bad % alone drops the %."""
+    raw = extra.get("o")
+    limit = MEM_MIB_RANGE[1] if mem_total is None else mem_total
+    if not (isinstance(raw, list) and len(raw) in (1, 2)):
+        return None, None
+    mib = raw[0]
+    if not (isinstance(mib, int) and not isinstance(mib, bool) and 0 <= mib <= limit):
+        return None, None
+    pct = raw[1] if len(raw) == 2 else None
+    if isinstance(pct, int) and not isinstance(pct, bool) and UTIL_RANGE[0] <= pct <= UTIL_RANGE[1]:
+        return mib, pct
+    return mib, None
+
+
 # workers.gpu.base.COUNTER_KEYS and the health keys that are counters (repeated, not imported, as above).
 COUNTER_KEYS: tuple[str, ...] = ("mt", "mc", "en", "ptx", "prx", "prc", "nvl")
 HEALTH_COUNTER_KEYS: tuple[str, ...] = ("last_xid", "remap_cor", "remap_unc", "remap_fail")
@@ -358,6 +377,8 @@ def check_row(row: Any) -> TelemetryRow:
     mig_util: dict[str, int] = {}
     job_memory: dict[int, int] = {}
     job_util: dict[int, int] = {}
+    others_mem: int | None = None
+    others_util: int | None = None
     if len(row) == n + 1:
         extra = row[n]
         _require(isinstance(extra, dict), "malformed", "9th column must be an object")
@@ -367,6 +388,7 @@ def check_row(row: Any) -> TelemetryRow:
         counters = _counters(extra, health)
         mig_memory, mig_util = _mig_memory(extra, mem_total)
         job_memory, job_util = _job_memory(extra, mem_total)
+        others_mem, others_util = _others(extra, mem_total)
     return TelemetryRow(
         uuid=uuid,
         util=check_int(row[1], "util", *UTIL_RANGE, nullable=True),
@@ -382,6 +404,8 @@ def check_row(row: Any) -> TelemetryRow:
         mig_util=mig_util,
         job_memory=job_memory,
         job_util=job_util,
+        others_mem=others_mem,
+        others_util=others_util,
     )
 
 

@@ -226,10 +226,7 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             _num(row.mem),
             _num(row.temp),
             _num(row.power),
-            ",".join(
-                f"{job_id}:{mib}" + (f":{row.job_util[job_id]}" if job_id in row.job_util else "")
-                for job_id, mib in row.job_memory.items()
-            ),
+            _job_readings(row),
             ",".join(
                 f"{uuid}={mib}" + (f":{row.mig_util[uuid]}" if uuid in row.mig_util else "")
                 for uuid, mib in row.mig_memory.items()
@@ -246,6 +243,18 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
         node_id=ident.id,
         newly_lost=newly_lost,
     )
+
+
+def _job_readings(row: TelemetryRow) -> str:
+    """ "job:mib[:pct],...", with what no job's processes use as job `keys.OTHERS_JOB_ID` where the row says."""
+    parts = [
+        f"{job_id}:{mib}" + (f":{row.job_util[job_id]}" if job_id in row.job_util else "")
+        for job_id, mib in row.job_memory.items()
+    ]
+    if row.others_mem is not None:
+        pct = "" if row.others_util is None else f":{row.others_util}"
+        parts.append(f"{keys.OTHERS_JOB_ID}:{row.others_mem}{pct}")
+    return ",".join(parts)
 
 
 def _mark_lost(prepared: Prepared) -> None:

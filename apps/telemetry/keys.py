@@ -38,6 +38,9 @@ HISTORY_TTL_S = 600
 # job's own GPUs, so a node cannot speak for another node's job), copies the peaks into
 # `Job.gpu_memory_own_peak_mib` every minute and deletes fields not reported for a while.
 JOB_MEMORY = "fleet:jobmem"
+# What the processes of no portal job use on a GPU (the row's `"o"`) rides the job readings under job id 0, which
+# no job has: per minute under `<gpu>|j0`, `ju_n0`, `ju_s0` (rollups keep it as GpuRollup.others_*).
+OTHERS_JOB_ID = 0
 # A per-job reading older than this is not "now" any more (three of the agent's ~10 s process reads missed).
 JOB_MEMORY_FRESH_S = 35.0
 

@@ -33,6 +33,10 @@ class GpuRollup(RollupFields):
 
     gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="rollups")
     minute = models.DateTimeField(help_text="start of the minute, UTC")
+    # What the processes of no portal job held and computed on the GPU (the agent's `"o"`, read only where its
+    # process listing shows everything on the GPU): on a GPU split in shares, the work of reservations' holders.
+    others_mem_max = models.PositiveIntegerField(null=True, blank=True, help_text="MiB")
+    others_util_mean = models.FloatField(null=True, blank=True, help_text="% of SMs busy")
 
     objects = RollupQuerySet.as_manager()
 

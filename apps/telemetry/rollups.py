@@ -28,6 +28,7 @@ from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute
 logger = logging.getLogger(__name__)
 
 _FIELDS = ["samples", "util_min", "util_mean", "util_max", "mem_used_mean", "mem_used_max", "temp_max", "power_mean"]
+_MINUTE_FIELDS = [*_FIELDS, "others_mem_max", "others_util_mean"]
 
 
 def _closed_before(now: float) -> float:
@@ -186,12 +187,27 @@ def flush_rollups(*, now: float | None = None) -> int:
         per_gpu = accumulator_to_rows(raw)
         ids = dict(Gpu.objects.filter(uuid__in=per_gpu).values_list("uuid", "id"))
         start = datetime.fromtimestamp(minute, tz=UTC)
-        objs = [GpuRollup(gpu_id=ids[uuid], minute=start, **fig) for uuid, fig in per_gpu.items() if uuid in ids]
+        others = {u: r for (j, u), r in accumulator_job_memory(raw).items() if j == keys.OTHERS_JOB_ID}
+        objs = [
+            GpuRollup(
+                gpu_id=ids[uuid],
+                minute=start,
+                others_mem_max=others[uuid][0] if uuid in others else None,
+                others_util_mean=others[uuid][1] if uuid in others else None,
+                **fig,
+            )
+            for uuid, fig in per_gpu.items()
+            if uuid in ids
+        ]
         objs += _instance_rollups(raw, start)
         jobs = _job_memory_rows(raw, start)
         with transaction.atomic():
             GpuRollup.objects.bulk_create(
-                objs, update_conflicts=True, unique_fields=["gpu", "minute"], update_fields=_FIELDS, batch_size=500
+                objs,
+                update_conflicts=True,
+                unique_fields=["gpu", "minute"],
+                update_fields=_MINUTE_FIELDS,
+                batch_size=500,
             )
             JobMemoryMinute.objects.bulk_create(
                 jobs,

@@ -214,26 +214,32 @@ def test_a_job_with_no_process_on_its_gpu_holds_nothing_there_when_the_listing_i
     (out,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([busy_neighbour])
     assert out.job_memory == {7: 900, 8: 0} and out.job_util == {7: 80, 8: 0}
     assert sample_to_row(out)[-1]["j"] == [[7, 900, 80], [8, 0, 0]]
+    assert out.others == (0, 0) and sample_to_row(out)[-1]["o"] == [0, 0]  # nothing on the GPU is no job's
     # Nothing on the GPU at all: both hold nothing; their SM activity was not read (NVML is not asked without
     # processes), so none is claimed.
     (empty,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([sample(processes=[], memory_used_mib=450)])
-    assert empty.job_memory == {7: 0, 8: 0} and empty.job_util is None
+    assert empty.job_memory == {7: 0, 8: 0} and empty.job_util is None and empty.others == (0, 0)
     assert sample_to_row(empty)[-1]["j"] == [[7, 0], [8, 0]]
     # A process of nobody here (another tool, or a job whose pid the agent cannot map): job 8 may be that one.
     (foreign,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate(
         [sample(processes=[(101, 500), (555, 400)], process_util={101: 80, 555: 0})]
     )
     assert foreign.job_memory == {7: 500} and foreign.job_util == {7: 80}
+    # What that process uses is said apart: on a shared GPU, a reservation's holder's work.
+    assert foreign.others == (400, 0)
+    assert row_to_sample(sample_to_row(foreign), 0.0).others == (400, 0)
     # Memory used that the listing does not explain (an agent without the host's PID namespace sees no process).
     (hidden,) = JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([sample(processes=[], memory_used_mib=30_000)])
-    assert hidden.job_memory == {} and hidden.job_util is None
+    assert hidden.job_memory == {} and hidden.job_util is None and hidden.others is None
+    assert "o" not in sample_to_row(hidden)[-1]
     # Under MPS the processes' figures are not read as the jobs': memory only.
     (mps,) = JobMemory(lambda: jobs, job_of_pid=owner.get, process_activity=False).annotate([busy_neighbour])
-    assert mps.job_memory == {7: 900, 8: 0} and mps.job_util is None
+    assert mps.job_memory == {7: 900, 8: 0} and mps.job_util is None and mps.others == (0, None)
+    assert sample_to_row(mps)[-1]["o"] == [0]
     # A GPU in MIG mode: its jobs are on instances, judged by what the instances report.
     mig_jobs = [RunningJob(10, ("MIG-a-1",), ""), RunningJob(11, ("MIG-a-2",), "")]
     (mig,) = JobMemory(lambda: mig_jobs).annotate([sample(processes=[], mig_memory={"MIG-a-1": 4_000})])
-    assert mig.job_memory == {10: 4_000}
+    assert mig.job_memory == {10: 4_000} and mig.others is None
     # Not read this tick: nothing said.
     assert JobMemory(lambda: jobs, job_of_pid=owner.get).annotate([sample()])[0].job_memory is None
 

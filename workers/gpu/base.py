@@ -38,6 +38,8 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   instance) as the agent attributes them (workers/jobmem.py), on the ticks where they were read; with a third
   element where its SM activity is known (its processes' per-process utilization added up, or its MIG
   instance's GPM reading): `[[job_id, used_mib, sm_pct], ...]`;
+  `"o"`: what the processes of no portal job use together, `[used_mib]` or `[used_mib, sm_pct]`, on the ticks
+  where the process listing shows everything on the GPU (workers/jobmem.py);
   `"e"`: an error text for this GPU this tick.
 """
 
@@ -116,6 +118,9 @@ class GpuSample:
     # Per-process utilization (slow ticks, not in MIG mode): % of SMs each pid kept busy since the last read.
     process_util: dict[int, int] | None = None
     job_util: dict[int, int] | None = None  # % of the GPU's (or its instance's) SMs busy per portal job id
+    # The processes of no portal job together: (MiB, SM % or None where not read); None where the process listing
+    # may not show everything on the GPU (workers/jobmem.py).
+    others: tuple[int, int | None] | None = None
 
 
 @runtime_checkable
@@ -186,6 +191,9 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
             [job_id, mib] + ([job_busy[job_id]] if job_id in job_busy else [])
             for job_id, mib in sample.job_memory.items()
         ]
+    if sample.others is not None:
+        mib, busy = sample.others
+        extra["o"] = [mib] if busy is None else [mib, busy]
     if sample.error:
         extra["e"] = sample.error
     if extra:
@@ -221,6 +229,7 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         job_memory={int(j[0]): int(j[1]) for j in extra["j"]} if "j" in extra else None,
         process_util=({int(p[0]): int(p[2]) for p in procs if len(p) > 2} or None) if procs is not None else None,
         job_util=({int(j[0]): int(j[2]) for j in extra["j"] if len(j) > 2} or None) if "j" in extra else None,
+        others=(int(extra["o"][0]), int(extra["o"][1]) if len(extra["o"]) > 1 else None) if "o" in extra else None,
     )
 
 
