@@ -89,6 +89,18 @@ def ledger_rows_due(
     for i, value in zip(on_parts, own, strict=True):
         if value is not None:
             utilizations[i] = value
+    # A reservation of shares: its holder's own work where it was the GPU's only reservation (the selector says).
+    held = [
+        i
+        for i, (a, _) in enumerate(pieces)
+        if a.parent_id is not None and not a.profile and a.source == SourceKind.RESERVATION
+    ]
+    theirs = selectors.reservation_part_utilizations(
+        [(pieces[i][0].source_id, pieces[i][0].parent_id or 0, pieces[i][1].start, pieces[i][1].end) for i in held]
+    )
+    for i, value in zip(held, theirs, strict=True):
+        if value is not None and utilizations[i] is None:
+            utilizations[i] = value
     return [
         UsageRecord(
             team_id=alloc.team_id,

@@ -110,7 +110,8 @@ def job_memory(job: Job, *, gpu_uuids: Iterable[str] | None = None, now: float |
 
 def flush_job_memory(*, now: float | None = None) -> int:
     """Copy every reported peak into its job (the larger one wins), for the job's own GPUs only, and forget the
-    readings not reported for FORGET_AFTER_S. Returns the number of jobs updated."""
+    readings not reported for FORGET_AFTER_S (what no job's processes use, `keys.OTHERS_JOB_ID`, only then).
+    Returns the number of jobs updated."""
     now = time.time() if now is None else now
     redis: Any = get_redis()
     readings = [r for f, v in redis.hgetall(keys.JOB_MEMORY).items() if (r := _parse(f, v)) is not None]
@@ -132,7 +133,11 @@ def flush_job_memory(*, now: float | None = None) -> int:
         )
     # After the copy, so a crash in between only repeats it. A reading for a GPU that is not the job's is dropped
     # at once (a node's mistake or lie must not sit in Redis).
-    gone = [_field(r.job_id, r.uuid) for r in readings if now - r.ts > FORGET_AFTER_S or (r.job_id, r.uuid) not in own]
+    gone = [
+        _field(r.job_id, r.uuid)
+        for r in readings
+        if now - r.ts > FORGET_AFTER_S or ((r.job_id, r.uuid) not in own and r.job_id != keys.OTHERS_JOB_ID)
+    ]
     if gone:
         redis.hdel(keys.JOB_MEMORY, *gone)
     return len(peaks)

@@ -210,8 +210,9 @@ def share_job_readings(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """What the jobs on each share use now and the % of SMs their processes keep busy (each by the share's uuid),
     from their node's attribution of the GPU's processes (apps.telemetry.jobmem): a share has no reading of its own.
-    A share held by a reservation shows the jobs running inside it. One Redis round trip, plus one query while a
-    reservation holds a share."""
+    A share held by a reservation shows the jobs running inside it, and, where it is the GPU's only reservation,
+    what the processes of no job use there. One Redis round trip, plus one query while a reservation holds a
+    share."""
     wanted: dict[tuple[int, str], str] = {}  # (job id, GPU uuid) -> the share shown
     reserved: dict[int, list[tuple[str, str]]] = {}  # reservation id -> [(GPU uuid, share uuid)]
     for gpu_uuid, gpu_parts_ in parts.items():
@@ -227,6 +228,15 @@ def share_job_readings(
         for gpu_uuid, share in reserved[reservation_id]:
             # A job's reading is per GPU: with two shares of one GPU in one reservation, the first one shows it.
             wanted.setdefault((job_id, gpu_uuid), share)
+    # The only reservation on a GPU also shows what no job's processes use there: its holder's own work (whose
+    # it is cannot be told between two reservations, as idle reclaim and billing say).
+    reservations_on: dict[str, list[tuple[int, str]]] = {}
+    for reservation_id, held in reserved.items():
+        for gpu_uuid, share in held:
+            reservations_on.setdefault(gpu_uuid, []).append((reservation_id, share))
+    for gpu_uuid, held_here in reservations_on.items():
+        if len({rid for rid, _ in held_here}) == 1:
+            wanted.setdefault((keys.OTHERS_JOB_ID, gpu_uuid), held_here[0][1])
     out: dict[str, int] = {}
     busy: dict[str, int] = {}
     for pair, reading in job_memory_readings(wanted).items():

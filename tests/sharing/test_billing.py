@@ -222,3 +222,28 @@ def test_a_share_jobs_own_sm_activity_gives_its_ledger_rows_an_idle_cost(vision,
         "0.56",
         False,
     )
+
+
+def test_a_share_reservations_own_work_gives_its_ledger_rows_an_idle_cost(vision, alice, bob, sharing_fleet):
+    """A reservation of a quarter, the only one on its GPU: its rows take what no job's processes did there
+    (GpuRollup.others_util_mean), not the GPU's figure (a neighbour's job keeps it busy). Two reservations on one
+    GPU in the same hour: unknown, as before."""
+    from tests.billing.helpers import reserve
+    from tests.efficiency.conftest import write_minutes
+
+    parent = sharing_fleet["shared"]
+    first, second, third = Gpu.devices.filter(parent=parent).order_by("index")[:3]
+    end = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    start = end - timedelta(hours=1)
+    write_minutes(parent, start - timedelta(hours=1), 120, util=90.0, mem=40_000)
+    GpuRollup.objects.filter(gpu=parent, minute__gte=start).update(others_util_mean=15.0, others_mem_max=6_000)
+    GpuRollup.objects.filter(gpu=parent, minute__lt=start).update(others_util_mean=50.0, others_mem_max=6_000)
+    (alone,) = reserve(vision, alice, [first], start, end)
+    # An hour earlier, two reservations on the same GPU: whose processes are whose cannot be told.
+    (one,) = reserve(vision, alice, [second], start - timedelta(hours=1), start)
+    (two,) = reserve(vision, bob, [third], start - timedelta(hours=1), start)
+    billing.ledger_close(now=timezone.now())
+    row = UsageRecord.objects.get(source="reservation", source_id=alone.reservation_id)
+    assert row.mean_utilization == Decimal("0.15") and row.share == Decimal("0.25")
+    for shared in (one, two):
+        assert UsageRecord.objects.get(source="reservation", source_id=shared.reservation_id).mean_utilization is None

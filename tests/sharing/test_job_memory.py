@@ -104,6 +104,31 @@ def test_a_share_held_by_a_reservation_shows_the_job_running_inside_it(alice, vi
     assert Job.objects.get(pk=inside.pk).gpu_memory_own_peak_mib == 7_000
 
 
+def test_the_only_reservation_on_a_gpu_shows_what_no_jobs_processes_use(alice, bob, vision, ready, sent):
+    """A reservation's holder works from a shell or a notebook, not through portal jobs: where it is the GPU's only
+    reservation, its share shows what the processes of no job use there (the agent's "o"), live; with a second
+    reservation on the GPU, whose processes are whose cannot be told, and neither shows it."""
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    mine = reservation_create(user=alice, team=vision, start=start, end=start + timedelta(hours=1), gpu_share="0.25")
+    neighbour = _started(alice, vision, gpu_share=0.25)
+    _, token = fleet_services.node_token_issue(node_name="shared")
+    extra = {"j": [[neighbour.pk, 9_000, 80]], "o": [5_000, 30]}
+    assert telemetry_ingest(telemetry("shared", token, [row("GPU-shared-0", mem=30_000, extra=extra)])).accepted == 1
+    flush_job_memory()  # the minute's flush keeps the reading (it is no job's, and fresh)
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    by_kind = {h["kind"]: h for h in shared["holder"]}
+    assert by_kind["reservation"]["used"] == 5_000 and by_kind["job"]["used"] == 9_000
+    share_of = {h["kind"]: h["part_uuid"] for h in shared["holder"]}
+    assert shared["parts"]["busy"] == {share_of["reservation"]: 30, share_of["job"]: 80}
+    theirs = reservation_create(user=bob, team=bob.memberships.first().team, start=start,
+                                end=start + timedelta(hours=1), gpu_share="0.25")  # fmt: skip
+    assert theirs.reservation.pk
+    shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+    assert [h["used"] for h in shared["holder"] if h["kind"] == "reservation"] == [None, None]
+    assert mine.reservation.pk
+
+
 def test_a_job_on_two_shares_is_one_holder_read_against_both(alice, vision, ready, sent):
     half = _started(alice, vision, gpu_share=0.5)
     _report("shared", "GPU-shared-0", [[half.pk, 30_000]])  # above one share's 20 GiB, within the half's 40 GiB

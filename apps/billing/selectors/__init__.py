@@ -61,7 +61,11 @@ from apps.billing.selectors.usage import (
     usage_records,
     usage_summary,
 )
-from apps.billing.selectors.utilization import job_part_utilizations, mean_utilizations
+from apps.billing.selectors.utilization import (
+    job_part_utilizations,
+    mean_utilizations,
+    reservation_part_utilizations,
+)
 
 __all__ = [
     "CSV_ALL_TEAMS",
@@ -100,6 +104,7 @@ __all__ = [
     "report_csv_rows",
     "report_figures",
     "report_teams_for",
+    "reservation_part_utilizations",
     "rounded_hours",
     "source_usage",
     "sum_aggs",

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connection
 
 from apps.billing.selectors.months import ZERO
+from apps.booking.models import Allocation, AllocationKind
 from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute, RollupFields
 
 
@@ -96,4 +97,57 @@ def job_part_utilizations(segments: Sequence[tuple[int, int, datetime, datetime]
             if mean is not None:
                 value = Decimal(str(float(mean))) / 100
                 out[int(index)] = min(max(value, ZERO), Decimal(1)).quantize(Decimal("0.000001"))
+    return out
+
+
+def reservation_part_utilizations(
+    segments: Sequence[tuple[int, int, datetime, datetime]],
+) -> list[Decimal | None]:
+    """Mean SM activity (0..1) of each (reservation id, physical GPU id, start, end) of a reservation of shares:
+    what the processes of no job did on the GPU (`GpuRollup.others_util_mean`, read where the node's listing shows
+    everything on it) plus the reservation's own jobs (`JobMemoryMinute`), over the minutes with that reading.
+    None where the node gave none, or where another reservation held a share of that GPU during the segment: then
+    whose processes are whose cannot be told (apps/efficiency/selectors.py judges idleness the same way). Three
+    queries."""
+    if not segments:
+        return []
+    parents = {gpu for _, gpu, _, _ in segments}
+    lo_all, hi_all = min(lo for *_, lo, _ in segments), max(hi for *_, hi in segments)
+    holds = list(
+        Allocation.objects.filter(
+            kind=AllocationKind.RESERVATION,
+            active=True,  # an inactive row was cancelled before it started: it never held the share
+            gpu__parent_id__in=parents,
+            start__lt=hi_all,
+            end__gt=lo_all,
+        ).values_list("reservation_id", "gpu__parent_id", "start", "end")
+    )
+    others: dict[int, dict[datetime, float]] = {}
+    for gpu, minute, util in GpuRollup.objects.filter(
+        gpu_id__in=parents, minute__gte=_floor_minute(lo_all), minute__lt=hi_all, others_util_mean__isnull=False
+    ).values_list("gpu_id", "minute", "others_util_mean"):
+        others.setdefault(gpu, {})[minute] = util
+    inner: dict[tuple[int, int, datetime], float] = {}
+    for rid, gpu, minute, util in JobMemoryMinute.objects.filter(
+        job__reservation_id__in={rid for rid, *_ in segments},
+        gpu_id__in=parents,
+        minute__gte=_floor_minute(lo_all),
+        minute__lt=hi_all,
+        util_mean__isnull=False,
+    ).values_list("job__reservation_id", "gpu_id", "minute", "util_mean"):
+        inner[(rid, gpu, minute)] = inner.get((rid, gpu, minute), 0.0) + util
+    out: list[Decimal | None] = []
+    for rid, gpu, lo, hi in segments:
+        shared = any(r != rid and p == gpu and start < hi and end > lo for r, p, start, end in holds)
+        lo_minute = _floor_minute(lo)
+        values = [
+            min(100.0, util + inner.get((rid, gpu, minute), 0.0))
+            for minute, util in others.get(gpu, {}).items()
+            if lo_minute <= minute < hi
+        ]
+        if shared or not values:
+            out.append(None)
+            continue
+        mean = Decimal(str(sum(values) / len(values))) / 100
+        out.append(min(max(mean, ZERO), Decimal(1)).quantize(Decimal("0.000001")))
     return out
