@@ -117,14 +117,23 @@ class JobMemory:
                 by_container[job.handle] = job.job_id
             for device in job.devices:
                 on_device[device] = job.job_id
+        owners: dict[int, int | None] = {}
+
+        def owner(pid: int) -> int | None:
+            # Once per pid and tick: each lookup may read /proc, and a pid is asked for its memory, its SM
+            # activity and whether it is anyone's.
+            if pid not in owners:
+                owners[pid] = self._job_of(pid, by_session, by_container)
+            return owners[pid]
+
         out: list[GpuSample] = []
         for sample in samples:
-            found = self._attribute(sample, by_session, by_container, on_device)
+            found = self._attribute(sample, owner, on_device)
             if found is None:
                 out.append(sample)
                 continue
-            busy = self._busy(sample, by_session, by_container, on_device)
-            others = self._others(sample, by_session, by_container)
+            busy = self._busy(sample, owner, on_device)
+            others = self._others(sample, owner)
             if others is not None and others[2] == 0:
                 # Every process on the GPU is a job's: a running job with none there holds nothing there.
                 for job in running:
@@ -137,17 +146,13 @@ class JobMemory:
         return out
 
     def _busy(
-        self,
-        sample: GpuSample,
-        by_session: Mapping[int, int],
-        by_container: Mapping[str, int],
-        on_device: Mapping[str, int],
+        self, sample: GpuSample, owner: Callable[[int], int | None], on_device: Mapping[str, int]
     ) -> dict[int, int]:
         """% of SMs busy per job: its processes' figures added up, or its MIG instance's."""
         busy: dict[int, int] = {}
         per_process = (sample.process_util or {}) if self._process_activity else {}
         for pid, pct in per_process.items():
-            job_id = self._job_of(pid, by_session, by_container)
+            job_id = owner(pid)
             if job_id is not None:
                 busy[job_id] = min(100, busy.get(job_id, 0) + pct)
         for uuid, pct in (sample.mig_util or {}).items():
@@ -156,16 +161,14 @@ class JobMemory:
                 busy[job_id] = pct
         return busy
 
-    def _others(
-        self, sample: GpuSample, by_session: Mapping[int, int], by_container: Mapping[str, int]
-    ) -> tuple[int, int | None, int] | None:
+    def _others(self, sample: GpuSample, owner: Callable[[int], int | None]) -> tuple[int, int | None, int] | None:
         """What the processes of no job of this agent use on the GPU (MiB, SM % or None where not read, how many),
         or None where the listing may not show everything on it (see the module docstring)."""
         if sample.processes is None or sample.memory_used_mib is None or sample.mig_memory:
             return None
         if sample.memory_used_mib - sum(mib for _, mib in sample.processes) > LISTING_SLACK_MIB:
             return None
-        theirs = [(pid, mib) for pid, mib in sample.processes if self._job_of(pid, by_session, by_container) is None]
+        theirs = [(pid, mib) for pid, mib in sample.processes if owner(pid) is None]
         busy: int | None = None
         if sample.process_util is not None and self._process_activity:
             busy = min(100, sum(sample.process_util.get(pid, 0) for pid, _ in theirs))
@@ -174,17 +177,13 @@ class JobMemory:
         return sum(mib for _, mib in theirs), busy, len(theirs)
 
     def _attribute(
-        self,
-        sample: GpuSample,
-        by_session: Mapping[int, int],
-        by_container: Mapping[str, int],
-        on_device: Mapping[str, int],
+        self, sample: GpuSample, owner: Callable[[int], int | None], on_device: Mapping[str, int]
     ) -> dict[int, int] | None:
         if sample.processes is None and not sample.mig_memory:
             return None
         found: dict[int, int] = {}
         for pid, mib in sample.processes or ():
-            job_id = self._job_of(pid, by_session, by_container)
+            job_id = owner(pid)
             if job_id is not None:
                 found[job_id] = found.get(job_id, 0) + mib
         for uuid, mib in (sample.mig_memory or {}).items():
