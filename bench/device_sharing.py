@@ -22,6 +22,8 @@ reset. With GPUs NVML reports:
    Checks: each job sees exactly the GPU, is told the quarter's budget and `GPUPORTAL_GPU_ISOLATION` "none"; the
    compute job's allocations are refused at or below its budget, and NVML never shows its process holding more
    than the budget plus its CUDA context; its SM activity is above 50% while the holder's stays at or below 5%.
+   Shown: how often the listing explained the GPU's memory used (the agent's LISTING_SLACK_MIB), and what no
+   job's processes held.
 3. With `--mps` and `nvidia-cuda-mps-control` on the PATH: the same compute job under a private MPS control
    daemon (its own pipe and log directories, stopped afterwards; compute mode untouched), the limits set through
    the agent's own code (`workers.gpu.mps.ShareLimits`), and the job not applying any limit itself: the driver's
@@ -50,7 +52,7 @@ from bench.device_jobs import Collected, GpuWatch
 from workers.gpu.mig import profiles_for
 from workers.gpu.mps import MpsControl, ShareLimits
 from workers.gpu.nvml import NvmlUnavailable
-from workers.jobmem import JobMemory, RunningJob
+from workers.jobmem import LISTING_SLACK_MIB, JobMemory, RunningJob
 from workers.runtimes.base import LaunchSpec
 from workers.runtimes.process import ProcessRuntime
 
@@ -229,8 +231,25 @@ def _run_pair(watch: GpuWatch, uuid: str, total_mib: int, seconds: float, *, mps
         "holder_mem_max_mib": max(per_job[12]["mem"], default=None),
         "holder_busy_max_pct": holder_busy,
         "process_util_read": any(s.process_util is not None for s in watch.samples if s.uuid == uuid),
+        # Whether the process listing explains the GPU's memory used on this board (workers/jobmem.py: within
+        # LISTING_SLACK_MIB), which a job with no process reading 0 MiB and a reservation's own work rely on:
+        # shown, not checked (another tenant's process on a lent machine is not this run's).
+        **_listing(watch, uuid),
     }
     return result
+
+
+def _listing(watch: GpuWatch, uuid: str) -> dict[str, Any]:
+    listed = [s for s in watch.samples if s.uuid == uuid and s.processes is not None and s.memory_used_mib is not None]
+    unexplained = [(s.memory_used_mib or 0) - sum(mib for _, mib in s.processes or ()) for s in listed]
+    others = [s.others for s in listed if s.others is not None]
+    return {
+        "listing_samples": len(listed),
+        "listing_complete_share": round(len(others) / len(listed), 3) if listed else None,
+        "unexplained_mib": [min(unexplained), max(unexplained)] if unexplained else None,
+        "slack_mib": LISTING_SLACK_MIB,
+        "others_mem_max_mib": max((o[0] for o in others), default=None),
+    }
 
 
 def check_shares(seconds: float, mps: bool) -> dict[str, Any]:
@@ -286,6 +305,11 @@ def _print_pair(name: str, r: dict[str, Any]) -> None:
         f"    NVML, attributed per job: compute job up to {r['compute_mem_max_mib']} MiB and "
         f"{r['compute_busy_max_pct']}% of SMs; holder up to {r['holder_mem_max_mib']} MiB and "
         f"{r['holder_busy_max_pct']}% (per-process utilization read: {r['process_util_read']})"
+    )
+    print(
+        f"    listing: {r['listing_samples']} reads, complete in {r['listing_complete_share']} of them; memory used "
+        f"minus the processes' {r['unexplained_mib']} MiB (slack {r['slack_mib']}); no job's processes up to "
+        f"{r['others_mem_max_mib']} MiB"
     )
 
 
