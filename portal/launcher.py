@@ -118,6 +118,9 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
 # The fourth GPU runs in MIG mode with seven 1g.10gb instances (workers.gpu.mig.split_model_spec); the demo splits
 # the third in four shares (apps/fleet/demo.py), so both kinds of GPU sharing can be tried on a laptop.
 LOCAL_AGENT_MODELS = "H100-80GB,H100-80GB,A100-80GB,A100-80GB:mig=1g.10gb*7,L40S-48GB,L40S-48GB,H200-141GB,V100-32GB"
+# The GPUs given a background workload so the demo's fleet looks alive: never the A100 the demo splits in shares
+# (apps.fleet.demo.SHARED_INDEX), where a load that is no job's would read as its reservations' own use.
+LOCAL_AGENT_BUSY = "0,1,6"
 
 
 def local_agent(env: dict[str, str]) -> list[Service]:
@@ -126,7 +129,7 @@ def local_agent(env: dict[str, str]) -> list[Service]:
     if not token or env.get("PORTAL_LOCAL_AGENT", "1") == "0":
         return []
     argv = [PY, "-m", "workers.agent", "--name", "local", "--backend", env.get("PORTAL_LOCAL_AGENT_BACKEND", "auto")]
-    argv += ["--gpus", "8", "--models", LOCAL_AGENT_MODELS, "--simulate-busy", "3"]
+    argv += ["--gpus", "8", "--models", LOCAL_AGENT_MODELS, "--simulate-busy-gpus", LOCAL_AGENT_BUSY]
     argv += ["--state-dir", str(Path(env["PORTAL_VAR_DIR"]) / "agent" / "local")]
     # Ctrl-C stops the whole installation: the demo's jobs stop with it instead of running on as orphans.
     argv += ["--stop-jobs-on-exit"]

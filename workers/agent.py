@@ -70,7 +70,10 @@ def choose_backend(cfg: AgentConfig) -> tuple[GpuBackend, str]:
     models = list(itertools.islice(itertools.cycle(cfg.models), cfg.gpus))
     sim = SimulatedBackend(cfg.name, models, seed=cfg.seed)
     profiles = job_profiles()
-    for i, info in enumerate(sim.discover()[: cfg.simulate_busy]):
+    found = sim.discover()
+    wanted = cfg.simulate_busy_gpus
+    busy = [g for g in found if g.index in wanted] if wanted else found[: cfg.simulate_busy]
+    for i, info in enumerate(busy):
         sim.assign(info.uuid, f"{cfg.name}-demo-{i}", profiles[i % len(profiles)])
     return sim, "simulated"
 
@@ -290,6 +293,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
     p.add_argument("--layout-check-every", type=float, default=30.0, help="seconds between reads of the MIG layout")
     p.add_argument("--probe-on-start", action="store_true", help="probe every GPU after registering")
     p.add_argument("--simulate-busy", type=int, default=0, help="simulated GPUs given a trace workload at start")
+    p.add_argument(
+        "--simulate-busy-gpus", default="", help="indexes of the simulated GPUs given a trace workload (0,1,6)"
+    )
     p.add_argument("--state-dir", type=Path, default=None, help="where holds are kept (default: memory only)")
     p.add_argument("--concurrency", type=int, default=4, help="threads serving the node queue")
     p.add_argument(
@@ -327,6 +333,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         p.error("--gpus must be 1-64")
     if a.heartbeat <= 0:
         p.error("--heartbeat must be positive")
+    try:
+        busy_gpus = tuple(int(i) for i in a.simulate_busy_gpus.split(",") if i.strip())
+    except ValueError:
+        p.error("--simulate-busy-gpus: GPU indexes, comma-separated")
+    if any(not 0 <= i < a.gpus for i in busy_gpus):
+        p.error("--simulate-busy-gpus: an index outside the simulated GPUs")
     models = tuple(m.strip() for m in a.models.split(",") if m.strip())
     from workers.gpu.specs import SPECS
 
@@ -347,6 +359,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         probe_on_start=a.probe_on_start,
         state_dir=a.state_dir,
         simulate_busy=max(0, a.simulate_busy),
+        simulate_busy_gpus=busy_gpus,
         concurrency=max(1, a.concurrency),
         telemetry_via=a.telemetry_via,
         runtime=a.runtime,

@@ -214,6 +214,28 @@ def test_cli_parsing(monkeypatch) -> None:
         parse_args(["--name", "n1", "--broker", "redis://x/1"])
 
 
+def test_the_demos_background_loads_run_on_the_gpus_named_never_on_its_split_gpu(monkeypatch) -> None:
+    from apps.fleet.demo import SHARED_INDEX
+    from portal.launcher import LOCAL_AGENT_BUSY, LOCAL_AGENT_MODELS
+    from workers.agent import choose_backend
+
+    monkeypatch.setenv("GPUPORTAL_NODE_TOKEN", TOKEN)
+    base = ["--name", "local", "--broker", "redis://x/1", "--backend", "simulated", "--models", LOCAL_AGENT_MODELS]
+    cfg, _ = parse_args([*base, "--simulate-busy-gpus", LOCAL_AGENT_BUSY])
+    assert cfg.simulate_busy_gpus == (0, 1, 6) and SHARED_INDEX not in cfg.simulate_busy_gpus
+    backend, _ = choose_backend(cfg)
+    assert isinstance(backend, SimulatedBackend)
+    first = {s.uuid: s for s in backend.sample(time.time())}
+    later = backend.sample(time.time() + 30)  # the loads ramp up from their start
+    loaded = {g.index for g in backend.discover() for s in later if s.uuid == g.uuid and s.memory_used_mib > 1024}
+    assert loaded == {0, 1, 6} and len(first) == 8
+    cfg, _ = parse_args([*base, "--simulate-busy", "2"])
+    assert choose_backend(cfg)[0].sample(time.time() + 30) and cfg.simulate_busy_gpus == ()
+    for bad in ("0,x", "9"):
+        with pytest.raises(SystemExit):
+            parse_args([*base, "--simulate-busy-gpus", bad])
+
+
 def test_telemetry_backlog_drops_the_oldest(agent: Agent) -> None:
     for seq in range(10):
         agent.link.telemetry({"type": "telemetry", "seq": seq})
