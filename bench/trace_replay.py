@@ -5,8 +5,8 @@ replay must run the very code the portal runs (``apps.jobs.scheduling.schedule``
 
     python -m bench.trace_replay --pods CSV --gpus N [--node-size G | --node-shapes G,G,..] [--nodes CSV --model-mix] \
         [--time-scale K] \
-        --policy fifo|backfill|fair [--sharing] [--gang-nodes-kept F [--long-job-h H] [--patience-h H]] \
-        [--drop-unfinished] --json
+        --policy fifo|backfill|fair [--size-weight-h H] [--sharing] \
+        [--gang-nodes-kept F [--long-job-h H] [--patience-h H]] [--drop-unfinished] --json
 
 Workload (from the trace's columns): arrival = creation_time / K (``--time-scale`` compresses arrivals,
 runtimes stay real); runtime = deletion_time - scheduled_time; tasks never scheduled and tasks with
@@ -21,6 +21,9 @@ Cluster: N GPUs in 8-GPU nodes (``--node-size``) of one model (gpu_spec ignored)
 list's models in proportion to their GPU counts (largest remainder), 8-GPU nodes per model, gpu_spec honoured
 (a task whose models are absent or cannot hold its gang is skipped and counted). ``--node-shapes 8,8,8,8,8,4,2,2``
 gives the nodes' sizes one by one instead (one model; the node list has nodes of 1, 2, 4 and 8 GPUs).
+
+``--size-weight-h`` sets ``fair``'s size term (the head start, in hours of submission time, that the smallest job
+gets over a month-long one; ``Policy.size_weight_s``, 24 h in the portal): how much the baseline favours short jobs.
 
 ``--gang-nodes-kept`` turns on the core's long-work rule (``apps.jobs.scheduling.longwork``, off by default as in
 the portal): jobs estimated to run ``--long-job-h`` or more that leave part of a node go where long work already
@@ -285,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-mix", action="store_true", help="the node list's models, gpu_spec honoured")
     parser.add_argument("--time-scale", type=float, default=1.0, help="divide arrival times by K")
     parser.add_argument("--policy", choices=("fifo", "backfill", "fair"), default="fair")
+    parser.add_argument(
+        "--size-weight-h", type=float, default=None, help="fair's size term in hours (default: the portal's)"
+    )
     parser.add_argument("--sharing", action="store_true", help="fractional tasks take their gpu_milli of one GPU")
     parser.add_argument("--gang-nodes-kept", type=float, default=0.0, help="long-work rule: share of nodes kept")
     parser.add_argument("--long-job-h", type=float, default=24.0, help="long-work rule: estimate that is long")
@@ -302,9 +308,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--node-shapes: GPUs per node, comma-separated")
     if shapes and (min(shapes) < 1 or sum(shapes) != args.gpus or args.model_mix):
         parser.error("--node-shapes: positive sizes adding up to --gpus, without --model-mix")
+    base = policy_by_name(args.policy)
+    if args.size_weight_h is not None and not base.fair_order:
+        parser.error("--size-weight-h: only the fair policy orders by size")
     try:
+        if args.size_weight_h is not None:
+            base = dataclasses.replace(base, size_weight_s=args.size_weight_h * 3600.0)
         policy = dataclasses.replace(
-            policy_by_name(args.policy),
+            base,
             gang_nodes_kept=args.gang_nodes_kept,
             long_job_s=args.long_job_h * 3600.0,
             long_job_patience_s=args.patience_h * 3600.0,
@@ -347,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, object] = {
         "policy": args.policy,
         "sharing": args.sharing,
+        "size_weight_h": policy.size_weight_s / 3600.0 if policy.fair_order else None,
         "gang_nodes_kept": args.gang_nodes_kept,
         "long_job_h": args.long_job_h,
         "patience_h": args.patience_h,

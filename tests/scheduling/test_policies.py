@@ -6,6 +6,8 @@ import dataclasses
 import random
 from collections.abc import Callable
 
+import pytest
+
 from apps.jobs.scheduling import (
     BACKFILL,
     FAIR,
@@ -320,3 +322,10 @@ def test_snapshot_rejects_duplicate_gpu_ids() -> None:
         assert "duplicate" in str(exc)
     else:
         raise AssertionError("duplicate GPU ids were accepted")
+
+
+@pytest.mark.parametrize("bad", [{"size_weight_s": -1.0}, {"fairshare_weight_s": -1.0}, {"held_gpu_weight_s": -1.0}])
+def test_negative_fair_weights_are_refused(bad: dict[str, float]) -> None:
+    # A negative size or team term would turn the ageing bound around: the biggest job or the busiest team first.
+    with pytest.raises(ValueError):
+        Policy("fair", **bad)  # type: ignore[arg-type]

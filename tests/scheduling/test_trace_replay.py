@@ -120,3 +120,27 @@ def test_drop_unfinished_skips_the_tasks_still_running_at_the_trace_end(
     assert dropped["skipped"]["unfinished"] == 2
     assert dropped["jobs"] == 2
     assert dropped["max_wait_s"] == 0.0
+
+
+def test_size_weight_sets_how_far_fair_favours_short_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = tmp_path / "pods.csv"
+    rows = [
+        "blocker,1,1,1,1000,,LS,Succeeded,0,100,0",  # holds the one GPU until 100
+        "big,1,1,1,1000,,LS,Succeeded,10,10100,100",  # 10,000 s, arrives first
+        "small,1,1,1,1000,,LS,Succeeded,20,130,120",  # 10 s, arrives second
+    ]
+    pods.write_text("\n".join([HEADER, *rows]) + "\n")
+    args = ["--pods", str(pods), "--gpus", "1", "--node-size", "1", "--policy", "fair", "--json"]
+    assert main(args) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*args, "--size-weight-h", "0"]) == 0
+    arrival = json.loads(capsys.readouterr().out)
+
+    assert default["size_weight_h"] == 24.0 and arrival["size_weight_h"] == 0.0
+    # The portal's size term lets the short job go first when the GPU frees; without it, arrival order decides.
+    assert default["max_wait_s"] == pytest.approx(100 - 10 + 10)  # big waits for blocker and small
+    assert arrival["max_wait_s"] == pytest.approx(100 - 20 + 10_000)  # small waits behind big
+    with pytest.raises(SystemExit):
+        main([*args, "--size-weight-h", "-1"])
+    with pytest.raises(SystemExit):
+        main([*args[:-3], "--policy", "backfill", "--size-weight-h", "1", "--json"])

@@ -57,6 +57,8 @@ class Policy:
     """How long such a job waits for room where long work already is before it may take any node."""
 
     def __post_init__(self) -> None:
+        if self.size_weight_s < 0.0 or self.fairshare_weight_s < 0.0 or self.held_gpu_weight_s < 0.0:
+            raise ValueError("the fair order's weights cannot be negative")
         if not 0.0 <= self.gang_nodes_kept < 1.0:
             raise ValueError("gang_nodes_kept is a share of the nodes: at least 0 and below 1")
         if self.long_job_s < 0.0:
