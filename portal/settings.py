@@ -279,6 +279,8 @@ if not _ldap_group_types or not set(_ldap_group_types) <= {"groupOfNames", "grou
         "LDAP_GROUP_TYPE must be groupOfNames, groupOfUniqueNames or posixGroup, or several separated by commas"
     )
 LDAP_TIMEOUT_S = env_int("LDAP_TIMEOUT_S", 5)
+# The user's attribute holding their POSIX uid, stored at each sign-in (apps/identity/ldap.py); empty: not read.
+LDAP_UID_ATTR = env_str("LDAP_UID_ATTR", "uidNumber")
 
 # --- I18N / time ---------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

@@ -1,8 +1,10 @@
 """LDAP sign-in through django-auth-ldap, configured from the portal's `LDAP_*` settings, with the same group
-sync as OIDC (the groups are the user's groups under `LDAP_GROUP_SEARCH_BASE`, by name and by DN)."""
+sync as OIDC (the groups are the user's groups under `LDAP_GROUP_SEARCH_BASE`, by name and by DN), and the user's
+POSIX uid taken from their entry (`LDAP_UID_ATTR`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ldap
@@ -18,8 +20,11 @@ from django_auth_ldap.config import (
 )
 
 from apps.accounts.types import User
+from apps.core.errors import ValidationFailed
 from apps.identity import services
-from apps.identity.models import ExternalIdentity
+from apps.identity.models import ExternalIdentity, UnixAccountSource
+
+logger = logging.getLogger(__name__)
 
 _GROUP_TYPES: dict[str, tuple[type[LDAPGroupType], str]] = {
     "groupOfNames": (GroupOfNamesType, "(objectClass=groupOfNames)"),
@@ -113,7 +118,27 @@ class PortalLDAPBackend(LDAPBackend):  # type: ignore[misc]
 
     def authenticate_ldap_user(self, ldap_user: _LDAPUser, password: str) -> User | None:
         user: User | None = super().authenticate_ldap_user(ldap_user, password)
-        if user is not None and settings.LDAP_GROUP_SEARCH_BASE:
+        if user is None:
+            return None
+        if settings.LDAP_GROUP_SEARCH_BASE:
             groups = set(ldap_user.group_names) | set(ldap_user.group_dns)
             services.directory_sync(user=user, groups=groups, via="ldap")
+        _uid_sync(user, ldap_user)
         return user
+
+
+def _uid_sync(user: User, ldap_user: _LDAPUser) -> None:
+    """Store the uid the directory gives the user. An entry without one (or with no number) leaves the portal's as
+    it is, and a uid another portal user holds is not stored: the sign-in itself goes on either way, since a uid
+    only says whose GPU processes are whose."""
+    if not settings.LDAP_UID_ATTR:
+        return
+    values = (ldap_user.attrs or {}).get(settings.LDAP_UID_ATTR) or []
+    try:
+        uid = int(str(values[0]).strip())
+    except (IndexError, ValueError):
+        return
+    try:
+        services.unix_uid_set(user=user, uid=uid, source=UnixAccountSource.LDAP)
+    except ValidationFailed as exc:
+        logger.warning("LDAP sign-in of %s: uid %s not stored: %s", user.username, uid, exc.detail)

@@ -1,11 +1,18 @@
-"""Reads for identity: group mappings."""
+"""Reads for identity: group mappings, and the POSIX uids of users."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.db.models import QuerySet
 
-from apps.identity.models import GroupMapping
+from apps.identity.models import GroupMapping, UnixAccount
 
 
 def group_mappings_list() -> QuerySet[GroupMapping]:
     return GroupMapping.objects.select_related("team").order_by("group", "team__slug")
+
+
+def unix_uids(user_ids: Iterable[int]) -> dict[int, int]:
+    """{user id: POSIX uid} for those of the users who have one, in one query."""
+    return dict(UnixAccount.objects.filter(user_id__in=list(user_ids)).values_list("user_id", "uid"))

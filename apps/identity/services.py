@@ -1,4 +1,5 @@
-"""Writes for identity: group mappings, users signing in through a provider, and the group sync at sign-in."""
+"""Writes for identity: group mappings, users signing in through a provider, the group sync at sign-in, and the
+POSIX uid of each user."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from apps.accounts.types import AnyUser, User
 from apps.audit.services import audit_record
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.identity import sync
-from apps.identity.models import ExternalIdentity, GroupMapping
+from apps.identity.models import UID_MAX, ExternalIdentity, GroupMapping, UnixAccount, UnixAccountSource
 
 
 def group_mapping_create(
@@ -162,3 +163,57 @@ def oidc_user_sign_in(*, issuer: str, claims: Mapping[str, object]) -> User:
         link.last_login_at = timezone.now()
         link.save(update_fields=["last_login_at"])
     return user
+
+
+def _uid_taken(uid: int) -> ValidationFailed:
+    return ValidationFailed(f"uid {uid} belongs to another portal user.", fields={"uid": ["Taken by another user."]})
+
+
+def unix_uid_set(*, user: User, uid: int | None, source: str, actor: AnyUser | None = None) -> UnixAccount | None:
+    """Say which POSIX uid the user's processes run as on the GPU nodes (None: no uid, the mapping is removed).
+
+    One user per uid, never root. Locks the user's row (SELECT ... FOR UPDATE) so two sign-ins of the same person
+    at once change their one account in turn; two users claiming one uid at once are parted by the unique index,
+    whose violation is refused like a uid seen taken. Rewrites nothing when the uid and its source are unchanged,
+    so a sign-in that confirms the uid leaves `updated_at` and the audit log as they were."""
+    if source not in UnixAccountSource.values:
+        raise ValidationFailed(
+            f"Unknown source {source!r}.", fields={"source": [f"One of: {', '.join(UnixAccountSource.values)}."]}
+        )
+    if uid is None:
+        with transaction.atomic():
+            User.objects.select_for_update().filter(pk=user.pk).values_list("pk").first()
+            account = UnixAccount.objects.filter(user=user).first()
+            if account is not None:
+                audit_record(actor=actor, action="unix_account.delete", target=user, data={"uid": account.uid})
+                account.delete()
+        return None
+    if isinstance(uid, bool) or not isinstance(uid, int) or not 0 < uid <= UID_MAX:
+        raise ValidationFailed(
+            f"uid must be a whole number from 1 to {UID_MAX}; 0 is root.", fields={"uid": [f"1 to {UID_MAX}."]}
+        )
+    try:
+        with transaction.atomic():
+            User.objects.select_for_update().filter(pk=user.pk).values_list("pk").first()
+            account = UnixAccount.objects.filter(user=user).first()
+            previous = account.uid if account is not None else None
+            if account is not None and (account.uid, account.source) == (uid, source):
+                return account
+            if UnixAccount.objects.filter(uid=uid).exclude(user=user).exists():
+                raise _uid_taken(uid)
+            if account is None:
+                account = UnixAccount.objects.create(user=user, uid=uid, source=source)
+            else:
+                account.uid, account.source = uid, source
+                account.save(update_fields=["uid", "source", "updated_at"])
+            audit_record(
+                actor=actor,
+                action="unix_account.set",
+                target=user,
+                data={"uid": uid, "previous": previous, "source": source},
+            )
+    except IntegrityError as exc:
+        # The user's row lock rules out a second account for them, and the range is checked above: what is left
+        # is the uid's unique index, taken by another user's write that committed after the check.
+        raise _uid_taken(uid) from exc
+    return account

@@ -154,7 +154,18 @@ class Directory:
         conn.simple_bind_s(ROOT_DN, ROOT_PW)
         return conn
 
-    def add_person(self, uid: str, password: str, *, mail: str = "", given: str = "", sn: str = "Tester") -> str:
+    def add_person(
+        self,
+        uid: str,
+        password: str,
+        *,
+        mail: str = "",
+        given: str = "",
+        sn: str = "Tester",
+        uid_number: int | None = None,
+    ) -> str:
+        """An inetOrgPerson; with `uid_number`, a posixAccount too (nis schema: uidNumber, gidNumber and
+        homeDirectory are required)."""
         dn = f"uid={uid},{PEOPLE}"
         attrs = {
             "objectClass": [b"inetOrgPerson"],
@@ -167,6 +178,11 @@ class Directory:
             attrs["mail"] = [mail.encode()]
         if given:
             attrs["givenName"] = [given.encode()]
+        if uid_number is not None:
+            attrs["objectClass"].append(b"posixAccount")
+            attrs["uidNumber"] = [str(uid_number).encode()]
+            attrs["gidNumber"] = [str(uid_number).encode()]
+            attrs["homeDirectory"] = [f"/home/{uid}".encode()]
         conn = self._conn()
         conn.add_s(dn, ldap.modlist.addModlist(attrs))
         conn.unbind_s()
@@ -201,6 +217,12 @@ class Directory:
             conn.modify_s(f"cn={group_cn},{GROUPS}", [(ldap.MOD_REPLACE, "memberUid", [u.encode() for u in uids])])
         else:
             conn.modify_s(f"cn={group_cn},{GROUPS}", [(ldap.MOD_DELETE, "memberUid", None)])
+        conn.unbind_s()
+
+    def set_uid_number(self, uid: str, uid_number: int) -> None:
+        """Change the uidNumber of a person added with one."""
+        conn = self._conn()
+        conn.modify_s(f"uid={uid},{PEOPLE}", [(ldap.MOD_REPLACE, "uidNumber", [str(uid_number).encode()])])
         conn.unbind_s()
 
     def set_members(self, group_cn: str, members: list[str]) -> None:

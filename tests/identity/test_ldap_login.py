@@ -1,9 +1,10 @@
 """Sign-in through the login form against Debian's slapd, started by the test with its own directory: users are
-created on first sign-in, their teams follow their directory groups from one sign-in to the next, and local
-accounts are neither replaced nor taken over."""
+created on first sign-in, their teams and their POSIX uid follow the directory from one sign-in to the next, and
+local accounts are neither replaced nor taken over."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,9 @@ from django.test import Client
 
 from apps.accounts.models import Membership, MembershipSource
 from apps.accounts.services import membership_set
-from apps.identity.services import group_mapping_create
+from apps.identity.models import UnixAccount
+from apps.identity.selectors import unix_uids
+from apps.identity.services import group_mapping_create, unix_uid_set
 from tests.identity.support import Directory, slapd
 
 pytestmark = pytest.mark.django_db
@@ -35,9 +38,14 @@ def ldap_settings(settings: Any, directory: Directory) -> Directory:
 _n = iter(range(10_000))
 
 
-def _person(directory: Directory, password: str = "correct horse battery") -> str:  # noqa: S107
+def _person(
+    directory: Directory,
+    password: str = "correct horse battery",  # noqa: S107
+    *,
+    uid_number: int | None = None,
+) -> str:
     uid = f"erin{next(_n)}"
-    directory.add_person(uid, password, mail=f"{uid}@lab.test", given="Erin")
+    directory.add_person(uid, password, mail=f"{uid}@lab.test", given="Erin", uid_number=uid_number)
     return uid
 
 
@@ -177,3 +185,50 @@ def test_local_accounts_still_sign_in_while_the_directory_is_down(settings: Any,
     admin.set_password("break-glass-password-1")
     admin.save()
     assert _sign_in(admin.username, "break-glass-password-1").get("/api/v1/me").json()["is_admin"] is True
+
+
+def _uid_of(username: str) -> int | None:
+    user = User.objects.get(username=username)
+    return unix_uids([user.pk]).get(user.pk)
+
+
+def test_the_uid_number_is_stored_at_sign_in_and_follows_the_directory(ldap_settings: Directory) -> None:
+    uid = _person(ldap_settings, uid_number=20001)
+    _sign_in(uid)
+    assert _uid_of(uid) == 20001
+    assert UnixAccount.objects.get(user__username=uid).source == "ldap"
+    ldap_settings.set_uid_number(uid, 20002)
+    _sign_in(uid)
+    assert _uid_of(uid) == 20002
+
+
+def test_the_uid_is_stored_without_a_group_search_too(ldap_settings: Directory, settings: Any) -> None:
+    settings.LDAP_GROUP_SEARCH_BASE = ""
+    uid = _person(ldap_settings, uid_number=20011)
+    _sign_in(uid)
+    assert _uid_of(uid) == 20011
+
+
+def test_a_uid_another_user_holds_is_not_stored_and_the_sign_in_goes_on(
+    ldap_settings: Directory, alice: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    unix_uid_set(user=alice, uid=20021, source="manual")
+    uid = _person(ldap_settings, uid_number=20021)
+    with caplog.at_level(logging.WARNING, logger="apps.identity.ldap"):
+        client = _sign_in(uid)
+    assert client.get("/api/v1/me").json()["username"] == uid
+    assert _uid_of(uid) is None
+    assert unix_uids([alice.pk]) == {alice.pk: 20021}
+    assert any("20021" in r.getMessage() and uid in r.getMessage() for r in caplog.records)
+
+
+def test_an_entry_without_a_uid_number_leaves_the_uid_alone(ldap_settings: Directory, settings: Any) -> None:
+    uid = _person(ldap_settings)  # no posixAccount
+    _sign_in(uid)
+    assert _uid_of(uid) is None
+    unix_uid_set(user=User.objects.get(username=uid), uid=20031, source="manual")
+    _sign_in(uid)
+    settings.LDAP_UID_ATTR = "sn"  # "Tester": not a number
+    _sign_in(uid)
+    assert UnixAccount.objects.get(user__username=uid).source == "manual"
+    assert _uid_of(uid) == 20031
