@@ -2,7 +2,7 @@
 
     DATABASE_URL=... REDIS_URL=... .venv/bin/python -m bench.fleet_ingest [--path stream|celery] [--nodes 125]
         [--gpus-per-node 8] [--seconds 30] [--warmup 8] [--heartbeat 5] [--counters]
-        [--jobs-per-gpu K [--job-every N]] [--mig-per-gpu K]
+        [--jobs-per-gpu K [--job-every N]] [--owners-per-gpu K] [--mig-per-gpu K]
 
 What runs:
 - setup (this process, Django): nodes `bench-000`... with tokens and registered GPUs (idempotent), Redis cleaned;
@@ -70,6 +70,7 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
     counters = bool(spec.get("counters"))  # --counters: rows carry the device counters agents send ("x")
     jobs_per_gpu = int(spec.get("jobs_per_gpu", 0))  # --jobs-per-gpu: rows carry their jobs' memory ("j")
     job_every = max(1, int(spec.get("job_every", 10)))
+    owners_per_gpu = int(spec.get("owners_per_gpu", 0))  # --owners-per-gpu: no job's processes per uid ("o", "ou")
     mig_per_gpu = int(spec.get("mig_per_gpu", 0))  # --mig-per-gpu: rows carry their MIG instances' memory ("m")
     app = make_celery(os.environ["REDIS_URL"], "bench-generator")
     stream = make_stream_client(os.environ["REDIS_URL"])
@@ -117,6 +118,13 @@ def generate(spec_path: Path, seconds: float, heartbeat_s: float, path: str) -> 
                         # As the agent's slow tick sends them: the memory of each job on the GPU (shares of it).
                         base = 10_000 + (i * 8 + len(rows)) * jobs_per_gpu
                         extra["j"] = [[base + j, 2_000 + util * 60 + j] for j in range(jobs_per_gpu)]
+                    if owners_per_gpu and (seq + i) % job_every == 0:
+                        # The same slow tick: what no job's processes use, in total and per owner uid.
+                        owned = [
+                            [1000 + u, 1_000 + util * 20 + u, util // owners_per_gpu] for u in range(owners_per_gpu)
+                        ]
+                        extra["o"] = [sum(o[1] for o in owned), sum(o[2] for o in owned)]
+                        extra["ou"] = owned
                     if mig_per_gpu:
                         # A GPU in MIG mode: every sample carries each instance's memory, as the agent reads it.
                         extra["m"] = [[f"MIG-{uuid[4:]}-{k}", 12 + util * 9 + k] for k in range(mig_per_gpu)]
@@ -241,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--counters", action="store_true", help="rows carry the device counters (mem temp, energy...)")
     p.add_argument("--jobs-per-gpu", type=int, default=0, help="rows carry the memory of this many jobs per GPU")
     p.add_argument("--job-every", type=int, default=10, help="... on every Nth message of a node (agents: ~10 s)")
+    p.add_argument("--owners-per-gpu", type=int, default=0, help="... and of this many owners' processes of no job")
     p.add_argument("--mig-per-gpu", type=int, default=0, help="rows carry the memory of this many MIG instances")
     p.add_argument("--generate", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -295,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                     "counters": a.counters,
                     "jobs_per_gpu": a.jobs_per_gpu,
                     "job_every": a.job_every,
+                    "owners_per_gpu": a.owners_per_gpu,
                     "mig_per_gpu": a.mig_per_gpu,
                 }
             )
@@ -362,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         "path": a.path,
         "gpus": gpus,
         "jobs_per_gpu": a.jobs_per_gpu,
-        "job_every": a.job_every if a.jobs_per_gpu else None,
+        "job_every": a.job_every if a.jobs_per_gpu or a.owners_per_gpu else None,
+        "owners_per_gpu": a.owners_per_gpu,
         "mig_per_gpu": a.mig_per_gpu,
         "target_samples_per_s": gpus,
         "samples_per_s": round(samples / wall, 1),

@@ -543,6 +543,7 @@ def install(app: Celery, agent: AgentHost) -> JobRunner:
     agent.sampler.annotate = JobMemory(
         runner.running_jobs,
         job_of_pid=simulated.job_of_pid if simulated is not None else None,
+        uid_of_pid=simulated.uid_of_pid if simulated is not None else None,
         process_activity=mps is None,  # under MPS the server's process may carry its clients' work (jobmem.py)
     ).annotate
     logger.info("jobs run with the %s runtime%s", kind, f" ({url})" if kind == "docker" else f" (state {state_dir})")

@@ -25,7 +25,10 @@ used from outside the portal says nothing of the jobs it did not see, and they k
 With a complete listing the agent also says what the processes of no job use together (`GpuSample.others`: MiB,
 and SM % where read): on a GPU split in shares, the work of whoever holds a share by a reservation and uses it
 from a shell or a notebook, not through a portal job (apps/efficiency/selectors.py judges such a reservation by it
-when it is the GPU's only one).
+when it is the GPU's only one). The same figures per owner (`GpuSample.others_by_uid`: the real uid of each
+process, `/proc/<pid>/status`) let the portal tell two reservations on one GPU apart: it knows which portal user
+runs as which uid (apps.identity.models.UnixAccount). A process whose owner cannot be read (it just ended) counts
+in the total only.
 
 The same attribution gives each job its SM activity (`GpuSample.job_util`): its processes' per-process
 utilization added up (capped at 100), or its MIG instance's GPM reading. On a GPU split in shares this, not the
@@ -73,6 +76,20 @@ def session_of(pid: int, proc: Path = PROC) -> int | None:
         return None
 
 
+def uid_of(pid: int, proc: Path = PROC) -> int | None:
+    """The real uid of a process (the first field of the `Uid:` line of /proc/<pid>/status), or None when it is
+    gone or unreadable. The real uid, not the effective one: a setuid helper still works for who started it."""
+    try:
+        text = (proc / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
 def container_of(pid: int, proc: Path = PROC) -> str | None:
     """The 64-hex container id in a process's cgroup paths (Docker's `/docker/<id>` or `docker-<id>.scope`)."""
     try:
@@ -87,18 +104,21 @@ class JobMemory:
     """Fills `GpuSample.job_memory` from the processes and MIG readings of a tick (see the module docstring).
 
     `jobs` lists the agent's running jobs (called once per tick that has something to attribute); `job_of_pid`,
-    when given, names the job of a pid first (the simulated backend's)."""
+    when given, names the job of a pid first (the simulated backend's); `uid_of_pid`, when given, names the owner
+    of a pid instead of /proc (the simulated backend's, whose pids are no host process's)."""
 
     def __init__(
         self,
         jobs: Callable[[], list[RunningJob]],
         *,
         job_of_pid: Callable[[int], int | None] | None = None,
+        uid_of_pid: Callable[[int], int | None] | None = None,
         proc: Path = PROC,
         process_activity: bool = True,
     ) -> None:
         self._jobs = jobs
         self._job_of_pid = job_of_pid
+        self._uid_of_pid = uid_of_pid
         self._proc = proc
         self._process_activity = process_activity
 
@@ -142,7 +162,12 @@ class JobMemory:
                         if sample.process_util is not None and self._process_activity:
                             busy[job.job_id] = 0
             theirs = None if others is None else (others[0], others[1])
-            out.append(dataclasses.replace(sample, job_memory=found, job_util=busy or None, others=theirs))
+            by_uid = None if others is None else self._by_owner(sample, owner)
+            out.append(
+                dataclasses.replace(
+                    sample, job_memory=found, job_util=busy or None, others=theirs, others_by_uid=by_uid
+                )
+            )
         return out
 
     def _busy(
@@ -175,6 +200,23 @@ class JobMemory:
         elif not sample.processes and self._process_activity:
             busy = 0  # nothing on the GPU at all
         return sum(mib for _, mib in theirs), busy, len(theirs)
+
+    def _by_owner(self, sample: GpuSample, owner: Callable[[int], int | None]) -> dict[int, tuple[int, int | None]]:
+        """What the processes of no job use on the GPU per owner uid: {uid: (MiB, SM % or None where not read)}.
+        Called only where `_others` found the listing complete."""
+        per_process = sample.process_util if self._process_activity else None
+        out: dict[int, tuple[int, int | None]] = {}
+        for pid, mib in sample.processes or ():
+            if owner(pid) is not None:
+                continue
+            uid = self._uid_of_pid(pid) if self._uid_of_pid is not None else uid_of(pid, self._proc)
+            if uid is None:
+                continue
+            held, busy = out.get(uid, (0, None if per_process is None else 0))
+            if per_process is not None:
+                busy = min(100, (busy or 0) + per_process.get(pid, 0))
+            out[uid] = (held + mib, busy)
+        return out
 
     def _attribute(
         self, sample: GpuSample, owner: Callable[[int], int | None], on_device: Mapping[str, int]

@@ -12,8 +12,10 @@ from apps.booking.models import Allocation, Reservation, ReservationStatus
 from apps.efficiency import detector
 from apps.efficiency.models import IdleExemption, IdleMark, IdlePolicy, MarkState
 from apps.fleet.models import DeviceKind, Gpu
+from apps.identity.selectors import unix_uids
 from apps.jobs.models import Job, JobState
 from apps.telemetry.models import GpuRollup, JobMemoryMinute
+from apps.telemetry.selectors import no_job_work, other_holders_uids
 
 
 @dataclass(frozen=True)
@@ -186,12 +188,14 @@ def with_share_reservations_own_minutes(
     since: datetime,
     until: datetime,
 ) -> dict[int, dict[datetime, detector.Sample]]:
-    """`samples` with a reservation of shares judged by what is its own on the GPU, where that can be told: when
-    it is the only reservation holding shares of that GPU at `until` (now), everything on the GPU that is no job's
-    is its holder's (the agent's `others`, read where its process listing shows everything on the GPU), plus the
-    jobs it runs inside it. Its holder computing nothing is then idle while a neighbour's job keeps the GPU busy.
-    A minute without that reading keeps the GPU's. Another reservation's work in an earlier minute can only make
-    this one look busier, never idler."""
+    """`samples` with a reservation of shares judged by what is its own on the GPU, where that can be told: what
+    the GPU's processes of no job did (the agent's `others`, read where its process listing shows everything on
+    the GPU), less what the processes of the GPU's other holders (at `until`, now) did by their uids
+    (apps.telemetry.selectors.no_job_work), plus the jobs it runs inside it. Its holder computing nothing is then
+    idle while a neighbour keeps the GPU busy. Where another holder's uid is unknown, whose processes are whose
+    cannot be told and the reservation keeps the GPU's minutes; so does a minute without the reading. Work that is
+    nobody's known (another holder's in an earlier minute, a process of no holder) stays in: it can only make this
+    one look busier, never idler."""
     held = {it.source_id: it for it in items if it.kind == "reservation"}
     if not held:
         return samples
@@ -204,44 +208,43 @@ def with_share_reservations_own_minutes(
     if not shares:
         return samples
     parents = {parent for parent, _ in shares.values()}
-    holders: dict[int, set[int]] = defaultdict(set)
-    for parent, rid in Allocation.objects.filter(
+    holders: dict[int, dict[int, int | None]] = defaultdict(dict)  # parent: {reservation id: its user}
+    for parent, rid, user in Allocation.objects.filter(
         gpu__parent_id__in=parents,
         active=True,
         reservation__status=ReservationStatus.ACTIVE,
         reservation__start__lte=until,
         reservation__end__gt=until,
-    ).values_list("gpu__parent_id", "reservation_id"):
-        if parent is not None:
-            holders[parent].add(rid)
-    alone = {(rid, parent) for parent, rids in holders.items() if len(rids) == 1 for rid in rids}
-    wanted = [(it, parent) for it in held.values() for parent in {shares[g][0] for g in it.gpu_ids if g in shares}]
-    wanted = [(it, parent) for it, parent in wanted if (it.source_id, parent) in alone]
+    ).values_list("gpu__parent_id", "reservation_id", "reservation__user_id"):
+        if parent is not None and rid is not None:
+            holders[parent][rid] = user
+    uids = unix_uids({user for users in holders.values() for user in users.values() if user is not None})
+    wanted: list[tuple[Watched, int, frozenset[int]]] = []
+    for it in held.values():
+        for parent in {shares[g][0] for g in it.gpu_ids if g in shares}:
+            others = [user for rid, user in holders.get(parent, {}).items() if rid != it.source_id]
+            not_mine = other_holders_uids(it.user_id, others, uids)
+            if not_mine is not None:
+                wanted.append((it, parent, not_mine))
     if not wanted:
         return samples
-    since = max(since, min(it.start for it, _ in wanted))
-    others: dict[int, dict[datetime, tuple[float, int]]] = defaultdict(dict)
-    for gid, minute, util, mem in GpuRollup.objects.filter(
-        gpu_id__in={parent for _, parent in wanted},
-        minute__gte=since,
-        minute__lt=until,
-        others_util_mean__isnull=False,
-        others_mem_max__isnull=False,
-    ).values_list("gpu_id", "minute", "others_util_mean", "others_mem_max"):
-        others[gid][minute] = (util, mem)
+    since = max(since, min(it.start for it, _, _ in wanted))
+    mine_by_gpu = no_job_work({(parent, group) for _, parent, group in wanted}, since=since, until=until)
     inner: dict[tuple[int, int], dict[datetime, tuple[float, int]]] = defaultdict(dict)
     for rid, gid, minute, util, mem in JobMemoryMinute.objects.filter(
-        job__reservation_id__in={it.source_id for it, _ in wanted}, minute__gte=since, minute__lt=until
+        job__reservation_id__in={it.source_id for it, _, _ in wanted}, minute__gte=since, minute__lt=until
     ).values_list("job__reservation_id", "gpu_id", "minute", "util_mean", "mem_used_max"):
         u, m = inner[(rid, gid)].get(minute, (0.0, 0))
         inner[(rid, gid)][minute] = (u + (util or 0.0), m + mem)
     out = dict(samples)
-    for it, parent in wanted:
+    for it, parent, group in wanted:
         mine_pks = [g for g in it.gpu_ids if g in shares and shares[g][0] == parent]
         total = float(sum(shares[g][1] for g in mine_pks))
         jobs_here = inner.get((it.source_id, parent), {})
         mine = {}
-        for minute, (util, mem) in others[parent].items():
+        for minute, (util, mem) in mine_by_gpu.get((parent, group), {}).items():
+            if util is None or mem is None:
+                continue
             ju, jm = jobs_here.get(minute, (0.0, 0))
             mine[minute] = detector.Sample(util=min(100.0, util + ju), mem_used=mem + jm, mem_total=total)
         for pk in mine_pks:

@@ -259,6 +259,8 @@ class TelemetryRow:
     # What the processes of no portal job use together (the `"o"` list: MiB, SM % where read); None when not sent.
     others_mem: int | None = None
     others_util: int | None = None
+    # The same per owner uid (the `"ou"` list): {uid: (MiB, SM % or None)}; None when not sent.
+    others_by_uid: dict[int, tuple[int, int | None]] | None = None
 
 
 # A GPU has at most 7 MIG instances today; the bound keeps a broken agent from growing the latest sample.
@@ -332,6 +334,34 @@ def _others(extra: dict[str, Any], mem_total: int | None) -> tuple[int | None, i
     return mib, None
 
 
+# Owners of no job's processes on one GPU: a handful of people on a GPU split in shares; the bound keeps a broken
+# agent from growing the minute's accumulator.
+MAX_OWNERS_PER_GPU = 32
+UID_RANGE = (0, 2**32 - 2)  # (uid_t)-1 is "no uid"
+
+
+def _others_by_uid(extra: dict[str, Any], mem_total: int | None) -> dict[int, tuple[int, int | None]] | None:
+    """The row's `"ou"` list, `[uid, MiB]` or `[uid, MiB, SM %]` entries, checked like `_job_memory` (a bad entry
+    left out alone, a bad % drops the % alone); None when the row has none or it is not a list."""
+    raw = extra.get("ou")
+    if not isinstance(raw, list):
+        return None
+    limit = MEM_MIB_RANGE[1] if mem_total is None else mem_total
+    out: dict[int, tuple[int, int | None]] = {}
+    for item in raw[:MAX_OWNERS_PER_GPU]:
+        if not (isinstance(item, list) and len(item) in (2, 3)):
+            continue
+        uid, mib = item[0], item[1]
+        if not (isinstance(uid, int) and not isinstance(uid, bool) and UID_RANGE[0] <= uid <= UID_RANGE[1]):
+            continue
+        if not (isinstance(mib, int) and not isinstance(mib, bool) and 0 <= mib <= limit):
+            continue
+        pct = item[2] if len(item) == 3 else None
+        ok = isinstance(pct, int) and not isinstance(pct, bool) and UTIL_RANGE[0] <= pct <= UTIL_RANGE[1]
+        out[uid] = (mib, pct if ok else None)
+    return out
+
+
 # workers.gpu.base.COUNTER_KEYS and the health keys that are counters (repeated, not imported, as above).
 COUNTER_KEYS: tuple[str, ...] = ("mt", "mc", "en", "ptx", "prx", "prc", "nvl")
 HEALTH_COUNTER_KEYS: tuple[str, ...] = ("last_xid", "remap_cor", "remap_unc", "remap_fail")
@@ -379,6 +409,7 @@ def check_row(row: Any) -> TelemetryRow:
     job_util: dict[int, int] = {}
     others_mem: int | None = None
     others_util: int | None = None
+    others_by_uid: dict[int, tuple[int, int | None]] | None = None
     if len(row) == n + 1:
         extra = row[n]
         _require(isinstance(extra, dict), "malformed", "9th column must be an object")
@@ -389,6 +420,8 @@ def check_row(row: Any) -> TelemetryRow:
         mig_memory, mig_util = _mig_memory(extra, mem_total)
         job_memory, job_util = _job_memory(extra, mem_total)
         others_mem, others_util = _others(extra, mem_total)
+        # Per owner only beside a sound total: both come from the same complete listing.
+        others_by_uid = _others_by_uid(extra, mem_total) if others_mem is not None else None
     return TelemetryRow(
         uuid=uuid,
         util=check_int(row[1], "util", *UTIL_RANGE, nullable=True),
@@ -406,6 +439,7 @@ def check_row(row: Any) -> TelemetryRow:
         job_util=job_util,
         others_mem=others_mem,
         others_util=others_util,
+        others_by_uid=others_by_uid,
     )
 
 

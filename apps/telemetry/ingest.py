@@ -26,12 +26,14 @@ logger = logging.getLogger(__name__)
 
 # KEYS: 1 latest, 2 minute accumulator, 3 pending minutes, 4 stats, 5 node seen, 6 job memory,
 #       7.. one history list per GPU.
-# ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 9 per GPU:
+# ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 10 per GPU:
 #       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory and, where known, SM %
 #       ("job:mib[:pct],..." or ''; the % summed per minute under `<gpu>|ju_n<job>` and `ju_s<job>`),
 #       MIG instances' memory and, where read, SM % ("MIG-uuid=mib[:pct],..." or ''): kept under the parent's prefix
 #       (`<gpu>|i_hi:<MIG uuid>`), so the flush takes an instance's minute only from the GPU it belongs to
-#       (rollups.accumulator_instance_rows).
+#       (rollups.accumulator_instance_rows),
+#       what no job's processes use per owner ("uid:mib[:pct],..." or ''): the most MiB per minute under
+#       `<gpu>|o<uid>`, the % summed under `ou_s<uid>` (averaged over the `"o"` ticks: rollups.accumulator_owners).
 _SCRIPT = """
 local roll = KEYS[2]
 local n = tonumber(ARGV[6])
@@ -47,7 +49,7 @@ local function keep_max(f, v)
 end
 local latest = {}
 for i = 0, n - 1 do
-  local b = 7 + i * 9
+  local b = 7 + i * 10
   local uuid = ARGV[b]
   latest[#latest + 1] = uuid
   latest[#latest + 1] = ARGV[b + 1]
@@ -102,6 +104,10 @@ for i = 0, n - 1 do
       keep_min(p .. 'i_ulo:' .. dev, pct)
       keep_max(p .. 'i_uhi:' .. dev, pct)
     end
+  end
+  for uid, mib, pct in string.gmatch(ARGV[b + 9], '(%d+):(%d+):?(%d*)') do
+    keep_max(p .. 'o' .. uid, mib)
+    if pct ~= '' then redis.call('HINCRBY', roll, p .. 'ou_s' .. uid, pct) end
   end
 end
 if n > 0 then
@@ -230,6 +236,10 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
             ",".join(
                 f"{uuid}={mib}" + (f":{row.mig_util[uuid]}" if uuid in row.mig_util else "")
                 for uuid, mib in row.mig_memory.items()
+            ),
+            ",".join(
+                f"{uid}:{mib}" + ("" if pct is None else f":{pct}")
+                for uid, (mib, pct) in (row.others_by_uid or {}).items()
             ),
         ]
         redis_keys.append(keys.hist_key(row.uuid))

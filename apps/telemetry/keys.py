@@ -39,7 +39,9 @@ HISTORY_TTL_S = 600
 # `Job.gpu_memory_own_peak_mib` every minute and deletes fields not reported for a while.
 JOB_MEMORY = "fleet:jobmem"
 # What the processes of no portal job use on a GPU (the row's `"o"`) rides the job readings under job id 0, which
-# no job has: per minute under `<gpu>|j0`, `ju_n0`, `ju_s0` (rollups keep it as GpuRollup.others_*).
+# no job has: per minute under `<gpu>|j0`, `ju_n0`, `ju_s0` (rollups keep it as GpuRollup.others_*). The same per
+# owner uid (the row's `"ou"`) only in the minute's accumulator: `<gpu>|o<uid>` (most MiB), `ou_s<uid>` (SM % summed,
+# averaged over `ju_n0`); rollups keep it as OwnerMinute for GPUs split in shares.
 OTHERS_JOB_ID = 0
 # A per-job reading older than this is not "now" any more (three of the agent's ~10 s process reads missed).
 JOB_MEMORY_FRESH_S = 35.0

@@ -93,3 +93,32 @@ class JobMemoryMinute(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} on {self.gpu_id} @ {self.minute:%Y-%m-%d %H:%M}"
+
+
+class OwnerMinute(models.Model):
+    """What the processes of no portal job that one owner (uid) runs held and computed on one GPU split in shares,
+    over one minute, as its node read them (the agent's `"ou"`, read only where its process listing shows
+    everything on the GPU). With the portal user each uid is (apps.identity.models.UnixAccount), this tells two
+    reservations of shares of one GPU apart. Minutes where the listing was complete are the GPU's rollups with
+    `others_util_mean` set: an owner without a row in such a minute ran nothing there. Kept as long as the minute
+    rollups."""
+
+    gpu = models.ForeignKey("fleet.Gpu", on_delete=models.CASCADE, related_name="+", help_text="the physical GPU")
+    uid = models.PositiveIntegerField(help_text="the processes' real uid on the node")
+    minute = models.DateTimeField(help_text="start of the minute, UTC")
+    mem_used_max = models.PositiveIntegerField(help_text="MiB")
+    util_mean = models.FloatField(
+        null=True, blank=True, help_text="mean % of SMs its processes kept busy; null where the node did not read it"
+    )
+
+    objects = RollupQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["gpu", "minute", "uid"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "uid", "minute"], name="ownerminute_unique_gpu_uid_minute")
+        ]
+        indexes = [models.Index(fields=["minute"], name="ownerminute_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"uid {self.uid} on {self.gpu_id} @ {self.minute:%Y-%m-%d %H:%M}"

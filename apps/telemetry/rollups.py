@@ -23,7 +23,7 @@ from apps.core.redis import get_redis
 from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs.models import Job
 from apps.telemetry import keys
-from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute, OwnerMinute
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,54 @@ def accumulator_job_memory(raw: Any) -> dict[tuple[int, str], tuple[int, float |
     return out
 
 
+def accumulator_owners(raw: Any) -> dict[tuple[int, str], tuple[int, float | None]]:
+    """The owners of `HGETALL fleet:roll:<minute>`: {(uid, GPU uuid): (the most MiB the uid's processes of no job
+    held, their mean SM % or None)} (pure; the `<uuid>|o<uid>` and `ou_s<uid>` fields)."""
+    mem: dict[tuple[int, str], int] = {}
+    busy: dict[tuple[int, str], dict[str, float]] = defaultdict(dict)
+    for key, value in raw.items():
+        k = key.decode() if isinstance(key, bytes) else key
+        uuid, _, metric = k.rpartition("|")
+        if not uuid or metric[:1] != "o":
+            continue
+        name, uid = ("ou_s", metric[4:]) if metric[:4] == "ou_s" else ("o", metric[1:])
+        if not uid.isdigit():
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if name == "o":
+            mem[(int(uid), uuid)] = int(number)
+        else:
+            busy[(int(uid), uuid)][name] = number
+    # The mean is over every tick that read the GPU's no-job processes' SM activity (`ju_n0`, the `"o"` list's),
+    # an owner absent from a tick counting 0: so the owners' means add up to `others_util_mean`, and one owner's
+    # can be taken from it (apps.telemetry.selectors.no_job_work).
+    ticks = {ident: n for (job, ident), n in _job_tick_counts(raw).items() if job == keys.OTHERS_JOB_ID}
+    out: dict[tuple[int, str], tuple[int, float | None]] = {}
+    for ident, mib in mem.items():
+        uid, uuid = ident
+        n = ticks.get(uuid, 0)
+        total = busy.get(ident, {}).get("ou_s")
+        out[ident] = (mib, round(total / n, 3) if n and total is not None else None)
+    return out
+
+
+def _job_tick_counts(raw: Any) -> dict[tuple[int, str], int]:
+    """{(job id, GPU uuid): ticks with its SM %} of a minute's accumulator (the `ju_n<job>` fields)."""
+    out: dict[tuple[int, str], int] = {}
+    for key, value in raw.items():
+        k = key.decode() if isinstance(key, bytes) else key
+        uuid, _, metric = k.rpartition("|")
+        if uuid and metric[:4] == "ju_n" and metric[4:].isdigit():
+            try:
+                out[(int(metric[4:]), uuid)] = int(float(value))
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
 _INSTANCE_FIELDS = ("i_n", "i_s", "i_hi", "i_un", "i_us", "i_ulo", "i_uhi")
 
 
@@ -174,9 +222,28 @@ def _job_memory_rows(raw: Any, start: datetime) -> list[JobMemoryMinute]:
     ]
 
 
+def _owner_rows(raw: Any, start: datetime) -> list[OwnerMinute]:
+    """A minute's per-owner rows, for GPUs split in shares only: elsewhere a GPU is one holder's, and its rollup
+    says what that holder did."""
+    readings = accumulator_owners(raw)
+    if not readings:
+        return []
+    shared = dict(
+        Gpu.devices.filter(kind=DeviceKind.SHARE, parent__uuid__in={uuid for _, uuid in readings})
+        .values_list("parent__uuid", "parent_id")
+        .distinct()
+    )
+    return [
+        OwnerMinute(gpu_id=shared[uuid], uid=uid, minute=start, mem_used_max=mib, util_mean=busy)
+        for (uid, uuid), (mib, busy) in readings.items()
+        if uuid in shared
+    ]
+
+
 def flush_rollups(*, now: float | None = None) -> int:
     """Upsert every closed minute's accumulator into GpuRollup (the GPUs and their MIG instances; its part jobs'
-    memory into JobMemoryMinute); returns the number of GpuRollup rows written."""
+    memory into JobMemoryMinute; on GPUs split in shares, what each owner's processes of no job used into
+    OwnerMinute); returns the number of GpuRollup rows written."""
     now = time.time() if now is None else now
     redis: Any = get_redis()
     minutes = [int(float(m)) for m in redis.zrangebyscore(keys.ROLLUP_PENDING, "-inf", _closed_before(now))]
@@ -201,6 +268,7 @@ def flush_rollups(*, now: float | None = None) -> int:
         ]
         objs += _instance_rollups(raw, start)
         jobs = _job_memory_rows(raw, start)
+        owners = _owner_rows(raw, start)
         with transaction.atomic():
             GpuRollup.objects.bulk_create(
                 objs,
@@ -213,6 +281,13 @@ def flush_rollups(*, now: float | None = None) -> int:
                 jobs,
                 update_conflicts=True,
                 unique_fields=["job", "gpu", "minute"],
+                update_fields=["mem_used_max", "util_mean"],
+                batch_size=500,
+            )
+            OwnerMinute.objects.bulk_create(
+                owners,
+                update_conflicts=True,
+                unique_fields=["gpu", "uid", "minute"],
                 update_fields=["mem_used_max", "util_mean"],
                 batch_size=500,
             )
@@ -296,6 +371,7 @@ def prune(*, now: datetime | None = None) -> tuple[int, int]:
     horizon = now - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
     minutes, _ = GpuRollup.objects.filter(minute__lt=horizon).delete()
     JobMemoryMinute.objects.filter(minute__lt=horizon).delete()
+    OwnerMinute.objects.filter(minute__lt=horizon).delete()
     hours, _ = GpuHourlyRollup.objects.filter(
         hour__lt=now - timedelta(days=settings.TELEMETRY_HOURLY_RETENTION_DAYS)
     ).delete()

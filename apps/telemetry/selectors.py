@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.core.redis import get_redis, get_request_redis
 from apps.fleet.models import DeviceKind, Gpu
 from apps.telemetry import keys
-from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup, OwnerMinute
 
 ROLLUP_FIELDS = (
     "samples",
@@ -137,3 +137,62 @@ def stats() -> dict[str, int]:
         except (TypeError, ValueError):
             continue
     return out
+
+
+Minutes = dict[datetime, tuple[float | None, int | None]]
+
+
+def no_job_work(
+    wanted: Iterable[tuple[int, frozenset[int]]], *, since: datetime, until: datetime
+) -> dict[tuple[int, frozenset[int]], Minutes]:
+    """{(GPU id, uids): {minute: (SM %, MiB)}} for each wanted (GPU id, uids): what the processes of no portal job
+    did on the GPU, per minute from `since` to `until` where its node's listing showed everything on it
+    (GpuRollup.others_*), less what the processes of those uids did there (OwnerMinute). On a GPU split in shares,
+    what is left for one holder once the work known to be the other holders' is taken out; anyone's work not known
+    to be another's stays in, so the reading can only make a holder look busier, never idler. A figure the node
+    did not read is None. Two queries."""
+    wanted = set(wanted)
+    gpus = {gpu for gpu, _ in wanted}
+    totals: dict[int, Minutes] = {gpu: {} for gpu in gpus}
+    if not gpus:
+        return {}
+    for gpu, minute, util, mem in GpuRollup.objects.filter(
+        gpu_id__in=gpus, minute__gte=since, minute__lt=until, others_mem_max__isnull=False
+    ).values_list("gpu_id", "minute", "others_util_mean", "others_mem_max"):
+        totals[gpu][minute] = (util, mem)
+    owners: dict[tuple[int, datetime], dict[int, tuple[float, int]]] = {}
+    uids = {uid for _, group in wanted for uid in group}
+    if uids:
+        for gpu, uid, minute, util, mem in OwnerMinute.objects.filter(
+            gpu_id__in={gpu for gpu, group in wanted if group}, uid__in=uids, minute__gte=since, minute__lt=until
+        ).values_list("gpu_id", "uid", "minute", "util_mean", "mem_used_max"):
+            owners.setdefault((gpu, minute), {})[uid] = (util or 0.0, mem)
+    out: dict[tuple[int, frozenset[int]], Minutes] = {}
+    for gpu, group in wanted:
+        minutes: Minutes = {}
+        for minute, (util, mem) in totals[gpu].items():
+            theirs = [figures for uid, figures in owners.get((gpu, minute), {}).items() if uid in group]
+            # Each figure is a maximum or a mean over the same ticks (rollups.accumulator_owners): the difference
+            # is what the rest ran, floored at 0 where maxima of different ticks meet.
+            minutes[minute] = (
+                None if util is None else max(0.0, round(util - sum(u for u, _ in theirs), 3)),
+                None if mem is None else max(0, mem - sum(m for _, m in theirs)),
+            )
+        out[(gpu, group)] = minutes
+    return out
+
+
+def other_holders_uids(
+    own_user: int | None, other_users: Iterable[int | None], uids: Mapping[int, int]
+) -> frozenset[int] | None:
+    """The uids whose work on a shared GPU is not this holder's: those of the GPU's other holders (portal users,
+    apps.identity.models.UnixAccount). None when one of them has no known uid: their work cannot be told from this
+    holder's. The holder's own other reservations on the GPU are the same person: nothing of theirs is taken out."""
+    out: set[int] = set()
+    for user in other_users:
+        if user is not None and user == own_user:
+            continue
+        if user is None or user not in uids:
+            return None
+        out.add(uids[user])
+    return frozenset(out)

@@ -40,6 +40,8 @@ Telemetry message (one per second per node, JSON; built by `build_message`, read
   instance's GPM reading): `[[job_id, used_mib, sm_pct], ...]`;
   `"o"`: what the processes of no portal job use together, `[used_mib]` or `[used_mib, sm_pct]`, on the ticks
   where the process listing shows everything on the GPU (workers/jobmem.py);
+  `"ou"`: the same per owner, on the same ticks: `[[uid, used_mib], ...]` or `[[uid, used_mib, sm_pct], ...]`
+  (the real uid of the processes; `[]` when no job's process is on the GPU);
   `"e"`: an error text for this GPU this tick.
 """
 
@@ -121,6 +123,8 @@ class GpuSample:
     # The processes of no portal job together: (MiB, SM % or None where not read); None where the process listing
     # may not show everything on the GPU (workers/jobmem.py).
     others: tuple[int, int | None] | None = None
+    # The same per owner uid (set with `others`): {uid: (MiB, SM % or None)}.
+    others_by_uid: dict[int, tuple[int, int | None]] | None = None
 
 
 @runtime_checkable
@@ -194,6 +198,10 @@ def sample_to_row(sample: GpuSample) -> list[Any]:
     if sample.others is not None:
         mib, busy = sample.others
         extra["o"] = [mib] if busy is None else [mib, busy]
+    if sample.others_by_uid is not None:
+        extra["ou"] = [
+            [uid, mib] + ([] if busy is None else [busy]) for uid, (mib, busy) in sorted(sample.others_by_uid.items())
+        ]
     if sample.error:
         extra["e"] = sample.error
     if extra:
@@ -230,6 +238,9 @@ def row_to_sample(row: list[Any], ts: float) -> GpuSample:
         process_util=({int(p[0]): int(p[2]) for p in procs if len(p) > 2} or None) if procs is not None else None,
         job_util=({int(j[0]): int(j[2]) for j in extra["j"] if len(j) > 2} or None) if "j" in extra else None,
         others=(int(extra["o"][0]), int(extra["o"][1]) if len(extra["o"]) > 1 else None) if "o" in extra else None,
+        others_by_uid=(
+            {int(o[0]): (int(o[1]), int(o[2]) if len(o) > 2 else None) for o in extra["ou"]} if "ou" in extra else None
+        ),
     )
 
 

@@ -148,6 +148,7 @@ class _Run:
     started_at: float | None  # set by the first sample after assignment
     pid: int
     memory_mib: int = 0  # a share's memory budget: the job scales its profile's memory to it (0: the whole GPU)
+    uid: int | None = None  # the owner its process runs as (a load that is no portal job's: a holder's shell)
 
 
 class _SimGpu:
@@ -255,12 +256,15 @@ class SimulatedBackend:
 
     # -- control ---------------------------------------------------------------------------------------------
 
-    def assign(self, uuid: str, job_key: str, profile: str | None = None, *, memory_mib: int = 0) -> None:
+    def assign(
+        self, uuid: str, job_key: str, profile: str | None = None, *, memory_mib: int = 0, uid: int | None = None
+    ) -> None:
         """Start a job on a GPU or on a MIG instance (a `MIG-` uuid). Without a profile one of the trace's work
         profiles is chosen from the job key, so all GPUs of one job follow the same profile in step (as
         data-parallel training does). ``memory_mib``: the budget of a job on a share of the GPU; the job holds
         what its profile asks of a GPU of that size, as a job on a MIG instance does of the instance's memory
-        (nothing enforces a time-sliced share's budget: the simulated job is one that keeps to it)."""
+        (nothing enforces a time-sliced share's budget: the simulated job is one that keeps to it). ``uid``: the
+        owner its process runs as, for a load that stands for a person's own work rather than a portal job's."""
         if profile is None:
             names = job_profiles()
             profile = names[_stable_int(self.seed, job_key, "profile") % len(names)]
@@ -268,6 +272,7 @@ class SimulatedBackend:
             raise ValueError(f"a memory budget cannot be negative ({memory_mib} MiB)")
         run = self._new_run(job_key, parse_profile(profile), job_key)
         run.memory_mib = memory_mib
+        run.uid = uid
         parent = self._by_instance.get(uuid)
         if parent is not None:
             parent.mig_runs[uuid] = run
@@ -307,6 +312,15 @@ class SimulatedBackend:
             for run in (gpu.run, *list(gpu.shared_runs.values()), *list(gpu.mig_runs.values())):
                 if run is not None and run.pid == pid and run.job_key[:4] == "job-" and run.job_key[4:].isdigit():
                     return int(run.job_key[4:])
+        return None
+
+    def uid_of_pid(self, pid: int) -> int | None:
+        """The owner uid of a simulated load's pid (set by `assign`), or None. Never the host's /proc: a simulated
+        pid is no host process."""
+        for gpu in self._gpus:
+            for run in (gpu.run, *list(gpu.shared_runs.values()), *list(gpu.mig_runs.values())):
+                if run is not None and run.pid == pid:
+                    return run.uid
         return None
 
     def inject(

@@ -11,7 +11,9 @@ from django.db import connection
 
 from apps.billing.selectors.months import ZERO
 from apps.booking.models import Allocation, AllocationKind
+from apps.identity.selectors import unix_uids
 from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute, RollupFields
+from apps.telemetry.selectors import no_job_work, other_holders_uids
 
 
 def _floor_minute(moment: datetime) -> datetime:
@@ -105,10 +107,11 @@ def reservation_part_utilizations(
 ) -> list[Decimal | None]:
     """Mean SM activity (0..1) of each (reservation id, physical GPU id, start, end) of a reservation of shares:
     what the processes of no job did on the GPU (`GpuRollup.others_util_mean`, read where the node's listing shows
-    everything on it) plus the reservation's own jobs (`JobMemoryMinute`), over the minutes with that reading.
-    None where the node gave none, or where another reservation held a share of that GPU during the segment: then
-    whose processes are whose cannot be told (apps/efficiency/selectors.py judges idleness the same way). Three
-    queries."""
+    everything on it), less what the processes of the other reservations' holders of that GPU during the segment
+    did by their uids (apps.telemetry.selectors.no_job_work), plus the reservation's own jobs (`JobMemoryMinute`),
+    over the minutes with that reading. None where the node gave none, or where another holder's uid is unknown:
+    then whose processes are whose cannot be told (apps/efficiency/selectors.py judges idleness the same way).
+    Four queries."""
     if not segments:
         return []
     parents = {gpu for _, gpu, _, _ in segments}
@@ -120,13 +123,16 @@ def reservation_part_utilizations(
             gpu__parent_id__in=parents,
             start__lt=hi_all,
             end__gt=lo_all,
-        ).values_list("reservation_id", "gpu__parent_id", "start", "end")
+        ).values_list("reservation_id", "gpu__parent_id", "start", "end", "reservation__user_id")
     )
-    others: dict[int, dict[datetime, float]] = {}
-    for gpu, minute, util in GpuRollup.objects.filter(
-        gpu_id__in=parents, minute__gte=_floor_minute(lo_all), minute__lt=hi_all, others_util_mean__isnull=False
-    ).values_list("gpu_id", "minute", "others_util_mean"):
-        others.setdefault(gpu, {})[minute] = util
+    user_of = {rid: user for rid, _, _, _, user in holds}
+    uids = unix_uids({user for *_, user in holds if user is not None})
+    groups: list[frozenset[int] | None] = []
+    for rid, gpu, lo, hi in segments:
+        others = {r: user for r, p, start, end, user in holds if r != rid and p == gpu and start < hi and end > lo}
+        groups.append(other_holders_uids(user_of.get(rid), others.values(), uids))
+    known = {(gpu, group) for (_, gpu, _, _), group in zip(segments, groups, strict=True) if group is not None}
+    work = no_job_work(known, since=_floor_minute(lo_all), until=hi_all)
     inner: dict[tuple[int, int, datetime], float] = {}
     for rid, gpu, minute, util in JobMemoryMinute.objects.filter(
         job__reservation_id__in={rid for rid, *_ in segments},
@@ -137,15 +143,15 @@ def reservation_part_utilizations(
     ).values_list("job__reservation_id", "gpu_id", "minute", "util_mean"):
         inner[(rid, gpu, minute)] = inner.get((rid, gpu, minute), 0.0) + util
     out: list[Decimal | None] = []
-    for rid, gpu, lo, hi in segments:
-        shared = any(r != rid and p == gpu and start < hi and end > lo for r, p, start, end in holds)
+    for (rid, gpu, lo, hi), group in zip(segments, groups, strict=True):
         lo_minute = _floor_minute(lo)
+        minutes = {} if group is None else work.get((gpu, group), {})
         values = [
             min(100.0, util + inner.get((rid, gpu, minute), 0.0))
-            for minute, util in others.get(gpu, {}).items()
-            if lo_minute <= minute < hi
+            for minute, (util, _) in minutes.items()
+            if lo_minute <= minute < hi and util is not None
         ]
-        if shared or not values:
+        if not values:
             out.append(None)
             continue
         mean = Decimal(str(sum(values) / len(values))) / 100
