@@ -24,8 +24,8 @@ from apps.telemetry import keys
 
 logger = logging.getLogger(__name__)
 
-# KEYS: 1 latest, 2 minute accumulator, 3 pending minutes, 4 stats, 5 node seen, 6 job memory,
-#       7.. one history list per GPU.
+# KEYS: 1 latest, 2 minute accumulator, 3 pending minutes, 4 stats, 5 node seen, 6 job memory, 7 owner memory,
+#       8.. one history list per GPU.
 # ARGV: 1 minute, 2 node, 3 ts, 4 history length, 5 history ttl, 6 GPU count, then 10 per GPU:
 #       uuid, latest JSON, history JSON, util, mem, temp, power ('' = null), job memory and, where known, SM %
 #       ("job:mib[:pct],..." or ''; the % summed per minute under `<gpu>|ju_n<job>` and `ju_s<job>`),
@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 #       (`<gpu>|i_hi:<MIG uuid>`), so the flush takes an instance's minute only from the GPU it belongs to
 #       (rollups.accumulator_instance_rows),
 #       what no job's processes use per owner ("uid:mib[:pct],..." or ''): the most MiB per minute under
-#       `<gpu>|o<uid>`, the % summed under `ou_s<uid>` (averaged over the `"o"` ticks: rollups.accumulator_owners).
+#       `<gpu>|o<uid>`, the % summed under `ou_s<uid>` (averaged over the `"o"` ticks: rollups.accumulator_owners),
+#       and the latest per (uid, GPU) in the owner memory hash (keys.OWNER_MEMORY).
 _SCRIPT = """
 local roll = KEYS[2]
 local n = tonumber(ARGV[6])
@@ -53,7 +54,7 @@ for i = 0, n - 1 do
   local uuid = ARGV[b]
   latest[#latest + 1] = uuid
   latest[#latest + 1] = ARGV[b + 1]
-  local hk = KEYS[7 + i]
+  local hk = KEYS[8 + i]
   redis.call('LPUSH', hk, ARGV[b + 2])
   redis.call('LTRIM', hk, 0, hlen - 1)
   redis.call('EXPIRE', hk, ttl)
@@ -107,7 +108,12 @@ for i = 0, n - 1 do
   end
   for uid, mib, pct in string.gmatch(ARGV[b + 9], '(%d+):(%d+):?(%d*)') do
     keep_max(p .. 'o' .. uid, mib)
-    if pct ~= '' then redis.call('HINCRBY', roll, p .. 'ou_s' .. uid, pct) end
+    local now = ARGV[3] .. ',' .. mib
+    if pct ~= '' then
+      redis.call('HINCRBY', roll, p .. 'ou_s' .. uid, pct)
+      now = now .. ',' .. pct
+    end
+    redis.call('HSET', KEYS[7], uid .. '|' .. uuid, now)
   end
 end
 if n > 0 then
@@ -201,6 +207,7 @@ def prepare(payload: Any, *, now: float) -> Prepared | None:
         keys.STATS,
         keys.NODE_SEEN,
         keys.JOB_MEMORY,
+        keys.OWNER_MEMORY,
     ]
     for row in rows:
         ref = ident.gpus[row.uuid]

@@ -71,6 +71,44 @@ def job_memory_readings(pairs: Iterable[tuple[int, str]]) -> dict[tuple[int, str
     return out
 
 
+@dataclass(frozen=True)
+class OwnerReading:
+    """What the processes of no job that one uid owns used on one GPU at its node's last listing that had them."""
+
+    uid: int
+    uuid: str
+    ts: float
+    used_mib: int
+    busy_pct: int | None = None
+
+
+def _parse_owner(field: Any, value: Any) -> OwnerReading | None:
+    try:
+        name = field.decode() if isinstance(field, bytes) else str(field)
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        uid, uuid = name.split("|", 1)
+        ts, used, *busy = text.split(",")
+        if len(busy) > 1:
+            return None
+        return OwnerReading(int(uid), uuid, float(ts), int(used), int(busy[0]) if busy else None)
+    except (ValueError, AttributeError):
+        return None
+
+
+def owner_readings(pairs: Iterable[tuple[int, str]]) -> dict[tuple[int, str], OwnerReading]:
+    """The latest readings of these (uid, physical GPU uuid) pairs that exist, in one round trip."""
+    wanted = list(dict.fromkeys(pairs))
+    if not wanted:
+        return {}
+    values = get_redis().hmget(keys.OWNER_MEMORY, [f"{uid}|{uuid}" for uid, uuid in wanted])
+    out: dict[tuple[int, str], OwnerReading] = {}
+    for (uid, uuid), value in zip(wanted, values, strict=True):
+        reading = _parse_owner(f"{uid}|{uuid}", value) if value is not None else None
+        if reading is not None:
+            out[(uid, uuid)] = reading
+    return out
+
+
 def running_jobs_in(reservation_ids: Iterable[int]) -> list[tuple[int, int]]:
     """(reservation id, job id) of the jobs running inside these reservations."""
     ids = list(reservation_ids)
@@ -78,6 +116,16 @@ def running_jobs_in(reservation_ids: Iterable[int]) -> list[tuple[int, int]]:
         return []
     rows = Job.objects.filter(reservation_id__in=ids, state=JobState.RUNNING).values_list("reservation_id", "id")
     return [(int(r), int(j)) for r, j in rows if r is not None]
+
+
+def reservation_users(reservation_ids: Iterable[int]) -> dict[int, int]:
+    """{reservation id: its user's id} (one query)."""
+    from apps.booking.models import Reservation
+
+    ids = list(reservation_ids)
+    if not ids:
+        return {}
+    return dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "user_id"))
 
 
 def job_physical_uuids(job: Job) -> list[str]:
@@ -110,10 +158,15 @@ def job_memory(job: Job, *, gpu_uuids: Iterable[str] | None = None, now: float |
 
 def flush_job_memory(*, now: float | None = None) -> int:
     """Copy every reported peak into its job (the larger one wins), for the job's own GPUs only, and forget the
-    readings not reported for FORGET_AFTER_S (what no job's processes use, `keys.OTHERS_JOB_ID`, only then).
+    readings not reported for FORGET_AFTER_S (what no job's processes use, `keys.OTHERS_JOB_ID`, and its owners'
+    readings, `keys.OWNER_MEMORY`, only then).
     Returns the number of jobs updated."""
     now = time.time() if now is None else now
     redis: Any = get_redis()
+    owners = redis.hgetall(keys.OWNER_MEMORY)
+    stale = [f for f, v in owners.items() if (o := _parse_owner(f, v)) is None or now - o.ts > FORGET_AFTER_S]
+    if stale:
+        redis.hdel(keys.OWNER_MEMORY, *stale)
     readings = [r for f, v in redis.hgetall(keys.JOB_MEMORY).items() if (r := _parse(f, v)) is not None]
     if not readings:
         return 0

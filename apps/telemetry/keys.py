@@ -43,6 +43,11 @@ JOB_MEMORY = "fleet:jobmem"
 # owner uid (the row's `"ou"`) only in the minute's accumulator: `<gpu>|o<uid>` (most MiB), `ou_s<uid>` (SM % summed,
 # averaged over `ju_n0`); rollups keep it as OwnerMinute for GPUs split in shares.
 OTHERS_JOB_ID = 0
+# Hash. Field: `<uid>|<GPU uuid>`. Value: `ts,used_mib[,sm_pct]`: what the processes of no job that uid owns used on
+# the GPU at the row's last `"ou"` list (an owner missing from a later list ran nothing then: compare its ts with
+# the job-0 reading's). Written by ingest; read by the fleet publisher (a reservation's own work on a GPU it shares
+# with another reservation); `apps.telemetry.jobmem.flush_job_memory` deletes fields not reported for a while.
+OWNER_MEMORY = "fleet:ownermem"
 # A per-job reading older than this is not "now" any more (three of the agent's ~10 s process reads missed).
 JOB_MEMORY_FRESH_S = 35.0
 

@@ -24,9 +24,10 @@ from django.db import close_old_connections
 from apps.core.redis import get_redis
 from apps.fleet.models import Gpu, Node
 from apps.fleet.selectors import gpu_holders, gpu_parts, part_label
+from apps.identity.selectors import unix_uids
 from apps.telemetry import keys
-from apps.telemetry.jobmem import job_memory_readings, running_jobs_in
-from apps.telemetry.selectors import all_latest_samples, is_stale
+from apps.telemetry.jobmem import job_memory_readings, owner_readings, reservation_users, running_jobs_in
+from apps.telemetry.selectors import all_latest_samples, is_stale, other_holders_uids
 
 logger = logging.getLogger(__name__)
 
@@ -210,9 +211,9 @@ def share_job_readings(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """What the jobs on each share use now and the % of SMs their processes keep busy (each by the share's uuid),
     from their node's attribution of the GPU's processes (apps.telemetry.jobmem): a share has no reading of its own.
-    A share held by a reservation shows the jobs running inside it, and, where it is the GPU's only reservation,
-    what the processes of no job use there. One Redis round trip, plus one query while a reservation holds a
-    share."""
+    A share held by a reservation shows the jobs running inside it, and what the processes of no job use there
+    less its neighbours' (`reservations_own_work`). One Redis round trip, plus one query while a reservation
+    holds a share (and two queries and a round trip more while two hold shares of one GPU)."""
     wanted: dict[tuple[int, str], str] = {}  # (job id, GPU uuid) -> the share shown
     reserved: dict[int, list[tuple[str, str]]] = {}  # reservation id -> [(GPU uuid, share uuid)]
     for gpu_uuid, gpu_parts_ in parts.items():
@@ -234,11 +235,18 @@ def share_job_readings(
     for reservation_id, held in reserved.items():
         for gpu_uuid, share in held:
             reservations_on.setdefault(gpu_uuid, []).append((reservation_id, share))
+    together: dict[str, list[tuple[int, str]]] = {}
     for gpu_uuid, held_here in reservations_on.items():
         if len({rid for rid, _ in held_here}) == 1:
             wanted.setdefault((keys.OTHERS_JOB_ID, gpu_uuid), held_here[0][1])
+        else:
+            together[gpu_uuid] = held_here
     out: dict[str, int] = {}
     busy: dict[str, int] = {}
+    for share, (used, pct) in reservations_own_work(together, now=now).items():
+        out[share] = used
+        if pct is not None:
+            busy[share] = pct
     for pair, reading in job_memory_readings(wanted).items():
         if reading.fresh(now):
             share = wanted[pair]
@@ -246,6 +254,42 @@ def share_job_readings(
             if reading.busy_pct is not None:
                 busy[share] = min(100, busy.get(share, 0) + reading.busy_pct)
     return out, busy
+
+
+def reservations_own_work(
+    on_gpu: Mapping[str, list[tuple[int, str]]], *, now: float
+) -> dict[str, tuple[int, int | None]]:
+    """{share uuid: (MiB, SM % or None)}: for each GPU (uuid) held by several reservations (`on_gpu`: its
+    [(reservation id, share uuid)]), what is each reservation's own there now, on its first share: what the
+    processes of no job use, less what the processes of the other holders' uids use by the same listing (an owner
+    missing from it ran nothing then). Nothing for a reservation beside a holder whose uid is not known: whose
+    processes are whose cannot be told (apps.efficiency and billing judge it the same way)."""
+    if not on_gpu:
+        return {}
+    user_of = reservation_users({rid for held in on_gpu.values() for rid, _ in held})
+    uids = unix_uids(set(user_of.values()))
+    mine: dict[tuple[str, int], tuple[str, frozenset[int]]] = {}
+    for gpu_uuid, held in on_gpu.items():
+        first: dict[int, str] = {}
+        for rid, share in held:
+            first.setdefault(rid, share)
+        for rid, share in first.items():
+            others = [user_of.get(r) for r in first if r != rid]
+            group = other_holders_uids(user_of.get(rid), others, uids)
+            if group is not None:
+                mine[(gpu_uuid, rid)] = (share, group)
+    totals = job_memory_readings((keys.OTHERS_JOB_ID, gpu_uuid) for gpu_uuid, _ in mine)
+    owners = owner_readings((uid, gpu_uuid) for (gpu_uuid, _), (_, group) in mine.items() for uid in group)
+    out: dict[str, tuple[int, int | None]] = {}
+    for (gpu_uuid, _), (share, group) in mine.items():
+        total = totals.get((keys.OTHERS_JOB_ID, gpu_uuid))
+        if total is None or not total.fresh(now):
+            continue
+        theirs = [r for uid in group if (r := owners.get((uid, gpu_uuid))) is not None and r.ts == total.ts]
+        used = max(0, total.used_mib - sum(r.used_mib for r in theirs))
+        pct = None if total.busy_pct is None else max(0, total.busy_pct - sum(r.busy_pct or 0 for r in theirs))
+        out[share] = (used, pct)
+    return out
 
 
 def parts_by_uuid(uuid_of: dict[int, str]) -> dict[str, list[dict[str, Any]]]:

@@ -129,6 +129,46 @@ def test_the_only_reservation_on_a_gpu_shows_what_no_jobs_processes_use(alice, b
     assert mine.reservation.pk
 
 
+def test_two_reservations_on_a_gpu_each_show_their_own_work(alice, bob, vision, ready, sent):
+    """With their holders' uids known (apps.identity.models.UnixAccount), two reservations of one GPU each show
+    what the processes of no job use there less the other's: the agent's "o" and its per-owner "ou", live. An
+    owner missing from the latest listing ran nothing then; a third holder whose uid is not known makes the
+    others' parts unknown again."""
+    from apps.identity.models import UnixAccount
+    from apps.telemetry.jobmem import owner_readings
+
+    UnixAccount.objects.create(user=alice, uid=1001)
+    UnixAccount.objects.create(user=bob, uid=1002)
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    window = {"start": start, "end": start + timedelta(hours=1), "gpu_share": "0.25"}
+    mine = reservation_create(user=alice, team=vision, **window).reservation
+    theirs = reservation_create(user=bob, team=bob.memberships.first().team, **window).reservation
+    _, token = fleet_services.node_token_issue(node_name="shared")
+
+    def send(extra: dict[str, Any], ts: float) -> dict[int, tuple[Any, Any]]:
+        message = telemetry("shared", token, [row("GPU-shared-0", mem=30_000, extra=extra)], ts=ts)
+        assert telemetry_ingest(message).accepted == 1
+        shared = {g["uuid"]: g for g in FleetPublisher().build()["gpus"]}["GPU-shared-0"]
+        busy = shared["parts"].get("busy", {})
+        return {h["id"]: (h["used"], busy.get(h["part_uuid"])) for h in shared["holder"]}
+
+    ts = time.time()
+    seen = send({"o": [5_000, 30], "ou": [[1001, 4_000, 30], [1002, 1_000, 0]]}, ts - 10)
+    assert seen == {mine.pk: (4_000, 30), theirs.pk: (1_000, 0)}
+    # Bob's process ended: he is missing from the next listing, and his last reading is not taken from Alice's.
+    seen = send({"o": [4_000, 25], "ou": [[1001, 4_000, 25]]}, ts)
+    assert seen == {mine.pk: (4_000, 25), theirs.pk: (0, 0)}
+    assert (1002, "GPU-shared-0") in owner_readings([(1002, "GPU-shared-0")])
+    flush_job_memory(now=ts + FORGET_AFTER_S + 1)  # readings not reported for a while are forgotten
+    assert owner_readings([(1001, "GPU-shared-0"), (1002, "GPU-shared-0")]) == {}
+    carol = type(alice).objects.create_user("carol-shares")
+    vision.memberships.create(user=carol)
+    reservation_create(user=carol, team=vision, **window)
+    seen = send({"o": [4_000, 25], "ou": [[1001, 4_000, 25]]}, time.time())
+    assert seen[mine.pk] == (None, None) and seen[theirs.pk] == (None, None)
+
+
 def test_a_job_on_two_shares_is_one_holder_read_against_both(alice, vision, ready, sent):
     half = _started(alice, vision, gpu_share=0.5)
     _report("shared", "GPU-shared-0", [[half.pk, 30_000]])  # above one share's 20 GiB, within the half's 40 GiB
