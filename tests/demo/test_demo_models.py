@@ -22,6 +22,7 @@ from apps.fleet import services as fleet_services
 from apps.fleet import tasks as fleet_tasks
 from apps.fleet.demo import local_models
 from apps.fleet.models import Gpu, GpuModel
+from apps.identity.models import UnixAccount
 from apps.jobs.models import Job
 from workers.gpu.simulated import SimulatedBackend
 
@@ -111,6 +112,8 @@ def _check(admin: Any) -> None:
 def test_demo_history_prices_reservations_and_calendar_follow_the_real_models(admin: Any) -> None:
     call_command("load_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
     assert Reservation.objects.filter(note__startswith="demo: ").exists()  # the coming days' bookings
+    uids = dict(UnixAccount.objects.values_list("user__username", "uid"))
+    assert uids == {"alice": 1001, "bob": 1002, "carol": 1003}  # the uids their processes run as on a node
     _check(admin)
     # The local agent registers the GPUs it has: the same rows, the same models; nothing contradicts afterwards,
     # and loading again (each launcher start does) adds nothing.
@@ -120,4 +123,5 @@ def test_demo_history_prices_reservations_and_calendar_follow_the_real_models(ad
     counts = (Reservation.objects.count(), Price.objects.count(), GpuModel.objects.count())
     call_command("load_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
     assert (Reservation.objects.count(), Price.objects.count(), GpuModel.objects.count()) == counts
+    assert dict(UnixAccount.objects.values_list("user__username", "uid")) == uids
     _check(admin)
