@@ -257,6 +257,8 @@ OIDC_ISSUER_URL = env_str("OIDC_ISSUER_URL", "")  # its /.well-known/openid-conf
 OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
 OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
 OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+# The claim holding the user's POSIX uid (a provider mapping LDAP's uidNumber into its tokens); empty: not read.
+OIDC_UID_CLAIM = env_str("OIDC_UID_CLAIM", "")
 OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
 OIDC_SCOPES = env_str("OIDC_SCOPES", "openid email profile")
 OIDC_SIGN_ALGO = env_str("OIDC_SIGN_ALGO", "RS256")

@@ -20,7 +20,6 @@ from django_auth_ldap.config import (
 )
 
 from apps.accounts.types import User
-from apps.core.errors import ValidationFailed
 from apps.identity import services
 from apps.identity.models import ExternalIdentity, UnixAccountSource
 
@@ -128,17 +127,6 @@ class PortalLDAPBackend(LDAPBackend):  # type: ignore[misc]
 
 
 def _uid_sync(user: User, ldap_user: _LDAPUser) -> None:
-    """Store the uid the directory gives the user. An entry without one (or with no number) leaves the portal's as
-    it is, and a uid another portal user holds is not stored: the sign-in itself goes on either way, since a uid
-    only says whose GPU processes are whose."""
-    if not settings.LDAP_UID_ATTR:
-        return
-    values = (ldap_user.attrs or {}).get(settings.LDAP_UID_ATTR) or []
-    try:
-        uid = int(str(values[0]).strip())
-    except (IndexError, ValueError):
-        return
-    try:
-        services.unix_uid_set(user=user, uid=uid, source=UnixAccountSource.LDAP)
-    except ValidationFailed as exc:
-        logger.warning("LDAP sign-in of %s: uid %s not stored: %s", user.username, uid, exc.detail)
+    if settings.LDAP_UID_ATTR:
+        values = (ldap_user.attrs or {}).get(settings.LDAP_UID_ATTR) or [None]
+        services.unix_uid_from_directory(user=user, value=values[0], source=UnixAccountSource.LDAP)

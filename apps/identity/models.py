@@ -56,6 +56,7 @@ UID_MAX = 2**32 - 2
 class UnixAccountSource(models.TextChoices):
     MANUAL = "manual", "set by an administrator"
     LDAP = "ldap", "the directory's uidNumber at sign-in"
+    OIDC = "oidc", "the identity provider's uid claim at sign-in"
 
 
 class UnixAccount(models.Model):

@@ -22,6 +22,7 @@ from mozilla_django_oidc.utils import import_from_settings
 
 from apps.accounts.types import User
 from apps.identity import services
+from apps.identity.models import UnixAccountSource
 
 
 class OIDCConfigurationError(Exception):
@@ -233,6 +234,10 @@ class PortalOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
             raise SuspiciousOperation("The provider sent no subject.")
         user = services.oidc_user_sign_in(issuer=self.issuer, claims=claims)
         services.directory_sync(user=user, groups=groups_from_claim(claims.get(settings.OIDC_GROUPS_CLAIM)), via="oidc")
+        if settings.OIDC_UID_CLAIM:
+            services.unix_uid_from_directory(
+                user=user, value=claims.get(settings.OIDC_UID_CLAIM), source=UnixAccountSource.OIDC
+            )
         return user
 
 

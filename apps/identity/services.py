@@ -3,6 +3,7 @@ POSIX uid of each user."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 
@@ -15,6 +16,8 @@ from apps.audit.services import audit_record
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.identity import sync
 from apps.identity.models import UID_MAX, ExternalIdentity, GroupMapping, UnixAccount, UnixAccountSource
+
+logger = logging.getLogger(__name__)
 
 
 def group_mapping_create(
@@ -217,3 +220,22 @@ def unix_uid_set(*, user: User, uid: int | None, source: str, actor: AnyUser | N
         # is the uid's unique index, taken by another user's write that committed after the check.
         raise _uid_taken(uid) from exc
     return account
+
+
+def unix_uid_from_directory(*, user: User, value: object, source: str) -> None:
+    """Store the uid a directory or identity provider gives the user at sign-in (a number, or its digits as text).
+    None or a value that is no number leaves the portal's uid as it is, and a uid another portal user holds is not
+    stored (a warning is logged): the sign-in itself goes on either way, since a uid only says whose GPU processes
+    are whose."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    try:
+        uid = int(str(value).strip())
+    except ValueError:
+        return
+    try:
+        unix_uid_set(user=user, uid=uid, source=source)
+    except ValidationFailed as exc:
+        logger.warning("%s sign-in of %s: uid %s not stored: %s", source, user.username, uid, exc.detail)

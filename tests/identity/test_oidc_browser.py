@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from apps.accounts.models import Membership, MembershipSource
-from apps.identity.models import ExternalIdentity, GroupMapping
+from apps.identity.models import ExternalIdentity, GroupMapping, UnixAccount
 from apps.identity.oidc import _discover
 from tests.factories import TeamFactory, UserFactory
 from tests.identity.support import oidc_portal, oidc_provider
@@ -81,6 +81,23 @@ def test_a_new_user_signs_in_joins_the_mapped_team_and_leaves_it_when_the_group_
             assert page.request.get(portal.url + "/api/v1/me").json()["teams"] == []
         assert _teams("dana") == {}
         assert User.objects.filter(username="dana").count() == 1  # the same account both times
+
+
+@needs_chromium
+def test_the_uid_claim_gives_the_user_their_posix_uid(transactional_db: Any) -> None:
+    """With OIDC_UID_CLAIM set, each sign-in stores the uid the provider sends (a number or its digits); a claim
+    that is no number, or a uid another portal user holds, leaves the account as it was and the sign-in goes on."""
+    other = UserFactory(username="olaf")
+    UnixAccount.objects.create(user=other, uid=4243)
+    with oidc_provider() as provider, oidc_portal(provider, OIDC_UID_CLAIM="uid_number") as portal:
+        for claim, expected in ((4242, 4242), ("4244", 4244), ("dana", 4244), (4243, 4244)):
+            provider.set_user("dana-sub", preferred_username="dana", email="dana@lab.test", uid_number=claim)
+            with browser_page() as page:
+                sign_in_through_provider(page, portal.url, "dana-sub")
+                assert page.request.get(portal.url + "/api/v1/me").json()["username"] == "dana"
+            account = UnixAccount.objects.get(user__username="dana")
+            assert (account.uid, account.source) == (expected, "oidc")
+    assert UnixAccount.objects.get(user=other).uid == 4243
 
 
 @needs_chromium

@@ -14,7 +14,7 @@ from apps.audit.models import AuditEvent
 from apps.core.errors import ValidationFailed
 from apps.identity.models import UnixAccount
 from apps.identity.selectors import unix_uids
-from apps.identity.services import unix_uid_set
+from apps.identity.services import unix_uid_from_directory, unix_uid_set
 from tests.factories import UserFactory
 
 
@@ -32,6 +32,17 @@ def test_a_uid_is_set_changed_and_removed_with_an_audit_row_each() -> None:
         ("unix_account.set", {"uid": 5002, "previous": 5001, "source": "ldap"}),
         ("unix_account.delete", {"uid": 5002}),
     ]
+
+
+@pytest.mark.django_db
+def test_a_directorys_value_is_taken_when_it_is_a_number_and_free(caplog: Any) -> None:
+    user = UserFactory(username="fay")
+    UnixAccount.objects.create(user=UserFactory(username="gus"), uid=7002)
+    for value, expected in ((7001, 7001), (b"7003", 7003), (" 7004 ", 7004), (None, 7004), (True, 7004),
+                            ("fay", 7004), ([7005], 7004), (0, 7004), (7002, 7004)):  # fmt: skip
+        unix_uid_from_directory(user=user, value=value, source="oidc")
+        assert UnixAccount.objects.get(user=user).uid == expected, value
+    assert "uid 7002 not stored" in caplog.text and "uid 0 not stored" in caplog.text
 
 
 @pytest.mark.django_db
