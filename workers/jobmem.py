@@ -24,8 +24,8 @@ used from outside the portal says nothing of the jobs it did not see, and they k
 
 With a complete listing the agent also says what the processes of no job use together (`GpuSample.others`: MiB,
 and SM % where read): on a GPU split in shares, the work of whoever holds a share by a reservation and uses it
-from a shell or a notebook, not through a portal job (apps/efficiency/selectors.py judges such a reservation by it
-when it is the GPU's only one). The same figures per owner (`GpuSample.others_by_uid`: the real uid of each
+from a shell or a notebook, not through a portal job (apps/efficiency/selectors.py judges such a reservation by
+it). The same figures per owner (`GpuSample.others_by_uid`: the real uid of each
 process, `/proc/<pid>/status`) let the portal tell two reservations on one GPU apart: it knows which portal user
 runs as which uid (apps.identity.models.UnixAccount). A process whose owner cannot be read (it just ended) counts
 in the total only.

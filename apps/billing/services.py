@@ -89,7 +89,7 @@ def ledger_rows_due(
     for i, value in zip(on_parts, own, strict=True):
         if value is not None:
             utilizations[i] = value
-    # A reservation of shares: its holder's own work where it was the GPU's only reservation (the selector says).
+    # A reservation of shares: its holder's own work, where its neighbours' can be taken out (the selector says).
     held = [
         i
         for i, (a, _) in enumerate(pieces)

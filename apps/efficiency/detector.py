@@ -25,9 +25,9 @@ reclaim but never cause one.
 
 Parts of a GPU. A reservation of a share is judged by its GPU's minutes (`Sample` of the whole GPU): the holders
 of one GPU's shares run on the same SMs and the GPU's utilization does not say whose work keeps it busy, so a
-share is idle only while the whole GPU is, and loaded while anything holds memory on it; except where it is the
-only reservation on its GPU and the node tells what no job's processes do there (selectors
-`with_share_reservations_own_minutes`). A job on a share is
+share is idle only while the whole GPU is, and loaded while anything holds memory on it; except where the node
+tells what no job's processes do there and the GPU's other holders' uids are known, so their work can be taken out
+(selectors `with_share_reservations_own_minutes`). A job on a share is
 judged by its own processes' minutes where its node reads per-process utilization (selectors
 `with_share_jobs_own_minutes`), against its shares' memory. A MIG instance has no utilization reading from NVML's
 usual call (NOT_SUPPORTED per instance). On Hopper and later the agent reads its SM activity through GPM instead,

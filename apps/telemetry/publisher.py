@@ -229,8 +229,8 @@ def share_job_readings(
         for gpu_uuid, share in reserved[reservation_id]:
             # A job's reading is per GPU: with two shares of one GPU in one reservation, the first one shows it.
             wanted.setdefault((job_id, gpu_uuid), share)
-    # The only reservation on a GPU also shows what no job's processes use there: its holder's own work (whose
-    # it is cannot be told between two reservations, as idle reclaim and billing say).
+    # The only reservation on a GPU also shows what no job's processes use there: its holder's own work; several
+    # reservations each show it less the others' uids' work (reservations_own_work).
     reservations_on: dict[str, list[tuple[int, str]]] = {}
     for reservation_id, held in reserved.items():
         for gpu_uuid, share in held:
