@@ -88,7 +88,7 @@ def test_api_submission(api_as, alice, ready):
         format="json",
     )
     assert resp.status_code == 201, resp.json()
-    assert resp.json()["gpu_share"] == "0.250000"
+    assert resp.json()["gpu_share"] == 0.25 and resp.json()["mig_profile"] is None
     bad = api_as(alice).post(
         "/api/v1/jobs/",
         {"team": "vision", "image": "portal-test/busybox:latest", "command": ["true"], "mig_profile": "2g.99gb"},

@@ -144,6 +144,9 @@ class JobOutput(FastOutputMixin, serializers.ModelSerializer[Job]):
     reservation = serializers.IntegerField(source="reservation_id", allow_null=True)
     reason = serializers.SerializerMethodField()
     pending_reason = serializers.SerializerMethodField()
+    # The same shapes as asked for: a profile or null, the fraction as a number (as each GPU's `share`).
+    mig_profile = serializers.SerializerMethodField()
+    gpu_share = serializers.SerializerMethodField()
     env = serializers.SerializerMethodField()
     runtime_s = serializers.SerializerMethodField()
     gpu_seconds = serializers.SerializerMethodField()
@@ -204,6 +207,12 @@ class JobOutput(FastOutputMixin, serializers.ModelSerializer[Job]):
 
     def get_pending_reason(self, job: Job) -> str | None:
         return job.pending_reason or None
+
+    def get_mig_profile(self, job: Job) -> str | None:
+        return job.mig_profile or None
+
+    def get_gpu_share(self, job: Job) -> float | None:
+        return None if job.gpu_share is None else float(job.gpu_share)
 
     def get_env(self, job: Job) -> dict[str, str]:
         # Values may be secrets a CI pipeline passed in: only the submitter and admins see them.
