@@ -277,6 +277,9 @@ def test_fleet_page_shows_parts_with_their_holders_and_instance_memory(
             "5/7 MIG instances free · 1g.10gb 5.0 / 9.5 GiB: alice · vision · 1g.10gb 9.5 GiB: alice · vision"
         )
         assert holder_of(shared) == "3/4 shares (shared, no memory isolation) free · share 1/4 20 GiB: alice · vision"
+        # The column cuts long lists of parts; the whole text is the cell's tooltip.
+        title = page.locator(f'.fleet-item[data-uuid="{mig}"] .fleet-holder').get_attribute("title")
+        assert title == holder_of(mig)
     # Another team sees which parts are held and what they use, not by whom.
     with _browser_page(live_portal, charlie) as page:
         page.goto(live_portal.url + "/fleet/")

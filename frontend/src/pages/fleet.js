@@ -340,7 +340,10 @@ function bindGpu(r, g) {
   put(r, "mem", memText(g), (v) => (r.memText.nodeValue = v));
   put(r, "temp", tempText(g), (v) => (r.temp.nodeValue = v));
   put(r, "power", powerText(g), (v) => (r.power.nodeValue = v));
-  put(r, "holder", holderText(g), (v) => (r.holder.nodeValue = v));
+  put(r, "holder", holderText(g), (v) => {
+    r.holder.nodeValue = v;
+    r.holder.parentNode.title = v; // a GPU's parts and their holders can run past the column: the whole text on hover
+  });
   put(r, "spark", `${g.uuid}:${state.version}`, () => drawSpark(r.ctx, g));
 }
 
