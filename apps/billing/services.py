@@ -495,7 +495,7 @@ def _group_send(team_id: int, message: dict[str, Any]) -> None:
 
 
 def _signature(payload: dict[str, Any]) -> str:
-    keys = ("month", "cost", "gpu_hours", "running_gpus", "budget_soft", "budget_hard")
+    keys = ("month", "cost", "gpu_hours", "running_gpus", "running_gpu_share", "budget_soft", "budget_hard")
     return json.dumps([payload.get(k) for k in keys])
 
 

@@ -74,6 +74,33 @@ def test_an_admins_profile_price_wins(vision, alice, sharing_fleet):
     assert row.cost == Decimal("0.5")
 
 
+def test_the_live_rate_counts_each_slice_at_its_price(vision, alice, api_as, client, sharing_fleet):
+    """While a 1g instance (admin-priced), a quarter share and a 1g instance at the default price run, the team's
+    figures count them as 1/7 + 1/7 + 1/4 of a GPU at the slices' prices, not as three whole GPUs."""
+    MigProfilePrice.objects.create(gpu_model=sharing_fleet["model"], profile="1g.10gb", hourly_price=Decimal("0.5"))
+    first, second = Gpu.devices.filter(parent=sharing_fleet["mig"]).order_by("index")[:2]
+    quarter = Gpu.devices.filter(parent=sharing_fleet["shared"]).order_by("index").first()
+    assert quarter is not None
+    now = timezone.now()
+    for n, gpu in enumerate((first, second, quarter)):
+        allocations_create(
+            gpus=[gpu],
+            team=vision,
+            user=alice,
+            start=now - timedelta(minutes=5),
+            end=now + timedelta(hours=1),
+            kind="job",
+            job_id=20 + n,
+        )
+    usage = api_as(alice).get("/api/v1/teams/vision/").json()["usage"]
+    assert usage["running_gpus"] == 3
+    assert usage["running_gpu_share"] == "0.5357"  # 1/7 + 1/7 + 1/4
+    assert usage["running_hourly_cost"] == "1.70"  # 0.50 + 0.50 (the profile's price) + 2.80 / 4
+    client.force_login(alice)
+    page = client.get("/costs/teams/vision/").content.decode()
+    assert '<span id="live-running">0.5357</span> GPUs running' in page
+
+
 def test_shares_of_any_split_add_up_to_exactly_one_gpu():
     from apps.fleet.devices import MAX_SHARES, share_capacity
 

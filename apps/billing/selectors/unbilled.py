@@ -153,6 +153,15 @@ def mig_profile_prices() -> dict[tuple[int, str], Decimal]:
     }
 
 
+def hourly_cost(
+    alloc: OpenAllocation, gpu_hourly_price: Decimal, profile_prices: dict[tuple[int, str], Decimal]
+) -> Decimal:
+    """What an hour of this allocation costs, by the rule `slice_piece` bills with: the admin's price of its MIG
+    profile, else its GPU model's hourly price x its share of the GPU."""
+    override = profile_prices.get((alloc.gpu_model_id, alloc.profile)) if alloc.profile else None
+    return override if override is not None else gpu_hourly_price * alloc.share
+
+
 def slice_piece(piece: Piece, alloc: OpenAllocation, profile_prices: dict[tuple[int, str], Decimal]) -> Piece:
     """A piece of a MIG instance or share as billed: GPU-seconds = seconds x share, cost = the GPU's price x share
     x seconds, or the admin's price of the profile x seconds. A whole GPU's piece is unchanged."""

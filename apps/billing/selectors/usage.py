@@ -25,7 +25,13 @@ from apps.billing import costing
 from apps.billing.models import SourceKind, UsageRecord
 from apps.billing.selectors.months import ZERO, current_month, local_tz, month_label
 from apps.billing.selectors.pricing import price_book
-from apps.billing.selectors.unbilled import billable_allocations, unbilled_allocations, unbilled_pieces
+from apps.billing.selectors.unbilled import (
+    billable_allocations,
+    hourly_cost,
+    mig_profile_prices,
+    unbilled_allocations,
+    unbilled_pieces,
+)
 from apps.booking.models import AllocationKind
 
 HOURS_PLACES = Decimal("0.001")
@@ -56,8 +62,9 @@ class MonthUsage:
     cost: Decimal = ZERO
     live_gpu_seconds: int = 0
     live_cost: Decimal = ZERO
-    running_gpus: int = 0
-    running_hourly: Decimal = ZERO  # what the GPUs held right now cost per hour
+    running_gpus: int = 0  # devices held right now: whole GPUs, MIG instances and shares alike
+    running_share: Decimal = ZERO  # the same in physical GPUs (a 1g instance counts 1/7, a quarter share 0.25)
+    running_hourly: Decimal = ZERO  # what the devices held right now cost per hour, each slice at its own price
     by_day: dict[date, Decimal] = field(default_factory=dict)
 
     @property
@@ -103,11 +110,15 @@ def teams_month_usage(
                 if by_day:
                     usage.by_day[piece.day] = usage.by_day.get(piece.day, ZERO) + piece.cost
             if first <= now < after:
+                profile_prices = mig_profile_prices() if any(a.profile for a in allocations) else {}
                 for alloc in allocations:
                     if alloc.end >= now:  # running this instant
                         usage = out[alloc.team_id]
                         usage.running_gpus += 1
-                        usage.running_hourly += book.price_at(alloc.gpu_model_id, now)
+                        usage.running_share += alloc.share
+                        usage.running_hourly += hourly_cost(
+                            alloc, book.price_at(alloc.gpu_model_id, now), profile_prices
+                        )
     return out
 
 
@@ -193,6 +204,7 @@ def usage_payload(team: Team, usage: MonthUsage, budget: Budget, now: datetime) 
         "cost": str(costing.to_cents(usage.cost)),
         "accrued_unbilled_cost": str(costing.to_cents(usage.live_cost)),
         "running_gpus": usage.running_gpus,
+        "running_gpu_share": gpu_count_text(usage.running_share),
         "running_hourly_cost": str(costing.to_cents(usage.running_hourly)),
         "projected_month_cost": str(costing.to_cents(projected)),
         "budget_soft": None if budget.soft is None else str(budget.soft),
@@ -200,6 +212,11 @@ def usage_payload(team: Team, usage: MonthUsage, budget: Budget, now: datetime) 
         "budget_used": None if not reference else str((usage.cost / reference).quantize(UTIL_PLACES)),
         "as_of": now.isoformat(),
     }
+
+
+def gpu_count_text(gpus: Decimal) -> str:
+    """A number of physical GPUs as shown: whole ones plain ("2"), parts to four places ("0.3929")."""
+    return f"{gpus.quantize(UTIL_PLACES, ROUND_HALF_UP).normalize():f}"
 
 
 def rounded_hours(seconds: int | Decimal) -> Decimal:

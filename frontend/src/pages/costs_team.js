@@ -32,7 +32,7 @@ window.Portal.liveSocket(`/ws/teams/${slug}/`, (msg) => {
     set("live-cost", amount(msg.cost));
     set("live-hours", amount(msg.gpu_hours));
     set("live-unbilled", amount(msg.accrued_unbilled_cost));
-    set("live-running", msg.running_gpus);
+    set("live-running", msg.running_gpu_share ?? msg.running_gpus);
     set("live-rate", amount(msg.running_hourly_cost));
     set("live-projected", amount(msg.projected_month_cost));
     const i = d.days.indexOf(today);
