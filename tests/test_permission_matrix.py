@@ -101,6 +101,8 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     # Directory group -> team mappings: administrators only (the admin scope for tokens).
     "api/v1/group-mappings/": {"GET": (401, 403, 403, 403, 200, 403), "POST": (401, 403, 403, 403, 400, 403)},
     "api/v1/group-mappings/<int:mapping_id>/": {"DELETE": (401, 403, 403, 403, 204, 403)},
+    # Users' POSIX uids (who runs which GPU process): administrators only; an empty load is a 400.
+    "api/v1/unix-accounts/": {"GET": (401, 403, 403, 403, 200, 403), "POST": (401, 403, 403, 403, 400, 403)},
     # Members read their team's idle policy; only admins change it (an empty PATCH changes nothing: 200).
     "api/v1/teams/<slug:slug>/idle-policy/": {
         "GET": (401, 404, 200, 200, 200, 200),

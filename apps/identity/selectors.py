@@ -13,6 +13,12 @@ def group_mappings_list() -> QuerySet[GroupMapping]:
     return GroupMapping.objects.select_related("team").order_by("group", "team__slug")
 
 
+def unix_accounts_list(usernames: Iterable[str] | None = None) -> QuerySet[UnixAccount]:
+    """Users' POSIX uids by uid, with the user; only these users' when `usernames` is given."""
+    qs = UnixAccount.objects.select_related("user").order_by("uid")
+    return qs if usernames is None else qs.filter(user__username__in=list(usernames))
+
+
 def unix_uids(user_ids: Iterable[int]) -> dict[int, int]:
     """{user id: POSIX uid} for those of the users who have one, in one query."""
     return dict(UnixAccount.objects.filter(user_id__in=list(user_ids)).values_list("user_id", "uid"))

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.accounts.models import Membership, MembershipSource, Role, Team
 from apps.accounts.types import AnyUser, User
-from apps.audit.services import audit_record
+from apps.audit.models import AuditEvent
+from apps.audit.services import audit_event, audit_record
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.identity import sync
 from apps.identity.models import UID_MAX, ExternalIdentity, GroupMapping, UnixAccount, UnixAccountSource
@@ -239,3 +241,89 @@ def unix_uid_from_directory(*, user: User, value: object, source: str) -> None:
         unix_uid_set(user=user, uid=uid, source=source)
     except ValidationFailed as exc:
         logger.warning("%s sign-in of %s: uid %s not stored: %s", source, user.username, uid, exc.detail)
+
+
+MAX_UIDS_PER_LOAD = 10_000
+
+
+def unix_uids_load(
+    *, actor: AnyUser, entries: Sequence[tuple[str, int | None]], skip_unknown: bool = False
+) -> tuple[int, list[str]]:
+    """Set many users' POSIX uids at once, by an administrator (the REST API's bulk load): (username, uid or None
+    to remove), all or nothing. Returns how many users' uids changed, and the usernames skipped: with
+    `skip_unknown` (a node's whole account list, most of it no portal user) an unknown user is left out, else it
+    fails the load.
+
+    The request is judged as a whole: each user and each uid once in it, every user known, every uid in range and
+    not held by a user outside it. Within it uids may move between users (a swap is one load): the accounts that
+    change are removed before the new ones are written, under the locks of all the users' rows (taken in id order,
+    so two loads cannot deadlock), and the uid's unique index parts a load from a concurrent claim by anyone else,
+    refused like a uid seen taken. Each change is audited as `unix_uid_set` audits it."""
+    if len(entries) > MAX_UIDS_PER_LOAD:
+        raise ValidationFailed(f"At most {MAX_UIDS_PER_LOAD} accounts per request.", fields={"accounts": ["Too many."]})
+    wanted = {name: uid for name, uid in entries}
+    problems: list[str] = []
+    twice = sorted(name for name, n in Counter(name for name, _ in entries).items() if n > 1)
+    if twice:
+        problems.append("Each user at most once: " + ", ".join(twice) + ".")
+    uids = [uid for uid in wanted.values() if uid is not None]
+    for uid in uids:
+        if isinstance(uid, bool) or not isinstance(uid, int) or not 0 < uid <= UID_MAX:
+            problems.append(f"uid {uid}: a whole number from 1 to {UID_MAX} (0 is root).")
+    repeated = sorted(uid for uid, n in Counter(uids).items() if n > 1)
+    if repeated:
+        problems.append("Each uid at most once: " + ", ".join(map(str, repeated)) + ".")
+    users = {u.username: u for u in User.objects.filter(username__in=list(wanted))}
+    unknown = sorted(set(wanted) - set(users))
+    if unknown and not skip_unknown:
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        problems.append("No such user: " + ", ".join(unknown[:20]) + more + ".")
+    if problems:
+        raise ValidationFailed(" ".join(problems), fields={"accounts": problems})
+    by_id = {users[name].pk: (users[name], uid) for name, uid in wanted.items() if name in users}
+    uids = [uid for _, uid in by_id.values() if uid is not None]
+    try:
+        with transaction.atomic():
+            list(User.objects.select_for_update().filter(pk__in=list(by_id)).order_by("pk").values_list("pk"))
+            current = {a.user_id: a for a in UnixAccount.objects.filter(user_id__in=list(by_id))}
+            taken = sorted(
+                UnixAccount.objects.filter(uid__in=uids).exclude(user_id__in=list(by_id)).values_list("uid", flat=True)
+            )
+            if taken:
+                detail = "Held by users not in this request: uid " + ", ".join(map(str, taken)) + "."
+                raise ValidationFailed(detail, fields={"accounts": [detail]})
+            changes: list[tuple[User, int | None, int | None]] = []  # (user, new uid, previous uid)
+            for pk, (user, new_uid) in sorted(by_id.items()):
+                old = current.get(pk)
+                if (None if old is None else (old.uid, old.source)) != (
+                    None if new_uid is None else (new_uid, UnixAccountSource.MANUAL)
+                ):
+                    changes.append((user, new_uid, None if old is None else old.uid))
+            UnixAccount.objects.filter(
+                user_id__in=[u.pk for u, _, previous in changes if previous is not None]
+            ).delete()
+            UnixAccount.objects.bulk_create(
+                [
+                    UnixAccount(user=u, uid=new_uid, source=UnixAccountSource.MANUAL)
+                    for u, new_uid, _ in changes
+                    if new_uid
+                ]
+            )
+            events = [
+                audit_event(actor=actor, action="unix_account.delete", target=user, data={"uid": previous})
+                if new_uid is None
+                else audit_event(
+                    actor=actor,
+                    action="unix_account.set",
+                    target=user,
+                    data={"uid": new_uid, "previous": previous, "source": UnixAccountSource.MANUAL.value},
+                )
+                for user, new_uid, previous in changes
+            ]
+            AuditEvent.objects.bulk_create(events)  # a node's whole account list is thousands of rows: one INSERT
+    except IntegrityError as exc:
+        # Every user in the load is locked and its old accounts are gone: a violation is a uid that someone outside
+        # the load claimed after the check above.
+        detail = "A uid in this request was taken by another user meanwhile; nothing was changed."
+        raise ValidationFailed(detail, fields={"accounts": [detail]}) from exc
+    return len(changes), unknown
