@@ -56,6 +56,16 @@ def test_share_and_mig_jobs_start_on_their_parts(alice, vision, ready, sent, dja
     assert Job.objects.get(pk=quarter.pk).hourly_price == ready["model"].hourly_price / 4
 
 
+def test_a_mig_jobs_cost_so_far_uses_the_admins_price_of_its_profile(alice, vision, ready, sent):
+    from apps.billing.models import MigProfilePrice
+
+    MigProfilePrice.objects.create(gpu_model=ready["model"], profile="1g.10gb", hourly_price=Decimal("0.55"))
+    priced = submit(alice, vision, mig_profile="1g.10gb")
+    assert priced.pk in one_pass().started
+    # As the ledger will bill it (tests/sharing/test_billing.py), not the GPU's price x 1/7.
+    assert Job.objects.get(pk=priced.pk).hourly_price == Decimal("0.55")
+
+
 def test_five_quarters_on_four_shares(alice, vision, ready, sent):
     jobs = [submit(alice, vision, gpu_share=0.25) for _ in range(5)]
     result = one_pass()

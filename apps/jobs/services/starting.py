@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from apps.billing.selectors.unbilled import mig_profile_prices
 from apps.fleet.models import DeviceKind, Gpu, Node
 from apps.jobs import conf, events, occupancy
 from apps.jobs.models import Job, JobEvent, JobState
@@ -77,7 +78,7 @@ def job_start(*, job: Job, node: Node, gpus: Sequence[Gpu], now: datetime, savep
     from apps.fleet.commands import agent_send
 
     with transaction.atomic(savepoint=savepoint):
-        price = sum((g.model.hourly_price * g.capacity for g in gpus), Decimal("0"))
+        price = hourly_price_of(gpus)
         job = job_transition(
             job,
             JobState.STARTING,
@@ -138,8 +139,9 @@ def jobs_start_many(*, items: Sequence[StartItem], now: datetime, savepoint: boo
             raise TransitionRefused("A job of this pass is no longer queued.")
         by_target: dict[tuple[int, Decimal], list[int]] = {}
         prices: dict[int, Decimal] = {}
+        profile_prices = _profile_prices([g for item in items for g in item.gpus])
         for item in items:
-            price = sum((g.model.hourly_price * g.capacity for g in item.gpus), Decimal("0"))
+            price = hourly_price_of(item.gpus, profile_prices)
             prices[item.job.pk] = price
             by_target.setdefault((item.node.pk, price), []).append(item.job.pk)
         common: dict[str, Any] = {
@@ -197,3 +199,20 @@ def job_resend_launch(*, job: Job) -> None:
         )
         if updated:
             agent_send(node=job.node, task="agent.launch_job", body=launch_request(job, job_devices(job)))
+
+
+def hourly_price_of(gpus: Sequence[Gpu], profile_prices: dict[tuple[int, str], Decimal] | None = None) -> Decimal:
+    """What a job on these devices costs an hour, as the ledger will bill it (the rule of
+    apps.billing.selectors.unbilled.hourly_cost): a part at its share of its GPU's price, a MIG instance at the
+    admin's price of its profile where there is one. Shown as the job's cost so far."""
+    if profile_prices is None:
+        profile_prices = _profile_prices(gpus)
+    total = Decimal("0")
+    for gpu in gpus:
+        override = profile_prices.get((gpu.model_id, gpu.mig_profile)) if gpu.mig_profile else None
+        total += override if override is not None else gpu.model.hourly_price * gpu.capacity
+    return total
+
+
+def _profile_prices(gpus: Sequence[Gpu]) -> dict[tuple[int, str], Decimal]:
+    return mig_profile_prices() if any(g.mig_profile for g in gpus) else {}
