@@ -27,7 +27,8 @@ class MonthField(forms.Field):
         try:
             return parse_month(str(value))
         except ValidationFailed as exc:
-            raise forms.ValidationError(exc.detail) from None
+            # As a parameter: django-filter %-formats the message, and a '%' in the query must not break it.
+            raise forms.ValidationError("%(detail)s", params={"detail": exc.detail}) from None
 
 
 # A string in the schema, not the date the model's field holds.

@@ -20,7 +20,8 @@ class StatusesField(forms.CharField):
         statuses = [s.strip() for s in str(super().to_python(value)).split(",") if s.strip()]
         unknown = sorted(set(statuses) - set(ReservationStatus.values))
         if unknown:
-            raise forms.ValidationError(f"Unknown status: {', '.join(unknown)}.")
+            # As a parameter: django-filter %-formats the message, and a '%' in the query must not break it.
+            raise forms.ValidationError("Unknown status: %(statuses)s.", params={"statuses": ", ".join(unknown)})
         return statuses
 
 

@@ -19,7 +19,12 @@ class StatesField(forms.Field):
         states = [s.strip() for s in str(value).split(",") if s.strip()]
         unknown = [s for s in states if s not in JobState.values]
         if unknown:
-            raise forms.ValidationError(f"Unknown state {unknown[0]!r}; one of {', '.join(JobState.values)}.")
+            # The value goes in as a parameter: django-filter %-formats the message, and a '%' typed into the
+            # query string would otherwise break that formatting (a 500 instead of this 400).
+            raise forms.ValidationError(
+                "Unknown state %(state)r; one of %(states)s.",
+                params={"state": unknown[0], "states": ", ".join(JobState.values)},
+            )
         return states or None
 
 

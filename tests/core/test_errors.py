@@ -51,3 +51,20 @@ def test_oversized_body_is_refused_without_500(alice, api_as):
 
 def test_health_needs_no_auth():
     assert APIClient().get("/api/v1/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("/api/v1/jobs/?state=%25X", "Unknown state '%X'"),
+        ("/api/v1/jobs/?state=queued,%25s%25(x)d", "Unknown state '%s%(x)d'"),
+        ("/api/v1/reservations/?status=%25d", "Unknown status: %d."),
+        ("/api/v1/usage/?month=%25Y-%25m", "month must look like YYYY-MM."),
+    ],
+)
+def test_a_percent_sign_in_a_filter_value_is_a_400_that_quotes_it(alice, api_as, path, says):
+    """The filters' messages are %-formatted by django-filter: a value with '%' in it once made them a 500."""
+    resp = api_as(alice).get(path)
+    assert resp.status_code == 400, resp.content
+    body = resp.json()
+    assert body["code"] == "invalid" and says in str(body), body
