@@ -265,19 +265,18 @@ def unix_uids_load(
     problems: list[str] = []
     twice = sorted(name for name, n in Counter(name for name, _ in entries).items() if n > 1)
     if twice:
-        problems.append("Each user at most once: " + ", ".join(twice) + ".")
+        problems.append("Each user at most once: " + _listed(twice) + ".")
     uids = [uid for uid in wanted.values() if uid is not None]
     for uid in uids:
         if isinstance(uid, bool) or not isinstance(uid, int) or not 0 < uid <= UID_MAX:
             problems.append(f"uid {uid}: a whole number from 1 to {UID_MAX} (0 is root).")
     repeated = sorted(uid for uid, n in Counter(uids).items() if n > 1)
     if repeated:
-        problems.append("Each uid at most once: " + ", ".join(map(str, repeated)) + ".")
+        problems.append("Each uid at most once: " + _listed(repeated) + ".")
     users = {u.username: u for u in User.objects.filter(username__in=list(wanted))}
     unknown = sorted(set(wanted) - set(users))
     if unknown and not skip_unknown:
-        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
-        problems.append("No such user: " + ", ".join(unknown[:20]) + more + ".")
+        problems.append("No such user: " + _listed(unknown) + ".")
     if problems:
         raise ValidationFailed(" ".join(problems), fields={"accounts": problems})
     by_id = {users[name].pk: (users[name], uid) for name, uid in wanted.items() if name in users}
@@ -290,7 +289,7 @@ def unix_uids_load(
                 UnixAccount.objects.filter(uid__in=uids).exclude(user_id__in=list(by_id)).values_list("uid", flat=True)
             )
             if taken:
-                detail = "Held by users not in this request: uid " + ", ".join(map(str, taken)) + "."
+                detail = "Held by users not in this request: uid " + _listed(taken) + "."
                 raise ValidationFailed(detail, fields={"accounts": [detail]})
             changes: list[tuple[User, int | None, int | None]] = []  # (user, new uid, previous uid)
             for pk, (user, new_uid) in sorted(by_id.items()):
@@ -327,3 +326,9 @@ def unix_uids_load(
         detail = "A uid in this request was taken by another user meanwhile; nothing was changed."
         raise ValidationFailed(detail, fields={"accounts": [detail]}) from exc
     return len(changes), unknown
+
+
+def _listed(items: Sequence[object], most: int = 20) -> str:
+    """The first `most` items for a message, and how many more: a load of thousands stays a readable refusal."""
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(map(str, items[:most])) + more

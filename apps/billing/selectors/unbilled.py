@@ -154,12 +154,18 @@ def mig_profile_prices() -> dict[tuple[int, str], Decimal]:
 
 
 def hourly_cost(
-    alloc: OpenAllocation, gpu_hourly_price: Decimal, profile_prices: dict[tuple[int, str], Decimal]
+    *,
+    gpu_model_id: int,
+    profile: str,
+    share: Decimal,
+    gpu_hourly_price: Decimal,
+    profile_prices: dict[tuple[int, str], Decimal],
 ) -> Decimal:
-    """What an hour of this allocation costs, by the rule `slice_piece` bills with: the admin's price of its MIG
-    profile, else its GPU model's hourly price x its share of the GPU."""
-    override = profile_prices.get((alloc.gpu_model_id, alloc.profile)) if alloc.profile else None
-    return override if override is not None else gpu_hourly_price * alloc.share
+    """What an hour of a device costs, by the rule `slice_piece` bills with: the admin's price of its MIG profile,
+    else its GPU model's hourly price x its share of the GPU (1 for a whole GPU). For live rates and a job's cost
+    so far, so they agree with the ledger."""
+    override = profile_prices.get((gpu_model_id, profile)) if profile else None
+    return override if override is not None else gpu_hourly_price * share
 
 
 def slice_piece(piece: Piece, alloc: OpenAllocation, profile_prices: dict[tuple[int, str], Decimal]) -> Piece:

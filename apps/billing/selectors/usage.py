@@ -117,7 +117,11 @@ def teams_month_usage(
                         usage.running_gpus += 1
                         usage.running_share += alloc.share
                         usage.running_hourly += hourly_cost(
-                            alloc, book.price_at(alloc.gpu_model_id, now), profile_prices
+                            gpu_model_id=alloc.gpu_model_id,
+                            profile=alloc.profile,
+                            share=alloc.share,
+                            gpu_hourly_price=book.price_at(alloc.gpu_model_id, now),
+                            profile_prices=profile_prices,
                         )
     return out
 

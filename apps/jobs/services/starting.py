@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from apps.billing.selectors.unbilled import mig_profile_prices
+from apps.billing.selectors.unbilled import hourly_cost, mig_profile_prices
 from apps.fleet.models import DeviceKind, Gpu, Node
 from apps.jobs import conf, events, occupancy
 from apps.jobs.models import Job, JobEvent, JobState
@@ -202,16 +202,24 @@ def job_resend_launch(*, job: Job) -> None:
 
 
 def hourly_price_of(gpus: Sequence[Gpu], profile_prices: dict[tuple[int, str], Decimal] | None = None) -> Decimal:
-    """What a job on these devices costs an hour, as the ledger will bill it (the rule of
-    apps.billing.selectors.unbilled.hourly_cost): a part at its share of its GPU's price, a MIG instance at the
-    admin's price of its profile where there is one. Shown as the job's cost so far."""
+    """What a job on these devices costs an hour, as the ledger will bill it (billing's `hourly_cost`): a part at
+    its share of its GPU's price, a MIG instance at the admin's price of its profile where there is one. Shown as
+    the job's cost so far."""
     if profile_prices is None:
         profile_prices = _profile_prices(gpus)
-    total = Decimal("0")
-    for gpu in gpus:
-        override = profile_prices.get((gpu.model_id, gpu.mig_profile)) if gpu.mig_profile else None
-        total += override if override is not None else gpu.model.hourly_price * gpu.capacity
-    return total
+    return sum(
+        (
+            hourly_cost(
+                gpu_model_id=g.model_id,
+                profile=g.mig_profile,
+                share=g.capacity,
+                gpu_hourly_price=g.model.hourly_price,
+                profile_prices=profile_prices,
+            )
+            for g in gpus
+        ),
+        Decimal("0"),
+    )
 
 
 def _profile_prices(gpus: Sequence[Gpu]) -> dict[tuple[int, str], Decimal]:
