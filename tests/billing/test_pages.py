@@ -32,6 +32,16 @@ def test_admin_sees_the_fleet_report_with_charts(october, client, admin):
     assert "65.80" in html
 
 
+def test_the_unknown_idle_cost_note_shows_only_where_a_row_is_marked(october, client, admin):
+    html = _get(client, admin, "/costs/?month=2026-10").content.decode()
+    assert 'title="10.00 GPU-hours without telemetry">*</span>' in html and 'id="idle-unknown-note"' in html
+    from apps.billing.models import UsageRecord
+
+    UsageRecord.objects.filter(mean_utilization__isnull=True).delete()  # every row left has its utilization
+    html = client.get("/costs/?month=2026-10").content.decode()
+    assert 'id="report-teams"' in html and "without telemetry" not in html
+
+
 def test_a_manager_sees_her_teams_report(october, client, alice):
     html = _get(client, alice, "/costs/?month=2026-10").content.decode()
     assert 'id="report-teams"' in html and "53.30" in html and "12.50" not in html
