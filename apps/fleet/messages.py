@@ -157,7 +157,7 @@ def check_registration(payload: Any) -> Registration:
     )
 
 
-_MIG_PROFILE_RE = re.compile(r"^\d+g\.\d+gb$")
+_MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb$")  # "1c.3g.40gb": a compute instance
 
 
 def _check_mig_devices(value: Any, name: str) -> tuple[MigDevice, ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+from fractions import Fraction
 from typing import Any
 
 import pynvml
@@ -16,7 +17,14 @@ from apps.fleet.messages import check_registration
 from apps.fleet.models import Gpu
 from tests.factories import NodeFactory
 from workers.gpu.base import GpuInfo
-from workers.gpu.mig import MIG_PROFILES, layout_fits, profile_fraction, split_model_spec
+from workers.gpu.mig import (
+    MIG_PROFILES,
+    gpu_instance_profile,
+    is_profile_name,
+    layout_fits,
+    profile_fraction,
+    split_model_spec,
+)
 from workers.gpu.nvml_mig import discover_mig_devices, mig_enabled
 from workers.gpu.simulated import SimulatedBackend
 
@@ -75,6 +83,15 @@ class StandInNvml:
     def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
         return self._slot(device)[3]
 
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
+        """Slice counts from the table's name when it is one NVIDIA gives ("1c.3g.40gb"), as the driver reports."""
+        name = self._slot(device)[1].rsplit(" ", 1)[-1]
+        ci, _, gi = name.rpartition("c.") if "c." in name else ("", "", name)
+        attrs = pynvml.c_nvmlDeviceAttributes()
+        attrs.gpuInstanceSliceCount = int(gi.split("g.")[0]) if "g." in gi else 1
+        attrs.computeInstanceSliceCount = int(ci) if ci else attrs.gpuInstanceSliceCount
+        return attrs
+
 
 def test_the_stand_in_has_pynvmls_call_shapes():
     for name, fake in inspect.getmembers(StandInNvml, inspect.isfunction):
@@ -99,6 +116,39 @@ def test_discovery_walks_the_slots_and_skips_empty_ones():
         ("MIG-aaaa", "3g.40gb", 40_192, 1),
         ("MIG-bbbb", "1g.10gb", 9_728, 9),
     ]
+
+
+def test_compute_instances_are_devices_of_their_own_priced_by_their_slices():
+    """A 3g.40gb GPU instance split into compute instances of 1 and 2 slices: two MIG devices sharing its memory,
+    named as NVIDIA names them, each billed at its own slices (not twice the GPU instance's 3/7)."""
+    nv = StandInNvml(
+        [
+            ("MIG-c1", "NVIDIA A100-SXM4-80GB MIG 1c.3g.40gb", 40_192, 2),
+            ("MIG-c2", "NVIDIA A100-SXM4-80GB MIG 2c.3g.40gb", 40_192, 2),
+            ("MIG-me", "NVIDIA A100-SXM4-80GB MIG 1g.10gb+me", 9_728, 9),
+        ]
+    )
+    found = discover_mig_devices(nv, handle=object())
+    assert [(d.uuid, d.profile, d.gi_id) for d in found] == [
+        ("MIG-c1", "1c.3g.40gb", 2),
+        ("MIG-c2", "2c.3g.40gb", 2),
+        ("MIG-me", "1g.10gb", 9),
+    ]
+    assert [profile_fraction(d.profile) for d in found] == [Fraction(1, 7), Fraction(2, 7), Fraction(1, 7)]
+    assert gpu_instance_profile("1c.3g.40gb") == "3g.40gb" and gpu_instance_profile("1g.10gb") == "1g.10gb"
+    assert is_profile_name("1c.3g.40gb") and is_profile_name("2c.3g.20gb") and is_profile_name("1g.10gb")
+    for bad in ("3c.3g.40gb", "0c.3g.40gb", "1c.3g.41gb", "1c.1g.10gb", "1c1g.10gb", "8g.80gb"):
+        assert not is_profile_name(bad), bad
+    for bad in ("3c.3g.40gb", "0c.2g.20gb", "1c.8g.80gb"):
+        with pytest.raises(ValueError):
+            profile_fraction(bad)
+
+
+def test_a_driver_naming_instances_otherwise_falls_back_to_the_slice_counts():
+    # Names without "MIG <profile>" (the stand-in's attributes take the slice counts from the last word): the
+    # profile is built from the attributes' slice counts and the memory.
+    nv = StandInNvml([("MIG-a", "instance 3g.40gb", 40_192, 1), ("MIG-b", "instance 1c.2g.20gb", 19_968, 5)])
+    assert [d.profile for d in discover_mig_devices(nv, handle=object())] == ["3g.40gb", "1c.2g.20gb"]
 
 
 def test_other_nvml_errors_are_not_swallowed():
@@ -192,6 +242,10 @@ def test_registration_refuses_bad_instances():
     payload = {"node": "n1", "token": "x", "gpus": [{**gpu, "mig_devices": gpu["mig_devices"] * 2}]}
     with pytest.raises(MessageRejected):
         check_registration(payload)
+    # Compute instances are named as NVIDIA names them, and an agent may report them.
+    ci = [{"uuid": f"MIG-c{c}", "profile": f"{c}c.3g.40gb", "memory_mib": 40_192, "gi_id": 2} for c in (1, 2)]
+    checked = check_registration({"node": "n1", "token": "x", "gpus": [{**gpu, "mig_devices": ci}]})
+    assert [d.profile for d in checked.gpus[0].mig_devices] == ["1c.3g.40gb", "2c.3g.40gb"]
 
 
 @pytest.mark.django_db

@@ -20,6 +20,9 @@ COMPUTE_SLICES = 7
 """Every MIG-capable datacenter GPU here (A100, H100, H200) has 7 compute slices."""
 
 _PROFILE_RE = re.compile(r"^(\d)g\.(\d+)gb$")
+_CI_PROFILE_RE = re.compile(r"^(\d)c\.((\d)g\.\d+gb)$")
+"""A compute instance that takes part of its GPU instance's slices ("1c.3g.20gb": 1 of a 3g.20gb's 3): NVIDIA's
+name for such a MIG device. Its siblings in the same GPU instance share that instance's memory."""
 
 
 @dataclass(frozen=True)
@@ -99,16 +102,45 @@ def all_profile_names() -> set[str]:
 
 
 def profile_fraction(name: str) -> Fraction:
-    """The compute fraction of any `<g>g.<m>gb` profile name (1g.10gb -> 1/7); ValueError for another name."""
+    """The compute fraction of any `<g>g.<m>gb` profile name (1g.10gb -> 1/7), or of a compute instance's
+    `<c>c.<g>g.<m>gb` (1c.3g.20gb -> 1/7: its own slices, not its GPU instance's); ValueError for another name."""
+    ci = _CI_PROFILE_RE.match(name)
+    if ci:
+        c, g = int(ci.group(1)), int(ci.group(3))
+        if not 1 <= c < g <= COMPUTE_SLICES:
+            raise ValueError(f"not a MIG profile name: {name!r}")
+        return Fraction(c, COMPUTE_SLICES)
     m = _PROFILE_RE.match(name)
     if not m or not 1 <= int(m.group(1)) <= COMPUTE_SLICES:
         raise ValueError(f"not a MIG profile name: {name!r}")
     return Fraction(int(m.group(1)), COMPUTE_SLICES)
 
 
+def gpu_instance_profile(name: str) -> str:
+    """The GPU-instance profile a MIG device's profile belongs to ("1c.3g.20gb" -> "3g.20gb"; "1g.10gb" as it is)."""
+    ci = _CI_PROFILE_RE.match(name)
+    return ci.group(2) if ci else name
+
+
+def is_profile_name(name: str) -> bool:
+    """Whether a booking or job may ask for `name`: a GPU-instance profile NVIDIA defines for a model the portal
+    knows, or a compute instance of one (`<c>c.` with fewer slices than its GPU instance)."""
+    if name in all_profile_names():
+        return True
+    if _CI_PROFILE_RE.match(name) is None or gpu_instance_profile(name) not in all_profile_names():
+        return False
+    try:
+        profile_fraction(name)
+    except ValueError:
+        return False
+    return True
+
+
 def profile_from_device_name(device_name: str) -> str | None:
-    """The profile in a MIG device's NVML name ("NVIDIA A100-SXM4-80GB MIG 1g.10gb" -> "1g.10gb"), or None."""
-    m = re.search(r"MIG (\d+g\.\d+gb)\b", device_name)
+    """The profile in a MIG device's NVML name ("NVIDIA A100-SXM4-80GB MIG 1g.10gb" -> "1g.10gb"; a compute
+    instance that is part of its GPU instance, "... MIG 1c.3g.40gb" -> "1c.3g.40gb"), or None. A "+me" suffix (the
+    instance that owns the media engines) is dropped: it books and bills as its base profile."""
+    m = re.search(r"MIG ((?:\d+c\.)?\d+g\.\d+gb)\b", device_name)
     return m.group(1) if m else None
 
 

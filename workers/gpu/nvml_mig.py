@@ -4,7 +4,9 @@ The calls, as NVIDIA documents them: `nvmlDeviceGetMigMode(handle)` -> (current,
 `nvmlDeviceGetMaxMigDeviceCount(handle)` -> how many MIG device slots to walk;
 `nvmlDeviceGetMigDeviceHandleByIndex(handle, i)` -> a MIG device handle, or NVMLError NOT_FOUND for an empty slot
 (INVALID_ARGUMENT on some drivers), both skipped; on the MIG handle `nvmlDeviceGetUUID` -> "MIG-...",
-`nvmlDeviceGetName` -> "NVIDIA A100-SXM4-80GB MIG 1g.10gb" (the profile), `nvmlDeviceGetMemoryInfo` -> its memory,
+`nvmlDeviceGetName` -> "NVIDIA A100-SXM4-80GB MIG 1g.10gb" (the profile; "MIG 1c.3g.40gb" for one of several
+compute instances in a GPU instance: each is a MIG device of its own, and they share the GPU instance's memory),
+`nvmlDeviceGetMemoryInfo` -> its memory,
 `nvmlDeviceGetGpuInstanceId` -> the GPU instance id. Each tick the agent reads `nvmlDeviceGetMemoryInfo` on every
 instance's handle for the memory it uses, and on a GPU with GPM (Hopper and later) each instance's SM activity
 through `nvmlGpmMigSampleGet(GPU handle, GPU instance id, sample)` (`workers.gpu.gpm`): NVML has no utilization for
@@ -42,9 +44,13 @@ def _profile(nv: Any, mig: Any, memory_mib: int) -> str:
     found = profile_from_device_name(name)
     if found:
         return found
-    # A driver that names MIG devices otherwise: slices and memory from the device attributes.
+    # A driver that names MIG devices otherwise: slices and memory from the device attributes. A compute instance
+    # with fewer slices than its GPU instance is named as NVIDIA does ("1c.3g.40gb"), so it bills at its own
+    # slices rather than its GPU instance's (two such siblings would otherwise bill the GPU instance twice).
     attrs = nv.nvmlDeviceGetAttributes(mig)
-    return f"{attrs.gpuInstanceSliceCount}g.{-(-memory_mib // 1024)}gb"
+    g, c = int(attrs.gpuInstanceSliceCount), int(attrs.computeInstanceSliceCount)
+    base = f"{g}g.{-(-memory_mib // 1024)}gb"
+    return f"{c}c.{base}" if 0 < c < g else base
 
 
 def discover_mig_devices(nv: Any, handle: Any) -> tuple[MigDevice, ...]:

@@ -27,7 +27,7 @@ from apps.booking.services.gpus import GpuInfo, gpus_by_uuid
 from apps.booking.services.locks import lock_model
 from apps.core.errors import Conflict, ValidationFailed
 from apps.fleet.models import DeviceKind, GpuModel, GpuStatus, NodeStatus
-from workers.gpu.mig import all_profile_names
+from workers.gpu.mig import all_profile_names, is_profile_name
 
 # Every live part of the kind asked, of GPUs that can be booked, with whether it is taken in [start, end): the part
 # held, its GPU held whole, or a maintenance window on the GPU, its node or the fleet.
@@ -52,10 +52,12 @@ ORDER BY n.name, p."index", u."index"
 
 
 # The MIG profiles of live instances with at least %(min)s MiB of memory (of the model or GPUs asked), smallest first:
-# "any instance with at least N MiB" tries them in this order, so a small job takes a small instance.
+# "any instance with at least N MiB" tries them in this order, so a small job takes a small instance. A compute
+# instance that is part of its GPU instance ("1c.3g.40gb") is left out: its memory is shared with its siblings.
 _PROFILES_SQL = """
 SELECT u.mig_profile FROM fleet_gpu u JOIN fleet_gpu p ON p.id = u.parent_id
 WHERE u.kind = 'mig' AND u.retired_at IS NULL AND p.retired_at IS NULL AND p.mig_mode AND u.memory_mib >= %(min)s
+  AND position('c.' in u.mig_profile) = 0
   AND (%(model)s::bigint IS NULL OR p.model_id = %(model)s::bigint)
   AND (cardinality(%(uuids)s::text[]) = 0 OR p.uuid = ANY(%(uuids)s::text[]) OR u.uuid = ANY(%(uuids)s::text[]))
 GROUP BY u.mig_profile ORDER BY MIN(u.memory_mib), u.mig_profile
@@ -170,11 +172,16 @@ def parse_share(value: Any) -> Decimal:
 
 
 def check_profile(profile: str) -> None:
-    """400 for a profile NVIDIA does not define for any model the portal knows."""
-    if profile not in all_profile_names():
+    """400 for a profile NVIDIA does not define for any model the portal knows (or a compute instance of one)."""
+    if not is_profile_name(profile):
         raise ValidationFailed(
             f"Unknown MIG profile {profile!r}.",
-            fields={"mig_profile": [f"One of: {', '.join(sorted(all_profile_names()))}."]},
+            fields={
+                "mig_profile": [
+                    f"One of: {', '.join(sorted(all_profile_names()))}; or a compute instance of one, "
+                    "such as 1c.3g.40gb."
+                ]
+            },
         )
 
 
