@@ -148,6 +148,25 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             ]
             assert page.locator("#job-logs .stderr").first.inner_text().strip() == "live line 4"
             page.wait_for_function("document.getElementById('job-state').textContent === 'running'", timeout=10000)
+
+            def finish() -> None:
+                try:
+                    fresh = Job.objects.get(pk=job.pk)
+                    services.job_transition(fresh, JobState.SUCCEEDED, reason="exit_code", exit_code=0)
+                    last = [services.LogLineIn("stdout", "written as it exited", timezone.now())]
+                    services.job_logs_append(node_id=fleet["node01"].pk, job_id=job.pk, epoch="e", first=7, lines=last)
+                finally:
+                    connection.close()
+
+            # Once the job has ended the page no longer calls its logs "live", yet the last lines still arrive.
+            ender = threading.Thread(target=finish)
+            ender.start()
+            ender.join()
+            page.wait_for_function("document.getElementById('job-state').textContent === 'succeeded'", timeout=10000)
+            page.wait_for_function("document.getElementById('log-status').textContent === 'ended'", timeout=10000)
+            page.wait_for_function(
+                "document.getElementById('job-logs').textContent.includes('written as it exited')", timeout=10000
+            )
         finally:
             browser.close()
 

@@ -16,6 +16,14 @@ function init() {
   let ended = root.dataset.ended ? new Date(root.dataset.ended) : null;
   const hourly = Number(root.dataset.hourlyPrice || "0");
   let fetching = null;
+  let socketState = "connecting";
+
+  // A finished job's socket stays open for the last lines an agent may still send; "live" would say it runs.
+  function drawStatus() {
+    if (socketState !== "open") status.textContent = socketState === "connecting" ? "connecting…" : "reconnecting…";
+    else status.textContent = TERMINAL.has(state) ? "ended" : "live";
+    status.title = TERMINAL.has(state) ? "The job has ended; lines it wrote last still appear here" : "";
+  }
 
   function lineSpan(l) {
     const span = document.createElement("span");
@@ -73,6 +81,7 @@ function init() {
     root.dataset.state = state;
     stateBadge.textContent = state;
     stateBadge.className = `badge state-${state}`;
+    drawStatus();
     const reason = document.getElementById("job-reason");
     if (reason) reason.textContent = (msg.reason || "—") + (msg.exit_code != null ? ` (exit ${msg.exit_code})` : "");
     const message = document.getElementById("job-message");
@@ -105,7 +114,13 @@ function init() {
       if (first > lastSeq + 1) catchUp().then(() => append(msg.lines));
       else append(msg.lines);
     }
-  }, { onState: (s) => { status.textContent = s === "open" ? "live" : "reconnecting…"; if (s === "open") catchUp(); } });
+  }, {
+    onState: (s) => {
+      socketState = s === "open" ? "open" : "closed";
+      drawStatus();
+      if (s === "open") catchUp();
+    },
+  });
 
   // Cost and runtime so far, every second.
   const cost = document.getElementById("job-cost");
