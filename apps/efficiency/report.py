@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import DecimalField, F, FloatField, Max, Q, Sum
+from django.db.models import DecimalField, F, FloatField, Max, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce, Now, Trunc
 
 from apps.accounts.models import Team
@@ -74,24 +74,49 @@ def _annotations() -> dict[str, Any]:
 
 
 def _memory_shares(month: date, team_ids: list[int]) -> dict[tuple[int, int | None], list[float]]:
-    """{(team, user): [peak memory / GPU memory, per job that ran in the month with telemetry]}: one query over the
-    jobs' GPUs' minute rows inside each job's run."""
+    """{(team, user): [peak memory / memory given, per job that ran in the month with telemetry]}. A job on whole
+    GPUs: its GPUs' minute rows inside its own run (the GPU is the job's alone), against the GPU's memory. A job on a
+    MIG instance or share: the peak its node attributed to its own processes (`Job.gpu_memory_own_peak_mib`; the
+    GPU's rows are its neighbours' too), against the memory its parts give it. One query, from the jobs' GPU links:
+    each link reads only its own job's window (joining the jobs from the rollups would let one job's rows stand for
+    every job that ever ran on that GPU)."""
     start, end = _month_bounds(month)
-    rows: Any = (
+    link = Job.gpus.through
+    peak = (
         GpuRollup.objects.filter(
-            gpu__jobs__team_id__in=team_ids,
-            gpu__jobs__started_at__lt=end,
-            minute__gte=Trunc("gpu__jobs__started_at", "minute"),
-            minute__lte=Coalesce("gpu__jobs__ended_at", Now()),
+            gpu_id=OuterRef("gpu_id"),
+            minute__gte=OuterRef("run_from"),
+            minute__lte=OuterRef("run_to"),
         )
-        .filter(Q(gpu__jobs__ended_at__gte=start) | Q(gpu__jobs__ended_at__isnull=True))
-        .values("gpu__jobs__id", "gpu__jobs__team_id", "gpu__jobs__user_id")
-        .annotate(peak=Max("mem_used_max"), total=Max("gpu__memory_mib"))
+        .order_by()
+        .values("gpu_id")
+        .annotate(m=Max("mem_used_max"))
+        .values("m")
     )
+    links_of_month = (
+        link.objects.filter(job__team_id__in=team_ids, job__started_at__lt=end)
+        .filter(Q(job__ended_at__gte=start) | Q(job__ended_at__isnull=True))
+        .annotate(run_from=Trunc("job__started_at", "minute"), run_to=Coalesce("job__ended_at", Now()))
+        .annotate(peak=Subquery(peak))
+    )
+    columns = ("job_id", "job__team_id", "job__user_id", "gpu__memory_mib", "gpu__parent_id")
+    rows: Any = links_of_month.values_list(*columns, "job__gpu_memory_own_peak_mib", "peak")
+    jobs: dict[int, list[Any]] = defaultdict(list)
+    for row in rows:
+        jobs[row[0]].append(row)
     out: dict[tuple[int, int | None], list[float]] = defaultdict(list)
-    for r in rows:
-        if r["peak"] is not None and r["total"]:
-            out[(r["gpu__jobs__team_id"], r["gpu__jobs__user_id"])].append(min(1.0, r["peak"] / r["total"]))
+    for links in jobs.values():
+        _, team_id, user_id, _, _, own_peak, _ = links[0]
+        if any(parent is not None for _, _, _, _, parent, _, _ in links):
+            given: dict[int, int] = defaultdict(int)  # half of a GPU split in four: two shares' memory together
+            for _, _, _, memory, parent, _, _ in links:
+                given[parent or 0] += memory
+            used, total = own_peak, max(given.values())
+        else:
+            peaks = [p for *_, p in links if p is not None]
+            used, total = (max(peaks) if peaks else None), max(memory for _, _, _, memory, *_ in links)
+        if used is not None and total:
+            out[(team_id, user_id)].append(min(1.0, used / total))
     return out
 
 

@@ -107,3 +107,36 @@ def test_page_and_pdf_section(alice, bob, ledger):
     lines = pdf_lines(team_slug="vision", month=current_month())
     assert lines[0].startswith("16.00 GPU-hours allocated, 4.00 used") and "5.50 GPU-hours" in lines[1]
     assert lines[2].startswith("Most idle: reservation #11: 9.00 idle GPU-hours")
+
+
+def test_each_job_is_measured_in_its_own_run_on_its_own_memory(api_as, alice, bob, vision, ledger):
+    """Two jobs on one GPU at different times each get their own minutes' peak (not the GPU's over both runs), and
+    a job on a MIG instance is measured by its own processes' peak against the instance's memory."""
+    from apps.fleet.devices import MigInstance, mig_layout_apply
+    from apps.fleet.models import Gpu
+
+    gpu = Gpu.objects.get(uuid="GPU-r-0")
+    start = timezone.localtime().replace(day=1, hour=1, minute=0, second=0, microsecond=0) + timedelta(hours=2)
+    later = Job.objects.create(
+        team=vision, user=alice, image="x", command=["true"], gpu_count=1, cpus=Decimal(1), memory_mib=1024,
+        max_duration_s=3600, state=JobState.SUCCEEDED, started_at=start, ended_at=start + timedelta(minutes=10),
+    )  # fmt: skip
+    later.gpus.set([gpu])
+    write_minutes(gpu, start, 10, util=50, mem=40960)  # half the A100's memory, two hours after bob's job
+    mig = GpuFactory(node=gpu.node, index=1, model=gpu.model, uuid="GPU-r-1", mig_mode=True)
+    mig_layout_apply(gpu=mig, mig_mode=True, instances=[MigInstance("MIG-r-1", "1g.10gb", 9_728, 7)])
+    part = Gpu.devices.get(uuid="MIG-r-1")
+    on_part = Job.objects.create(
+        team=vision, user=alice, image="x", command=["true"], gpu_count=1, cpus=Decimal(1), memory_mib=1024,
+        max_duration_s=3600, state=JobState.SUCCEEDED, started_at=start, ended_at=start + timedelta(minutes=10),
+        mig_profile="1g.10gb", gpu_memory_own_peak_mib=7_296,
+    )  # fmt: skip
+    on_part.gpus.set([part])
+    write_minutes(mig, start, 10, util=90, mem=80_000)  # the whole GPU: other instances' memory, not the job's
+    body = api_as(alice).get(URL, {"team": "vision"}).json()
+    [team] = body["teams"]
+    users = {u["user"]: u for u in team["by_user"]}
+    assert (users["bob"]["memory_peak_pct"], users["bob"]["jobs_measured"]) == ("25.0", 1)
+    # 50% on the whole GPU and 75% of the instance's 9,728 MiB.
+    assert (users["alice"]["memory_peak_pct"], users["alice"]["jobs_measured"]) == ("62.5", 2)
+    assert (team["memory_peak_pct"], team["jobs_measured"]) == ("50.0", 3)
