@@ -117,6 +117,7 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             page = context.new_page()
             page.goto(f"{live_portal.url}/jobs/{job.pk}/")
             page.wait_for_function("document.getElementById('log-status').textContent === 'live'", timeout=15000)
+            assert page.inner_text("#job-cost-label") == "Cost so far"
             page.wait_for_function(
                 "document.getElementById('job-logs').textContent.includes('line before the page opened')",
                 timeout=10000,
@@ -164,6 +165,7 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             ender.join()
             page.wait_for_function("document.getElementById('job-state').textContent === 'succeeded'", timeout=10000)
             page.wait_for_function("document.getElementById('log-status').textContent === 'ended'", timeout=10000)
+            assert page.inner_text("#job-cost-label") == "Cost"  # no longer "so far"
             page.wait_for_function(
                 "document.getElementById('job-logs').textContent.includes('written as it exited')", timeout=10000
             )

@@ -93,6 +93,8 @@ function init() {
     if (TERMINAL.has(state)) {
       const form = document.getElementById("cancel-form");
       if (form) form.remove();
+      const costLabel = document.getElementById("job-cost-label");
+      if (costLabel) costLabel.textContent = "Cost";
     }
     const timeline = document.getElementById("job-timeline");
     const last = timeline && timeline.lastElementChild;
