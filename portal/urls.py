@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.core import views as core_views
@@ -11,7 +11,7 @@ from apps.telemetry import views as telemetry_views
 
 # The busiest endpoints first: Django tries the includes in order, and each one that does not match raises and
 # catches a Resolver404 before the next is tried.
-api_v1 = [
+api_v1: list[URLPattern | URLResolver] = [
     path("", include("apps.jobs.api.urls")),
     path("", include("apps.booking.api.urls")),
     path("", include("apps.fleet.api.urls")),
@@ -22,6 +22,8 @@ api_v1 = [
     path("", include("apps.events.api.urls")),
     path("", include("apps.efficiency.api.urls")),
     path("", include("apps.pools.api.urls")),
+    # Last: a JSON 404 for every other API path.
+    re_path(r"^(?P<rest>.*)$", core_views.api_unknown_path, name="api-unknown-path"),
 ]
 
 urlpatterns = [

@@ -6,6 +6,8 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.shortcuts import render
 from django.templatetags.static import static
+from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
 
 from apps.core import selectors
 
@@ -37,6 +39,30 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     if request.path.startswith("/api/"):
         return JsonResponse({"code": "not_found", "detail": "Not found.", "fields": {}}, status=404)
     return render(request, "core/404.html", status=404)
+
+
+@csrf_exempt  # it changes nothing, and a CSRF refusal would be Django's HTML page, not the error shape
+def api_unknown_path(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Any /api/v1/ path no endpoint has: the JSON error shape whatever DEBUG says (Django's own 404 is an HTML
+    page under DEBUG, as the embedded default runs). A path missing its trailing slash is redirected for GET and
+    HEAD, as Django's APPEND_SLASH would, and answered with where to send it otherwise: a redirected POST arrives
+    as a GET, and under DEBUG Django refuses it with a 500."""
+    slashed = request.path + "/"
+    if not request.path.endswith("/") and _has_endpoint(slashed):
+        if request.method in ("GET", "HEAD"):
+            query = request.META.get("QUERY_STRING", "")
+            return HttpResponsePermanentRedirect(slashed + (f"?{query}" if query else ""))
+        detail = f"Not found: API paths end with a slash ({slashed})."
+        return JsonResponse({"code": "not_found", "detail": detail, "fields": {}}, status=404)
+    return JsonResponse({"code": "not_found", "detail": "Not found.", "fields": {}}, status=404)
+
+
+def _has_endpoint(path: str) -> bool:
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return False
+    return match.func is not api_unknown_path
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

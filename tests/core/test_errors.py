@@ -14,6 +14,29 @@ def test_unknown_api_path_is_json_404(alice, api_as):
     assert resp.json() == {"code": "not_found", "detail": "Not found.", "fields": {}}
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_unknown_api_paths_are_json_even_under_debug(alice, api_as, settings, debug):
+    """The embedded default runs with DEBUG, where Django's own 404 is an HTML page and a POST to a path missing
+    its slash is a 500 (APPEND_SLASH cannot redirect a POST)."""
+    settings.DEBUG = debug
+    client = api_as(alice)
+    resp = client.get("/api/v1/nope/")
+    assert resp.status_code == 404 and resp.json() == {"code": "not_found", "detail": "Not found.", "fields": {}}
+    posted = client.post("/api/v1/jobs", {}, format="json")
+    assert posted.status_code == 404 and posted["Content-Type"] == "application/json"
+    assert posted.json()["detail"] == "Not found: API paths end with a slash (/api/v1/jobs/)."
+    moved = client.get("/api/v1/jobs?state=queued")
+    assert moved.status_code == 301 and moved["Location"] == "/api/v1/jobs/?state=queued"
+    assert client.get("/api/v1/jobs/nope").status_code == 404  # no endpoint with or without the slash
+    # A browser session (CSRF enforced) posting to a path no endpoint has: the same JSON 404, not a CSRF page.
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice)
+    refused = browser.delete("/api/v1/group-mappings/not-a-number/")
+    assert refused.status_code == 404 and refused.json()["code"] == "not_found"
+
+
 def test_wrong_method_is_405_in_shape(alice, api_as):
     resp = api_as(alice).put("/api/v1/me", {}, format="json")
     assert resp.status_code in {403, 405}
