@@ -468,6 +468,7 @@ def test_gpu_page_draws_the_history_and_live_figures(
         page.goto(f"{live_portal.url}/fleet/gpus/{gpu.uuid}/")
         page.wait_for_function("document.body.dataset.historyPoints !== undefined")
         assert page.evaluate("document.body.dataset.historyPoints") == "30"
+        assert page.inner_text("#history-note") == "30 points, each a minute's average"
         page.wait_for_function("document.getElementById('live-util').textContent.endsWith('%')")
         # The figures may come from the page itself (the last sample Redis held when it was rendered) before the
         # socket is open, so the socket's state is waited for, not read at once (failed ~1 run in 8 that way).

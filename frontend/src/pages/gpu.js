@@ -237,7 +237,9 @@ async function loadHistory() {
     setSeries(points);
     setInstances(data.instances || []);
     note.textContent = points.length
-      ? `${points.length} ${data.resolution === "raw" ? "samples, 1 a second" : `${data.resolution} averages`}`
+      ? (data.resolution === "raw"
+        ? `${points.length} samples, 1 a second`
+        : `${points.length} points, each a ${data.resolution}'s average`) // "21 minute averages" read as 21 minutes
       : "no data for this range yet";
     document.body.dataset.historyPoints = String(points.length); // for the browser test
   } catch (err) {
