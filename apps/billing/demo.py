@@ -1,8 +1,9 @@
 """Demo cost history (embedded default only): a price history, two months and the current month so far of
 reservations on the fleet's GPUs, hourly telemetry rollups shaped by the real per-container duty cycles of the
-Alibaba GenAI trace (workers/gpu/profiles/alibaba_genai_2026.json), the ledger rows the closer writes for them, and
-the past months closed. Idempotent: the history is added once (marked by its reservations' note); prices and
-month closes are get-or-create. A few seconds: everything is bulk-inserted.
+Alibaba GenAI trace (workers/gpu/profiles/alibaba_genai_2026.json), the quota holds booking would have kept for them,
+the ledger rows the closer writes for them, and the past months closed. Idempotent: the history is added once
+(marked by its reservations' note); prices and month closes are get-or-create. A few seconds: everything is
+bulk-inserted.
 
 Before the local agent has ever registered, there are no GPUs: the history is then put on the GPUs the simulated
 local agent will register, models included (apps.fleet.demo), which registration adopts by uuid; with real GPUs
@@ -127,6 +128,35 @@ def _hourly_rollups(gpu_id: int, start: datetime, end: datetime, profile: list[i
     return rows
 
 
+def _holds(plan: Sequence[tuple[int, int, Any, Any]], reservations: Sequence[Reservation], gpus: Sequence[Gpu]) -> None:
+    """The quota holds the history's bookings would have left, at the price of their day, and the teams' monthly
+    usage they count: what booking checks a new booking against, so the Book page's quota line and the Costs page's
+    quota table agree with the history."""
+    from apps.booking import quota as quota_math
+    from apps.booking.models import QuotaHold
+    from apps.booking.services.quotas import add_usage, hold_row
+
+    timelines: dict[int, list[tuple[datetime, Decimal]]] = {}
+    for price in Price.objects.filter(gpu_model__in={g.model_id for g in gpus}).order_by("valid_from"):
+        timelines.setdefault(price.gpu_model_id, []).append((price.valid_from, price.hourly_price))
+    tz = selectors.local_tz()
+    holds: list[QuotaHold] = []
+    usage: dict[int, dict[Any, quota_math.Amount]] = {}
+    for (g, _, s, e), r in zip(plan, reservations, strict=True):
+        model = gpus[g].model
+        rate = next((p for since, p in reversed(timelines.get(model.pk, [])) if since <= s), model.hourly_price)
+        kind = AllocationKind.RESERVATION
+        holds.append(
+            hold_row(team_id=r.team_id, kind=kind, gpu_count=1, hourly_rate=rate, start=s, end=e, reservation_id=r.pk)
+        )
+        team = usage.setdefault(r.team_id, {})
+        for month, amount in quota_math.hold_amounts(start=s, end=e, gpu_count=1, hourly_rate=rate, tz=tz).items():
+            team[month] = team.get(month, quota_math.Amount()) + amount
+    QuotaHold.objects.bulk_create(holds, batch_size=2000)
+    for team_id, deltas in sorted(usage.items()):
+        add_usage(team_id, deltas)
+
+
 def _history(now: datetime) -> int:
     if Reservation.objects.filter(note=HISTORY_NOTE).exists():
         return 0
@@ -182,6 +212,8 @@ def _history(now: datetime) -> int:
             for (g, _, s, e), r in zip(plan, reservations, strict=True)
         ]
     )
+    _prices(sorted({g.model for g in gpus}, key=lambda m: m.name), first)
+    _holds(plan, reservations, gpus)
     profiles = _profiles()
     rollups: list[Any] = []
     for g, _, s, e in plan:

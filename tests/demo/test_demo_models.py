@@ -125,3 +125,33 @@ def test_demo_history_prices_reservations_and_calendar_follow_the_real_models(ad
     assert (Reservation.objects.count(), Price.objects.count(), GpuModel.objects.count()) == counts
     assert dict(UnixAccount.objects.values_list("user__username", "uid")) == uids
     _check(admin)
+
+
+def test_demo_history_counts_against_the_teams_quotas(admin: Any) -> None:
+    """The history's bookings hold quota as bookings made through the portal do, at the price of their day, so the
+    Book page's quota line and the Costs page's quota table agree with what the history billed."""
+    from decimal import Decimal
+
+    from apps.accounts.models import Team
+    from apps.billing.demo import HISTORY_NOTE
+    from apps.billing.models import UsageRecord
+    from apps.booking.models import QuotaHold
+    from apps.booking.selectors import quota_summary
+
+    call_command("load_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    history = Reservation.objects.filter(note=HISTORY_NOTE)
+    holds = {h.reservation_id: h for h in QuotaHold.objects.filter(reservation__in=history)}
+    assert history.exists() and len(holds) == history.count()
+    for r in history:
+        assert (holds[r.pk].start, holds[r.pk].end, holds[r.pk].active) == (r.start, r.end, True)
+    month = selectors.current_month()
+    for team in Team.objects.filter(slug__in=["vision", "nlp"]):
+        booked = Decimal(quota_summary(team=team)["booked"]["gpu_hours"])
+        billed = sum(
+            (u.gpu_seconds for u in UsageRecord.objects.filter(team=team, month=month, source="reservation")), 0
+        )
+        assert booked >= Decimal(billed) / 3600 > 0, (team.slug, booked, billed)
+    # Loading again adds no holds.
+    count = QuotaHold.objects.count()
+    call_command("load_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    assert QuotaHold.objects.count() == count
