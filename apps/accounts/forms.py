@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
@@ -31,3 +33,10 @@ class TokenForm(forms.Form):
     name = forms.CharField(max_length=100)
     scopes = forms.MultipleChoiceField(choices=Scope.choices, widget=forms.CheckboxSelectMultiple)
     expires_days = forms.IntegerField(min_value=1, max_value=settings.TOKEN_MAX_EXPIRY_DAYS, initial=90)
+
+    def __init__(self, *args: Any, staff: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not staff:  # a scope the user can never hold is not offered (the service refuses it anyway)
+            field = self.fields["scopes"]
+            assert isinstance(field, forms.MultipleChoiceField)
+            field.choices = [c for c in Scope.choices if c[0] != Scope.ADMIN]

@@ -34,7 +34,8 @@ class LoginView(auth_views.LoginView):
 @login_required
 def settings_page(request: HttpRequest) -> HttpResponse:
     new_token: str | None = None
-    form = TokenForm(request.POST or None)
+    staff = signed_in(request.user).is_staff
+    form = TokenForm(request.POST or None, staff=staff)
     if request.method == "POST" and form.is_valid():
         try:
             _, new_token = services.token_create(
@@ -43,7 +44,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
                 scopes=form.cleaned_data["scopes"],
                 expires_days=form.cleaned_data["expires_days"],
             )
-            form = TokenForm()
+            form = TokenForm(staff=staff)
         except ApplicationError as exc:
             form.add_error(None, exc.detail)
     return render(

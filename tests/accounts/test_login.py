@@ -38,3 +38,13 @@ def test_settings_page_creates_token_once(client, alice):
     assert token and token.encode() in resp.content
     again = client.get("/accounts/settings/")
     assert token.encode() not in again.content
+
+
+def test_settings_page_offers_the_admin_scope_to_staff_only(client, alice, admin):
+    client.force_login(alice)
+    page = client.get("/accounts/settings/").content.decode()
+    assert 'value="read"' in page and 'value="admin"' not in page
+    refused = client.post("/accounts/settings/", {"name": "x", "scopes": ["admin"], "expires_days": 30})
+    assert refused.context["new_token"] is None and "scopes" in refused.context["form"].errors
+    client.force_login(admin)
+    assert 'value="admin"' in client.get("/accounts/settings/").content.decode()

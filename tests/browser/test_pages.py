@@ -178,3 +178,22 @@ def test_job_form_lets_one_pick_only_the_chosen_teams_reservations(
         assert page.input_value("#id_reservation") == ""  # vision's reservation is not nlp's to run in
         page.select_option("#id_reservation", str(theirs.pk))
         assert page.input_value("#id_reservation") == str(theirs.pk)
+
+
+def test_token_scopes_sit_beside_their_checkboxes_and_a_token_is_made(
+    live_portal: Any, alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(live_portal.url + "/accounts/settings/")
+        for label in page.locator("fieldset label").all():
+            box = label.locator("input[type=checkbox]").bounding_box()
+            whole = label.bounding_box()
+            assert box and whole
+            # On one line: the label is about one line tall and its text starts to the right of the box.
+            assert whole["height"] < 2.2 * box["height"] + 8, (label.inner_text(), whole, box)
+            assert box["x"] - whole["x"] < 10, (label.inner_text(), whole, box)
+        assert page.locator("fieldset input[value=admin]").count() == 0  # alice is not staff
+        page.fill("#id_name", "ci")
+        page.check("fieldset input[value=read]")
+        page.click("text=Create token")
+        assert page.locator(".token-once code").inner_text().startswith("gpp_")
