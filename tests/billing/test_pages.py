@@ -132,3 +132,45 @@ def test_pdf_refusals(october, client, admin, bob, charlie, who, url, status):
 def test_manager_fleet_pdf_has_only_her_team(october, client, alice):
     reader = _pdf(_get(client, alice, "/costs/report/2026-10.pdf"))
     assert len(reader.pages) == 2
+
+
+def test_a_month_in_progress_is_compared_with_the_previous_month_up_to_the_same_point(october, client, admin):
+    """On 5 November at 13:00 the comparison reads October to 5 October 13:00: bob's 10-hour booking of two A100s
+    from 5 October 08:00 counts for its first five hours (25.00 of 50.00), alice's 3-hour job from 08:00 wholly
+    (3.30), charlie's job on 21 October not at all. A past month is still set against the whole previous one."""
+    from datetime import UTC, datetime, timedelta
+
+    from apps.accounts.models import Team
+    from apps.billing import selectors, services
+    from tests.billing import helpers
+
+    vision, nlp = Team.objects.get(slug="vision"), Team.objects.get(slug="nlp")
+    g1, _g2, g3, _g4 = october["gpus"]
+    nov2 = datetime(2026, 11, 2, 9, tzinfo=UTC)
+    helpers.reserve(vision, admin, [g1], nov2, nov2 + timedelta(hours=4))  # 10.00
+    helpers.run_job(nlp, admin, g3, nov2, nov2 + timedelta(hours=2))  # 5.00
+    now = datetime(2026, 11, 5, 13, tzinfo=UTC)
+    services.ledger_close(now=now)
+    november = datetime(2026, 11, 1).date()
+    report = selectors.monthly_report(user=admin, month=november)
+    comparison = selectors.month_comparison(month=november, report=report, user=admin, now=now)
+    rows = {r["team"]: r for r in comparison["rows"]}
+    assert comparison["to"] == datetime(2026, 10, 5, 13, tzinfo=UTC)
+    assert rows["vision"]["previous_cost"] == "28.30" and rows["vision"]["cost"] == "10.00"
+    assert rows["vision"]["previous_gpu_hours"] == "13.000"  # 2 GPUs x 5 h + 3 h
+    assert rows["vision"]["change_percent"] == "-64.7"
+    assert rows["nlp"]["previous_cost"] == "0.00" and rows["nlp"]["change_percent"] is None
+
+    october_first = datetime(2026, 10, 1).date()
+    october_report = selectors.monthly_report(user=admin, month=october_first)
+    whole = selectors.month_comparison(month=october_first, report=october_report, user=admin, now=now)
+    assert whole["to"] is None  # September had nothing: October is not in progress
+    assert {r["previous_cost"] for r in whole["rows"]} == {"0.00"}
+
+    client.force_login(admin)
+    with pytest.MonkeyPatch.context() as mp:
+        from django.utils import timezone
+
+        mp.setattr(timezone, "now", lambda: now)
+        html = client.get("/costs/").content.decode()
+    assert 'id="comparison-to"' in html and "up to the same point (5 Oct 13:00)" in html and "28.30" in html

@@ -17,7 +17,7 @@ from apps.billing import costing
 from apps.billing.models import UsageRecord
 from apps.billing.selectors.months import ZERO, current_month, local_tz, month_label
 from apps.billing.selectors.reports import monthly_report
-from apps.billing.selectors.usage import team_budget, teams_month_usage
+from apps.billing.selectors.usage import rounded_hours, team_budget, teams_month_usage
 from apps.core.errors import Forbidden
 from apps.fleet.models import Gpu
 
@@ -64,18 +64,30 @@ def utilization_heatmap(*, month: date, team_ids: Sequence[int] | None = None) -
     }
 
 
-def month_comparison(*, month: date, report: dict[str, Any], user: AnyUser) -> list[dict[str, Any]]:
-    """Each team of `report` against the previous month: cost and GPU-hours, and the change."""
+def month_comparison(
+    *, month: date, report: dict[str, Any], user: AnyUser, now: datetime | None = None
+) -> dict[str, Any]:
+    """Each team of `report` against the previous month: cost and GPU-hours, and the change. A month in progress
+    is set against the previous month up to the same point (as far into it as `now` is into this one): a whole
+    month against six days reads as a fall that is not there."""
+    now = now or timezone.now()
     previous = costing.previous_month(month)
     try:
         before = monthly_report(user=user, month=previous)
     except Forbidden:
-        return []
-    prev = {t["team"]: t for t in before["teams"]}
+        return {"rows": [], "to": None}
+    prev = {t["team"]: (Decimal(t["cost"]), str(t["gpu_hours"])) for t in before["teams"]}
+    cutoff = None
+    if month == current_month(now=now):
+        tz = local_tz()
+        first = costing.month_bounds(month, tz)[0]
+        prev_first, prev_after = costing.month_bounds(previous, tz)
+        cutoff = min(prev_first + (now - first), prev_after)
+        slugs = [t["team"] for t in report["teams"]]
+        prev = _ledger_up_to(month=previous, cutoff=cutoff, team_slugs=slugs)
     rows = []
     for team in report["teams"]:
-        last = prev.get(team["team"])
-        last_cost = Decimal(last["cost"]) if last else ZERO
+        last_cost, last_hours = prev.get(team["team"], (ZERO, "0.000"))
         cost = Decimal(team["cost"])
         change = None if not last_cost else str(((cost - last_cost) / last_cost * 100).quantize(Decimal("0.1")))
         rows.append(
@@ -84,11 +96,29 @@ def month_comparison(*, month: date, report: dict[str, Any], user: AnyUser) -> l
                 "cost": team["cost"],
                 "previous_cost": str(costing.to_cents(last_cost)),
                 "gpu_hours": team["gpu_hours"],
-                "previous_gpu_hours": last["gpu_hours"] if last else "0.000",
+                "previous_gpu_hours": last_hours,
                 "change_percent": change,
             }
         )
-    return rows
+    return {"rows": rows, "to": None if cutoff is None else cutoff.astimezone(local_tz())}
+
+
+def _ledger_up_to(*, month: date, cutoff: datetime, team_slugs: Sequence[str]) -> dict[str, tuple[Decimal, str]]:
+    """Cost (to the cent) and GPU-hours per team of `month`'s ledger before `cutoff`; the rows that straddle it
+    count for their part before it (a ledger row lies within one day, so there are few)."""
+    rows = UsageRecord.objects.filter(month=month, team__slug__in=list(team_slugs), start__lt=cutoff).order_by()
+    cost: dict[str, Decimal] = {}
+    seconds: dict[str, Decimal] = {}
+    for row in rows.filter(end__lte=cutoff).values("team__slug").annotate(c=Sum("cost"), s=Sum("gpu_seconds")):
+        cost[row["team__slug"]] = Decimal(row["c"] or 0)
+        seconds[row["team__slug"]] = Decimal(row["s"] or 0)
+    for slug, start, end, row_cost, row_seconds in rows.filter(end__gt=cutoff).values_list(
+        "team__slug", "start", "end", "cost", "gpu_seconds"
+    ):
+        part = Decimal((cutoff - start).total_seconds()) / Decimal((end - start).total_seconds())
+        cost[slug] = cost.get(slug, ZERO) + row_cost * part
+        seconds[slug] = seconds.get(slug, ZERO) + row_seconds * part
+    return {slug: (costing.to_cents(cost[slug]), str(rounded_hours(int(seconds[slug])))) for slug in cost}
 
 
 def burn_down(*, team: Team, now: datetime | None = None) -> dict[str, Any]:
