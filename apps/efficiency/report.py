@@ -27,6 +27,7 @@ from django.db.models.functions import Coalesce, Now, Trunc
 
 from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
+from apps.billing import costing
 from apps.billing.models import UsageRecord
 from apps.billing.selectors.months import local_tz, month_label
 from apps.billing.selectors.reports import report_teams_for
@@ -56,9 +57,10 @@ def _figures(
         "allocated_gpu_hours": str((seconds_d / _H).quantize(_CENT)),
         "used_gpu_hours": str((used_d / _H).quantize(_CENT)),
         "idle_gpu_hours": str(((known_d - used_d) / _H).quantize(_CENT)),
-        "idle_cost": str(Decimal(idle_cost or 0).quantize(_CENT)),
+        "idle_cost": str(costing.to_cents(Decimal(idle_cost or 0))),
+        "unknown_utilization_gpu_hours": str(((seconds_d - known_d) / _H).quantize(_CENT)),
         "reclaimed_gpu_hours": str(reclaimed.quantize(_CENT)),
-        "reclaimed_cost": str(reclaimed_cost.quantize(_CENT)),
+        "reclaimed_cost": str(costing.to_cents(reclaimed_cost)),
     }
 
 
@@ -149,13 +151,11 @@ def efficiency_figures(*, month: date, team_ids: list[int]) -> dict[int, dict[st
         rec_user[(team_id, user_id)] = (h + hours, c + cost)
     out: dict[int, dict[str, Any]] = {}
     for r in rows.values("team_id").annotate(**_annotations()):
-        out[r["team_id"]] = {
-            "team": _figures(r["seconds"], r["used"], r["known"], r["idle"], *rec_team[r["team_id"]]),
-            "users": {},
-            "worst": [],
-        }
+        raw = (r["seconds"], r["used"], r["known"], r["idle"], *rec_team[r["team_id"]])
+        out[r["team_id"]] = {"team": _figures(*raw), "raw": raw, "users": {}, "worst": []}
     for team_id in team_ids:
-        out.setdefault(team_id, {"team": _figures(0, 0, 0, 0, *rec_team[team_id]), "users": {}, "worst": []})
+        raw = (0, 0, 0, 0, *rec_team[team_id])
+        out.setdefault(team_id, {"team": _figures(*raw), "raw": raw, "users": {}, "worst": []})
     for r in rows.values("team_id", "user_id").annotate(**_annotations()):
         out[r["team_id"]]["users"][r["user_id"]] = _figures(
             r["seconds"], r["used"], r["known"], r["idle"], *rec_user[(r["team_id"], r["user_id"])]
@@ -228,15 +228,10 @@ def efficiency_report(*, user: AnyUser, month: date, team_slug: str | None = Non
                 ],
             }
         )
-    keys = [
-        "allocated_gpu_hours",
-        "used_gpu_hours",
-        "idle_gpu_hours",
-        "idle_cost",
-        "reclaimed_gpu_hours",
-        "reclaimed_cost",
-    ]
-    totals = {k: str(sum((Decimal(t[k]) for t in out_teams), Decimal(0))) for k in keys}
+    # Totals from the teams' unrounded sums, as the monthly report's: the sum of rounded figures can be a cent off
+    # the same month's idle cost on the Costs page.
+    raws = [figures[t.pk]["raw"] for t in teams]
+    totals = _figures(*(sum((Decimal(str(r[i] or 0)) for r in raws), Decimal(0)) for i in range(6)))
     return {"month": month_label(month), "currency": settings.PORTAL_CURRENCY, "teams": out_teams, "totals": totals}
 
 

@@ -161,6 +161,20 @@ def test_a_month_in_progress_is_compared_with_the_previous_month_up_to_the_same_
     assert rows["vision"]["change_percent"] == "-64.7"
     assert rows["nlp"]["previous_cost"] == "0.00" and rows["nlp"]["change_percent"] is None
 
+    nov3 = datetime(2026, 11, 3, tzinfo=UTC)
+    helpers.reserve(nlp, admin, [g3], nov3, nov3 + timedelta(hours=20))  # 50.00
+    later = datetime(2026, 11, 25, tzinfo=UTC)
+    services.ledger_close(now=later)
+    report = selectors.monthly_report(user=admin, month=november)
+    rows = {
+        r["team"]: r for r in selectors.month_comparison(month=november, report=report, user=admin, now=later)["rows"]
+    }
+    assert (rows["nlp"]["previous_cost"], rows["nlp"]["cost"], rows["nlp"]["change_percent"]) == (
+        "12.50",
+        "55.00",
+        "+340.0",
+    )
+
     october_first = datetime(2026, 10, 1).date()
     october_report = selectors.monthly_report(user=admin, month=october_first)
     whole = selectors.month_comparison(month=october_first, report=october_report, user=admin, now=now)

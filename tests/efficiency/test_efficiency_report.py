@@ -140,3 +140,28 @@ def test_each_job_is_measured_in_its_own_run_on_its_own_memory(api_as, alice, bo
     # 50% on the whole GPU and 75% of the instance's 9,728 MiB.
     assert (users["alice"]["memory_peak_pct"], users["alice"]["jobs_measured"]) == ("62.5", 2)
     assert (team["memory_peak_pct"], team["jobs_measured"]) == ("50.0", 3)
+
+
+def test_totals_are_the_rounded_sum_as_on_the_costs_page(api_as, admin, alice, vision, nlp):
+    """Two teams idle for 0.004 each: each shows 0.00, and the fleet's total is 0.01 on both reports (the sum of
+    the rounded figures would say 0.00 here and 0.01 on the Costs page). Hours without telemetry are counted."""
+    model = GpuModelFactory(name="A100-80GB", memory_mib=81920, hourly_price=Decimal("2.0"))
+    gpu = GpuFactory(node=NodeFactory(name="n1"), index=0, model=model, uuid="GPU-t-0")
+    start = timezone.localtime().replace(day=1, hour=1, minute=0, second=0, microsecond=0)
+    for i, (team, util) in enumerate([(vision, "0"), (nlp, "0"), (nlp, None)]):
+        s = start + timedelta(hours=i)
+        UsageRecord.objects.create(
+            team=team, user=alice, gpu=gpu, gpu_model=model, source="reservation", source_id=i + 1, start=s,
+            end=s + timedelta(hours=1), day=s.date(), month=start.date(), gpu_seconds=3600,
+            hourly_price=Decimal("0.004"), cost=Decimal("0.004"),
+            mean_utilization=Decimal(util) if util is not None else None,
+        )  # fmt: skip
+    body = api_as(admin).get(URL).json()
+    assert [t["idle_cost"] for t in body["teams"]] == ["0.00", "0.00"]
+    costs = monthly_report(user=admin, month=current_month())
+    assert body["totals"]["idle_cost"] == costs["totals"]["idle_cost"] == "0.01"
+    assert body["totals"]["unknown_utilization_gpu_hours"] == "1.00"
+    client = Client()
+    client.force_login(admin)
+    page = client.get("/efficiency/").content.decode()
+    assert 'id="efficiency-unknown"' in page and "1.00 GPU-hours had no telemetry" in page

@@ -89,7 +89,7 @@ def month_comparison(
     for team in report["teams"]:
         last_cost, last_hours = prev.get(team["team"], (ZERO, "0.000"))
         cost = Decimal(team["cost"])
-        change = None if not last_cost else str(((cost - last_cost) / last_cost * 100).quantize(Decimal("0.1")))
+        change = None if not last_cost else format(((cost - last_cost) / last_cost * 100).quantize(Decimal("0.1")), "+")
         rows.append(
             {
                 "team": team["team"],

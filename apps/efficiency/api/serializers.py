@@ -35,6 +35,9 @@ class EfficiencyFiguresOutput(serializers.Serializer[Any]):
     used_gpu_hours = serializers.CharField(help_text="GPU-hours weighted by mean utilization")
     idle_gpu_hours = serializers.CharField()
     idle_cost = serializers.CharField()
+    unknown_utilization_gpu_hours = serializers.CharField(
+        help_text="allocated GPU-hours without telemetry: counted neither as used nor as idle"
+    )
     reclaimed_gpu_hours = serializers.CharField()
     reclaimed_cost = serializers.CharField()
 
