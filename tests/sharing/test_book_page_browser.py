@@ -142,3 +142,20 @@ def test_a_refused_share_offers_to_wait_for_that_share(page, alice, sharing_flee
         end,
         True,
     )
+
+
+def test_the_window_is_drawn_only_on_gpus_that_can_take_the_part(page, sharing_fleet):
+    """The chosen window is outlined on each GPU of the model that could take it: a whole GPU never lands on the GPU
+    in MIG mode, an instance only there, a share only on the GPU split in shares."""
+    start, end = slot(days=1, hour=10, hours=2)
+    page.fill("#book-start", start.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#book-end", end.strftime("%Y-%m-%dT%H:%M"))
+
+    def outlined(part: str) -> set[str]:
+        page.select_option("#book-part", part)
+        page.wait_for_selector(".tl-pick")
+        return set(page.eval_on_selector_all(".tl-pick", "ps => ps.map(p => p.closest('.tl-row').dataset.gpuUuid)"))
+
+    assert outlined("mig:1g.10gb") == {"GPU-mig-0"}
+    assert outlined("share:0.25") == {"GPU-shared-0"}
+    assert outlined("") == {"GPU-mig-1", "GPU-shared-0", "GPU-shared-1"}

@@ -385,6 +385,14 @@ function drawDrag() {
   const a = Math.min(d.t0, d.t1), b = Math.max(d.t0, d.t1);
   d.track.append(h("div", { class: "tl-pick", style: `left:${pct(a)}%;width:${pct(b) - pct(a)}%` }));
 }
+// Which GPUs the part asked for can land on: a whole GPU is never one in MIG mode, an instance only one in MIG mode,
+// a share only a GPU split in shares (the server decides; this only keeps the highlight honest).
+function takesPart(g) {
+  const part = el.part ? el.part.value : "";
+  if (part.startsWith("mig:")) return g.mig_mode;
+  if (part.startsWith("share:")) return !g.mig_mode && g.shares > 1;
+  return !g.mig_mode;
+}
 function drawPick() {
   document.querySelectorAll(".tl-pick").forEach((n) => n.remove());
   const w = formWindow();
@@ -393,7 +401,7 @@ function drawPick() {
   if (r <= l) return;
   const tracks = state.gpu
     ? [el.timeline.querySelector(`.tl-track[data-gpu-id="${state.gpu.id}"]`)]
-    : state.data.gpus.filter((g) => g.model === el.model.value && g.bookable)
+    : state.data.gpus.filter((g) => g.model === el.model.value && g.bookable && takesPart(g))
       .map((g) => el.timeline.querySelector(`.tl-track[data-gpu-id="${g.id}"]`));
   for (const t of tracks) if (t) t.append(h("div", { class: `tl-pick${state.gpu ? "" : " soft"}`, style: `left:${l}%;width:${r - l}%` }));
 }
