@@ -16,6 +16,9 @@ choice. Websocket compression is off and
 the lifespan protocol unused, as everywhere in the portal; proxy headers are trusted from FORWARDED_ALLOW_IPS
 (uvicorn's variable, default 127.0.0.1). A process that exits is started again after RESTART_DELAY_S (three
 that exit right at start stop the server: the app or the port is broken); SIGTERM or SIGINT stops them all.
+A stop gives open requests and websockets SHUTDOWN_GRACE_S to finish, then cancels what is left: a websocket
+consumer can stay blocked in the channel layer's receive after its socket closed (channels_redis, when several
+consumers of one process are cancelled at once), and without a bound uvicorn waits for it until it is killed.
 Linux (and other systems with SO_REUSEPORT load balancing) only.
 """
 
@@ -34,6 +37,7 @@ RESTART_DELAY_S = 1.0
 STARTUP_GRACE_S = 5.0  # a process that exits sooner than this failed to start
 MAX_QUICK_FAILURES = 3
 STOP_TIMEOUT_S = 15.0
+SHUTDOWN_GRACE_S = 5  # whole seconds (uvicorn's timeout_graceful_shutdown); below STOP_TIMEOUT_S
 WS_MAX_BYTES = 64 * 1024
 
 
@@ -76,6 +80,7 @@ def _serve(options: dict[str, Any], parent: int | None = None) -> None:
         ws_per_message_deflate=False,
         ws_max_size=options["ws_max_size"],
         lifespan="off",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         access_log=options["access_log"],
         log_level=options["log_level"],
     )

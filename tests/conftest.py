@@ -191,6 +191,9 @@ def start_live_server(**env: str) -> LiveServer:
             "--no-access-log",
             "--lifespan",
             "off",
+            # As portal.serve: a consumer left blocked in the channel layer at shutdown must not hold the stop.
+            "--timeout-graceful-shutdown",
+            "2",
             "--log-level",
             "warning",
         ],

@@ -142,3 +142,39 @@ def test_a_port_in_use_fails_at_once_with_a_message(transactional_db: Any) -> No
         )
     assert out.returncode != 0
     assert "Address already in use" in out.stderr
+
+
+def test_a_stop_does_not_wait_for_a_websocket_handler_that_never_ends(tmp_path: Path) -> None:
+    """A handler still running after its socket closed (a consumer blocked in the channel layer) is cancelled after
+    the grace period: SIGTERM stops the server instead of leaving it for a kill."""
+    import asyncio
+
+    import websockets
+
+    from portal import serve
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "portal.serve", "--port", str(port), "--log-level", "info",
+         "--app", "tests.support.stuck_app:app"],
+        cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", proc=proc)
+
+        async def connect_and_leave() -> None:
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws/stuck/", open_timeout=10):
+                pass
+
+        asyncio.run(connect_and_leave())
+        proc.send_signal(signal.SIGTERM)
+        # Generous: the bound under test is SHUTDOWN_GRACE_S; without it the server never exits on its own.
+        code = proc.wait(timeout=serve.SHUTDOWN_GRACE_S + 60)
+        log = proc.stderr.read() if proc.stderr else ""
+        # uvicorn raises the signal again once its shutdown is done, so the exit status is SIGTERM's.
+        assert code == -signal.SIGTERM, log
+        assert "timeout graceful shutdown exceeded" in log and "Finished server process" in log, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
