@@ -1,9 +1,9 @@
 """Demo cost history (embedded default only): a price history, two months and the current month so far of
-reservations on the fleet's GPUs, hourly telemetry rollups shaped by the real per-container duty cycles of the
-Alibaba GenAI trace (workers/gpu/profiles/alibaba_genai_2026.json), the quota holds booking would have kept for them,
-the ledger rows the closer writes for them, and the past months closed. Idempotent: the history is added once
-(marked by its reservations' note); prices and month closes are get-or-create. A few seconds: everything is
-bulk-inserted.
+reservations on the fleet's GPUs (on the instances of a GPU in MIG mode and the shares of a GPU split in shares),
+hourly telemetry rollups shaped by the real per-container duty cycles of the Alibaba GenAI trace
+(workers/gpu/profiles/alibaba_genai_2026.json), the quota holds booking would have kept for them, the ledger rows
+the closer writes for them, and the past months closed. Idempotent: the history is added once (marked by its
+reservations' note); prices and month closes are get-or-create. A few seconds: everything is bulk-inserted.
 
 Before the local agent has ever registered, there are no GPUs: the history is then put on the GPUs the simulated
 local agent will register, models included (apps.fleet.demo), which registration adopts by uuid; with real GPUs
@@ -29,7 +29,7 @@ from apps.accounts.models import Team
 from apps.billing import costing, selectors, services
 from apps.billing.models import Price
 from apps.booking.models import Allocation, AllocationKind, Reservation, ReservationStatus
-from apps.fleet.models import Gpu, GpuModel
+from apps.fleet.models import DeviceKind, Gpu, GpuModel
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,18 @@ def _gpus() -> list[Gpu]:
 
     gpus = list(Gpu.objects.filter(retired_at__isnull=True).select_related("model").order_by("node__name", "index"))
     return gpus or placeholder_gpus()
+
+
+def _targets(gpus: Sequence[Gpu]) -> list[Gpu]:
+    """Where the history's bookings go: each GPU, or for a GPU in MIG mode its instances and for a GPU split in
+    shares its shares (what booking hands out on them), so the reports show slices billed at their fraction."""
+    parts: dict[int, list[Gpu]] = {}
+    physical = [g.pk for g in gpus if g.pk is not None]
+    devices = Gpu.devices.filter(parent_id__in=physical, retired_at__isnull=True).select_related("model")
+    for device in devices.order_by("parent_id", "uuid"):
+        assert device.parent_id is not None
+        parts.setdefault(device.parent_id, []).append(device)
+    return [target for g in gpus for target in parts.get(g.pk, [g])]
 
 
 def _prices(models: Sequence[GpuModel], history_start: datetime) -> None:
@@ -143,14 +155,18 @@ def _holds(plan: Sequence[tuple[int, int, Any, Any]], reservations: Sequence[Res
     holds: list[QuotaHold] = []
     usage: dict[int, dict[Any, quota_math.Amount]] = {}
     for (g, _, s, e), r in zip(plan, reservations, strict=True):
-        model = gpus[g].model
-        rate = next((p for since, p in reversed(timelines.get(model.pk, [])) if since <= s), model.hourly_price)
+        model, part = gpus[g].model, gpus[g].capacity  # a part holds its fraction, at its fraction of the price
+        gpu_rate = next((p for since, p in reversed(timelines.get(model.pk, [])) if since <= s), model.hourly_price)
+        rate = gpu_rate * part
         kind = AllocationKind.RESERVATION
         holds.append(
-            hold_row(team_id=r.team_id, kind=kind, gpu_count=1, hourly_rate=rate, start=s, end=e, reservation_id=r.pk)
-        )
+            hold_row(
+                team_id=r.team_id, kind=kind, gpu_count=1, gpus=part, hourly_rate=rate, start=s, end=e,
+                reservation_id=r.pk,
+            )
+        )  # fmt: skip
         team = usage.setdefault(r.team_id, {})
-        for month, amount in quota_math.hold_amounts(start=s, end=e, gpu_count=1, hourly_rate=rate, tz=tz).items():
+        for month, amount in quota_math.hold_amounts(start=s, end=e, gpu_count=part, hourly_rate=rate, tz=tz).items():
             team[month] = team.get(month, quota_math.Amount()) + amount
     QuotaHold.objects.bulk_create(holds, batch_size=2000)
     for team_id, deltas in sorted(usage.items()):
@@ -165,7 +181,7 @@ def _history(now: datetime) -> int:
     if len(users) < len(BOOKERS) or len(teams) < 2:
         logger.info("billing demo: the demo teams and users are missing; no history")
         return 0
-    gpus = _gpus()
+    gpus = _targets(_gpus())
     tz = selectors.local_tz()
     this_month = selectors.current_month(now=now)
     first = costing.month_bounds(costing.previous_month(costing.previous_month(this_month)), tz)[0]
@@ -217,7 +233,8 @@ def _history(now: datetime) -> int:
     profiles = _profiles()
     rollups: list[Any] = []
     for g, _, s, e in plan:
-        if rng.random() < NO_TELEMETRY_SHARE:
+        # A share's utilization comes from its processes' minute readings, which the history does not have.
+        if rng.random() < NO_TELEMETRY_SHARE or gpus[g].kind == DeviceKind.SHARE:
             continue
         profile = profiles[rng.randrange(len(profiles))]
         rollups += _hourly_rollups(gpus[g].pk, s, e, profile, rng.randrange(len(profile)))

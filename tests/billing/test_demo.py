@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
@@ -50,11 +51,21 @@ def test_demo_history_is_fast_idempotent_and_reconciles(demo_world):
     tz = selectors.local_tz()
     lo, hi = costing.month_bounds(before, tz)[0], costing.month_bounds(last, tz)[1]
     held = sum(
-        int((min(a.end, hi) - max(a.start, lo)).total_seconds())
-        for a in Allocation.objects.filter(active=True, start__lt=hi, end__gt=lo)
+        int((min(a.end, hi) - max(a.start, lo)).total_seconds()) * a.gpu.capacity
+        for a in Allocation.objects.filter(active=True, start__lt=hi, end__gt=lo).select_related("gpu")
     )
     billed = sum(UsageRecord.objects.filter(month__in=[before, last]).values_list("gpu_seconds", flat=True))
-    assert billed == held
+    assert abs(billed - held) < UsageRecord.objects.filter(month__in=[before, last], share__lt=1).count()  # per row
+    # The GPU in MIG mode and the shared GPU were booked by their parts, never whole, and bill by the slice.
+    slices = {(s["gpu_model"], s["slice"]) for t in report["teams"] for s in t["by_slice"]}
+    assert ("A100-80GB", "1g.10gb") in slices and ("A100-80GB", "1/4 share") in slices, slices
+    split = Gpu.objects.filter(node__name="local").exclude(mig_mode=False, shares=1)
+    assert not Allocation.objects.filter(gpu__in=split).exists()
+    row = UsageRecord.objects.filter(gpu__mig_profile="1g.10gb", month=last).first()
+    assert row is not None and row.share == Decimal("0.142857")  # 1/7 of the GPU, at 1/7 of its price
+    hours = Decimal((row.end - row.start).total_seconds()) / 3600
+    assert abs(row.cost - row.hourly_price * hours * row.share) < Decimal("0.0001")
+    assert not UsageRecord.objects.filter(gpu__kind="share", mean_utilization__isnull=False).exists()
     # The current month accrues live up to now.
     usage = selectors.teams_month_usage(month=this_month, now=now + timedelta(minutes=1))
     assert sum(u.gpu_seconds for u in usage.values()) > 0
