@@ -274,3 +274,27 @@ def test_a_share_reservations_own_work_gives_its_ledger_rows_an_idle_cost(vision
     assert row.mean_utilization == Decimal("0.15") and row.share == Decimal("0.25")
     for shared in (one, two):
         assert UsageRecord.objects.get(source="reservation", source_id=shared.reservation_id).mean_utilization is None
+
+
+def test_the_costs_page_heatmap_counts_a_gpus_parts_in_its_row(vision, alice, admin, sharing_fleet, client):
+    """Ledger rows of MIG instances with their own utilization: the Costs page draws them in their GPU's row,
+    weighted by GPU-seconds (the page failed on the first such row: it looked instances up as physical GPUs)."""
+    import json
+
+    from apps.billing import selectors
+
+    first, second = Gpu.devices.filter(parent=sharing_fleet["mig"]).order_by("index")[:2]
+    _hold(vision, alice, first, 1)
+    _hold(vision, alice, second, 2)
+    billing.ledger_close(now=timezone.now())
+    UsageRecord.objects.filter(gpu=first).update(mean_utilization=Decimal("0.9"))
+    UsageRecord.objects.filter(gpu=second).update(mean_utilization=Decimal("0.3"))
+    month = UsageRecord.objects.filter(gpu=first).first().month  # type: ignore[union-attr]
+    heatmap = selectors.utilization_heatmap(month=month)
+    assert heatmap["gpus"] == ["mig/0 A100-80GB"]
+    assert [v for v in heatmap["values"][0] if v is not None] == [0.6]  # (0.9 + 0.3) / 2: equal GPU-seconds
+    client.force_login(admin)
+    resp = client.get(f"/costs/?month={month:%Y-%m}")
+    assert resp.status_code == 200
+    data = json.loads(resp.content.decode().split('id="costs-data" type="application/json">')[1].split("</script>")[0])
+    assert data["heatmap"]["gpus"] == ["mig/0 A100-80GB"]

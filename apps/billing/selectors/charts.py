@@ -38,21 +38,29 @@ def daily_costs(*, month: date, team_ids: Sequence[int], now: datetime | None = 
 
 def utilization_heatmap(*, month: date, team_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """Mean utilization of each GPU on each day of the month while allocated (ledger rows with telemetry):
-    rows are GPUs, columns days; a cell is null where the GPU was not allocated or reported nothing."""
+    rows are physical GPUs, columns days; a cell is null where the GPU was not allocated or reported nothing. The
+    rows of a GPU's MIG instances and shares count in their GPU's cell, weighted by their GPU-seconds (a 1g
+    instance's hour weighs 1/7 of a whole GPU's)."""
     qs = UsageRecord.objects.filter(month=month, mean_utilization__isnull=False).order_by()
     if team_ids is not None:
         qs = qs.filter(team_id__in=list(team_ids))
     money = DecimalField(max_digits=30, decimal_places=10)
-    cells = qs.values("gpu_id", "day").annotate(
+    cells = qs.values("gpu_id", "gpu__parent_id", "day").annotate(
         seconds=Sum("gpu_seconds"), util=Sum(F("gpu_seconds") * F("mean_utilization"), output_field=money)
     )
     days = costing.days_of_month(month)
     index = {d: i for i, d in enumerate(days)}
-    grid: dict[int, list[float | None]] = {}
+    sums: dict[int, dict[date, tuple[Decimal, Decimal]]] = {}
     for cell in cells:
-        row = grid.setdefault(cell["gpu_id"], [None] * len(days))
-        if cell["seconds"]:
-            row[index[cell["day"]]] = round(float(Decimal(cell["util"]) / Decimal(cell["seconds"])), 4)
+        by_day = sums.setdefault(cell["gpu__parent_id"] or cell["gpu_id"], {})
+        seconds, util = by_day.get(cell["day"], (ZERO, ZERO))
+        by_day[cell["day"]] = (seconds + Decimal(cell["seconds"] or 0), util + Decimal(cell["util"] or 0))
+    grid: dict[int, list[float | None]] = {}
+    for gpu_id, by_day in sums.items():
+        row = grid.setdefault(gpu_id, [None] * len(days))
+        for day, (seconds, util) in by_day.items():
+            if seconds:
+                row[index[day]] = round(float(util / seconds), 4)
     gpus = {
         g.pk: g for g in Gpu.objects.filter(pk__in=list(grid)).select_related("node", "model").order_by("node__name")
     }
