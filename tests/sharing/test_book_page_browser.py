@@ -159,3 +159,22 @@ def test_the_window_is_drawn_only_on_gpus_that_can_take_the_part(page, sharing_f
     assert outlined("mig:1g.10gb") == {"GPU-mig-0"}
     assert outlined("share:0.25") == {"GPU-shared-0"}
     assert outlined("") == {"GPU-mig-1", "GPU-shared-0", "GPU-shared-1"}
+
+
+def test_a_drag_on_the_gpu_in_mig_mode_books_one_of_its_instances(page, sharing_fleet):
+    """A GPU in MIG mode is never booked whole: picking it on the timeline asks for one of its instances."""
+    page.select_option("#tl-days", "3")
+    page.wait_for_selector('#timeline[data-days="3"]')
+    track = page.locator('.tl-row[data-gpu-uuid="GPU-mig-0"] .tl-track')
+    box = track.bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * (24 + 18) / 72 + 1, y)  # tomorrow 18:00 -> 20:00
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * (24 + 20) / 72 - 1, y, steps=5)
+    page.mouse.up()
+    assert page.input_value("#book-part") == "mig:1g.10gb"
+    page.click("#book-submit")
+    page.wait_for_selector("#book-success:not([hidden])")
+    reservation = Reservation.objects.get()
+    (allocation,) = reservation.allocations.select_related("gpu")
+    assert (allocation.gpu.parent_id, allocation.gpu.mig_profile) == (sharing_fleet["mig"].pk, "1g.10gb")

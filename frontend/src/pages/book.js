@@ -373,6 +373,7 @@ function startDrag(ev, gpu, track) {
     const refused = quotaRefuses(gpu);
     pickGpu(refused ? null : gpu);
     if (refused) showRefusal(refused);
+    else fitPart(gpu);
     drawPick();
     refreshInfo();
   };
@@ -392,6 +393,16 @@ function takesPart(g) {
   if (part.startsWith("mig:")) return g.mig_mode;
   if (part.startsWith("share:")) return !g.mig_mode && g.shares > 1;
   return !g.mig_mode;
+}
+// A GPU picked on the timeline gets a part it can give: an instance of it when it is in MIG mode (it is never
+// booked whole), the whole GPU when the part asked for is one it cannot give.
+function fitPart(gpu) {
+  if (!el.part || takesPart(gpu)) return;
+  const models = partModels(cfg.parts);
+  const gives = (o) => o.value === "" || (models[o.value] || []).includes(gpu.model);
+  const wanted = (o) => (gpu.mig_mode ? o.value.startsWith("mig:") : o.value === "");
+  const fit = [...el.part.options].find((o) => gives(o) && wanted(o));
+  if (fit) el.part.value = fit.value;
 }
 function drawPick() {
   document.querySelectorAll(".tl-pick").forEach((n) => n.remove());
