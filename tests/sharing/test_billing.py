@@ -289,7 +289,8 @@ def test_the_costs_page_heatmap_counts_a_gpus_parts_in_its_row(vision, alice, ad
     billing.ledger_close(now=timezone.now())
     UsageRecord.objects.filter(gpu=first).update(mean_utilization=Decimal("0.9"))
     UsageRecord.objects.filter(gpu=second).update(mean_utilization=Decimal("0.3"))
-    month = UsageRecord.objects.filter(gpu=first).first().month  # type: ignore[union-attr]
+    month = UsageRecord.objects.filter(gpu=first).values_list("month", flat=True).first()
+    assert month is not None
     heatmap = selectors.utilization_heatmap(month=month)
     assert heatmap["gpus"] == ["mig/0 A100-80GB"]
     assert [v for v in heatmap["values"][0] if v is not None] == [0.6]  # (0.9 + 0.3) / 2: equal GPU-seconds
