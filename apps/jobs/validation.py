@@ -17,6 +17,7 @@ from apps.jobs import conf
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
+MODEL_NAME_MAX = 64  # GpuModel.name's max_length
 
 # Container options that would break isolation. A request that sets one of them (to anything truthy) is refused
 # with 403 and nothing is queued; a falsy value (privileged: false) is what the portal does anyway.
@@ -179,7 +180,10 @@ def check_gpu_models(gpu_model: Any, gpu_models: Any) -> list[str]:
         if value in (None, "", []):
             continue
         items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(v, str) and v for v in items):
+        # A model's name is at most 64 characters (GpuModel.name); PostgreSQL refuses NUL in any text it compares.
+        if not isinstance(items, list) or not all(
+            isinstance(v, str) and v and len(v) <= MODEL_NAME_MAX and "\x00" not in v for v in items
+        ):
             raise ValidationFailed(
                 "gpu_model is a model name (gpu_models: a list of names).", fields={"gpu_model": ["model names"]}
             )

@@ -3,6 +3,7 @@ shares: what a month close freezes), presented rounded to the cent for the JSON,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import date, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -22,6 +23,8 @@ from apps.billing.selectors.months import month_close_of, month_label
 from apps.billing.selectors.usage import UTIL_PLACES, rounded_hours
 from apps.core.errors import Forbidden, NotFound
 from apps.fleet.models import GpuModel
+
+_SLUG = re.compile(r"[-a-zA-Z0-9_]+")
 
 
 def _agg_annotations() -> dict[str, Any]:
@@ -127,6 +130,9 @@ def report_teams_for(*, user: AnyUser, team_slug: str | None = None) -> tuple[li
     if not getattr(user, "is_authenticated", False):
         raise Forbidden("Sign in to read reports.", code="unauthenticated", status=401)
     if team_slug:
+        # Pages pass the query string through as it came; a slug never holds what PostgreSQL refuses (NUL).
+        if not _SLUG.fullmatch(team_slug):
+            raise NotFound(f"No team {team_slug!r} that you belong to.")
         team = Team.objects.visible_to(user).filter(slug=team_slug).first()
         if team is None:
             raise NotFound(f"No team {team_slug!r} that you belong to.")

@@ -52,8 +52,10 @@ def reservation_input_fast(request: Request) -> dict[str, Any] | None:
         return None
     try:
         body = _DECODER.decode(request.body)
-    except (msgspec.ValidationError, msgspec.DecodeError, RawPostDataException):
-        return None  # invalid, or the body was already parsed by DRF (an idempotency key's fingerprint)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, RawPostDataException):
+        # Invalid (msgspec, like json, gives up on a deeply nested body with RecursionError), or the body was
+        # already parsed by DRF (an idempotency key's fingerprint): DRF's parser and serializer say what is wrong.
+        return None
     if body.start.tzinfo is None or body.end.tzinfo is None:
         return None  # DRF reads a naive time in the installation's zone
     if body.mig_profile is not UNSET or body.gpu_share is not UNSET or body.mig_memory_mib is not UNSET:
