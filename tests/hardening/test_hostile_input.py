@@ -61,3 +61,37 @@ def test_report_api_with_a_nul_in_the_team_is_refused_in_shape(alice: Any, api_a
         resp = api_as(alice).get(path, {"team": "vi\x00sion"})
         assert resp.status_code in (400, 404), path
         assert set(resp.json()) == {"code", "detail", "fields"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/jobs/", rb'{"team": "vision", "image": "local/process", "command": ["\ud800"]}'),
+        ("/api/v1/jobs/", rb'{"team": "vision", "image": "x", "command": ["true"], "gpu_model": "\uDFFFx"}'),
+        ("/api/v1/tokens/", rb'{"name": "ci", "scopes": ["\ud800"]}'),
+        ("/api/v1/group-mappings/", rb'{"group": "g", "team": "vision", "role": "\udc00"}'),
+        (
+            "/api/v1/reservations/",
+            rb'{"team": "vision", "gpu_count": 1, "gpu_model": "A100-80GB", "note": "\ud800",'
+            rb' "start": "2030-01-01T10:00:00Z", "end": "2030-01-01T11:00:00Z"}',
+        ),
+        ("/api/v1/webhooks/", rb'{"team": "vision", "url": "https://example.org/h", "events": ["job.*"], "\ud800": 1}'),
+    ],
+)
+def test_an_unpaired_surrogate_escape_is_a_parse_error(admin: Any, vision: Any, api_as: Any, path: str, body: bytes):
+    """JSON may escape any UTF-16 unit; Python decodes a lone one to a str that UTF-8 (PostgreSQL, the renderer)
+    cannot encode."""
+    resp = api_as(admin).post(path, data=body, content_type="application/json")
+    assert resp.status_code == 400
+    assert resp.json() == {
+        "code": "malformed_request",
+        "detail": "JSON parse error - a string holds an unpaired UTF-16 surrogate (\\ud800-\\udfff).",
+        "fields": {},
+    }
+
+
+def test_a_surrogate_pair_escape_is_a_character(alice: Any, api_as: Any):
+    body = rb'{"name": "ci \ud83d\ude00", "scopes": ["read"]}'
+    resp = api_as(alice).post("/api/v1/tokens/", data=body, content_type="application/json")
+    assert resp.status_code == 201
+    assert resp.json()["name"] == "ci \N{GRINNING FACE}"
