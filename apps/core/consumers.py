@@ -83,3 +83,12 @@ class AuthorizedConsumer(AsyncWebsocketConsumer, ABC, Generic[T]):  # type: igno
 
     async def send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content))
+
+
+class NoStreamConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # Channels is untyped
+    """Every websocket path no stream has (routed last): accepted, then closed with 4404 like a stream the user may
+    not see. Without it Channels' router raises on the unknown path and the handshake fails with HTTP 500."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self.close(code=CLOSE_NOT_FOUND, reason="no such stream")

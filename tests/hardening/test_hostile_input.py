@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import Client
 
 from apps.jobs.models import Job
@@ -95,3 +97,26 @@ def test_a_surrogate_pair_escape_is_a_character(alice: Any, api_as: Any):
     resp = api_as(alice).post("/api/v1/tokens/", data=body, content_type="application/json")
     assert resp.status_code == 201
     assert resp.json()["name"] == "ci \N{GRINNING FACE}"
+
+
+async def _close_code(live: Any, path: str, token: str) -> int | None:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        async with connect(
+            f"{live.ws_url}{path}", origin=live.url, additional_headers={"Authorization": f"Bearer {token}"}
+        ) as ws:
+            await asyncio.wait_for(ws.recv(), 10)
+    except ConnectionClosed as exc:
+        return exc.rcvd.code if exc.rcvd is not None else None
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_websocket_path_no_stream_has_closes_with_4404(alice: Any, make_token: Any, live_portal: Any):
+    """Channels' router raised on these and the handshake failed with HTTP 500 (and a traceback in the log)."""
+    token = make_token(alice, ["read"])
+    for path in ["/ws/nope/", "/ws/jobs/-1/", "/ws/teams/%00/", "/ws/fleet", "/"]:
+        assert async_to_sync(_close_code)(live_portal, path, token) == 4404, path
