@@ -246,6 +246,9 @@ LOGOUT_REDIRECT_URL = "accounts:login"
 LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 10)  # failed attempts per username and per IP per window
 LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 300)
 TOKEN_MAX_EXPIRY_DAYS = env_int("TOKEN_MAX_EXPIRY_DAYS", 365)
+# Active (unrevoked, unexpired) tokens one account may hold: a script that mints a token per run meets a clear 409
+# instead of growing the list (and the settings page) without end.
+TOKEN_MAX_ACTIVE_PER_USER = env_int("TOKEN_MAX_ACTIVE_PER_USER", 100)
 # Local accounts first (break-glass admins sign in with nothing else up), then the directory, then single sign-on.
 # The LDAP and OIDC backends do nothing until their settings are given (docs/identity.md).
 AUTHENTICATION_BACKENDS = [

@@ -6,13 +6,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts import tokens
 from apps.accounts.models import ApiToken, Membership, MembershipSource, Role, Scope, Team
 from apps.accounts.types import AnyUser, User
 from apps.audit.services import audit_record
-from apps.core.errors import Forbidden, NotFound, ValidationFailed
+from apps.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 
 VALID_SCOPES = {choice.value for choice in Scope}
 
@@ -42,6 +43,19 @@ def token_create(*, user: User, name: str, scopes: list[str], expires_days: int 
         expires_at = timezone.now() + timedelta(days=expires_days)
     plaintext, prefix, digest = tokens.generate()
     with transaction.atomic():
+        # The user's row lock makes the count and the insert one step: parallel requests cannot pass the cap.
+        User.objects.select_for_update().filter(pk=user.pk).first()
+        now = timezone.now()
+        active = (
+            ApiToken.objects.filter(user=user, revoked_at__isnull=True)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+            .count()
+        )
+        if active >= settings.TOKEN_MAX_ACTIVE_PER_USER:
+            raise Conflict(
+                f"You have {active} active tokens, the most one account may hold: revoke one you no longer use.",
+                code="too_many_tokens",
+            )
         token = ApiToken.objects.create(
             user=user, name=name, prefix=prefix, digest=digest, scopes=sorted(set(scopes)), expires_at=expires_at
         )
