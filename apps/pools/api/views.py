@@ -17,10 +17,10 @@ from rest_framework.response import Response
 
 from apps.core.api.base import PortalAPIView
 from apps.core.errors import NotFound, ValidationFailed
-from apps.fleet.messages import GpuReport
 from apps.fleet.models import Pool
 from apps.jobs.services.reports import LogLineIn
 from apps.pools import selectors, services
+from apps.pools.api import inputs
 from apps.pools.api.serializers import PoolOutput
 from apps.pools.models import ExternalJob
 
@@ -52,62 +52,6 @@ class BridgeView(PortalAPIView):
         self.pool = pool
 
 
-def _body(request: Request) -> dict[str, Any]:
-    if not isinstance(request.data, dict):
-        raise ValidationFailed("The body must be a JSON object.")
-    return request.data
-
-
-def _int(data: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationFailed(f"{key} must be an integer.", fields={key: ["an integer"]})
-    return value
-
-
-def _str(data: dict[str, Any], key: str, default: str = "") -> str:
-    value = data.get(key, default)
-    if not isinstance(value, str):
-        raise ValidationFailed(f"{key} must be a string.", fields={key: ["a string"]})
-    return value
-
-
-def _time(data: dict[str, Any], key: str) -> datetime | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationFailed(f"{key} must be a Unix time.", fields={key: ["seconds since the epoch"]})
-    return datetime.fromtimestamp(value, tz=UTC)
-
-
-def _nodes(raw: Any) -> list[services.NodeIn]:
-    if not isinstance(raw, list):
-        raise ValidationFailed("nodes must be a list.", fields={"nodes": ["a list"]})
-    out = []
-    for item in raw:
-        if not isinstance(item, dict) or not isinstance(item.get("gpus"), list):
-            raise ValidationFailed("each node is an object with gpus.", fields={"nodes": ["objects with gpus"]})
-        gpus = [
-            GpuReport(
-                uuid=_str(g, "uuid"),
-                index=_int(g, "index"),
-                model=_str(g, "model"),
-                name=_str(g, "name"),
-                memory_mib=_int(g, "memory_mib", 0),
-                mig_mode=False,
-            )
-            for g in item["gpus"]
-            if isinstance(g, dict)
-        ]
-        out.append(
-            services.NodeIn(
-                name=_str(item, "name"), hostname=_str(item, "hostname"), gpus=gpus, up=bool(item.get("up"))
-            )
-        )
-    return out
-
-
 def job_spec(row: ExternalJob) -> dict[str, Any]:
     """What a bridge needs to submit a job to its scheduler."""
     job = row.job
@@ -133,15 +77,15 @@ class BridgePollView(BridgeView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, name: str) -> Response:
-        data = _body(request)
+        data = inputs.body(request)
         refused: list[str] = []
         if "nodes" in data:
-            nodes = _nodes(data["nodes"])
-            refused = services.pool_inventory(pool=self.pool, nodes=nodes, driver=_str(data, "version"))
+            nodes = inputs.nodes(data["nodes"])
+            version = inputs.text(data, "version", max_length=64)
+            refused = services.pool_inventory(pool=self.pool, nodes=nodes, driver=version)
             up = [n.name for n in nodes if n.up]
         else:
-            raw_up = data.get("up", [])
-            up = [n for n in raw_up if isinstance(n, str)] if isinstance(raw_up, list) else []
+            up = inputs.names(data.get("up", []), "up", max_length=100)
         services.pool_heartbeat(pool=self.pool, node_names=up)
         services.bridge_touch(self.pool)
         submit = [job_spec(row) for row in services.pool_claim(pool=self.pool)]
@@ -158,12 +102,13 @@ class BridgeSubmittedView(BridgeView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, name: str, job_id: int) -> Response:
-        data = _body(request)
+        data = inputs.body(request)
         if "refused" in data:
-            services.pool_job_refused(pool=self.pool, job_id=job_id, message=_str(data, "refused")[:4000])
+            message = inputs.text(data, "refused", max_length=4000)
+            services.pool_job_refused(pool=self.pool, job_id=job_id, message=message)
             return Response({"job_id": job_id, "state": "failed"})
-        external_id = _str(data, "external_id")
-        if not external_id or len(external_id) > 64:
+        external_id = inputs.ident(data, "external_id", max_length=64)
+        if not external_id:
             raise ValidationFailed("external_id is required.", fields={"external_id": ["1 to 64 characters"]})
         row = services.pool_job_submitted(pool=self.pool, job_id=job_id, external_id=external_id)
         return Response(services.follow_view(row))
@@ -174,7 +119,7 @@ class BridgeReservationRefusedView(BridgeView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, name: str, reservation_id: int) -> Response:
-        message = _str(_body(request), "message")[:2000]
+        message = inputs.text(inputs.body(request), "message", max_length=2000)
         ended = services.pool_reservation_refused(pool=self.pool, reservation_id=reservation_id, message=message)
         return Response({"reservation_id": reservation_id, "ended": ended})
 
@@ -184,20 +129,22 @@ class BridgeUsageView(BridgeView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, name: str) -> Response:
-        raw = _body(request).get("records")
+        raw = inputs.body(request).get("records")
         if not isinstance(raw, list):
             raise ValidationFailed("records must be a list.", fields={"records": ["a list"]})
         records = []
         for item in raw:
             if not isinstance(item, dict):
                 raise ValidationFailed("each record is an object.", fields={"records": ["objects"]})
-            start, end = _time(item, "start"), _time(item, "end")
+            start, end = inputs.moment(item, "start"), inputs.moment(item, "end")
             if start is None or end is None:
                 raise ValidationFailed("start and end are required.", fields={"records": ["start and end"]})
             records.append(
                 services.UsageIn(
-                    external_id=_int(item, "external_id"), account=_str(item, "account"), node=_str(item, "node"),
-                    gpus=_int(item, "gpus"), start=start, end=end,
+                    external_id=inputs.integer(item, "external_id", hi=inputs.INT64_MAX),
+                    account=inputs.ident(item, "account", max_length=64),
+                    node=inputs.ident(item, "node", max_length=100),
+                    gpus=inputs.integer(item, "gpus"), start=start, end=end,
                 )
             )  # fmt: skip
         return Response(services.pool_usage(pool=self.pool, records=records))
@@ -208,21 +155,18 @@ class BridgeReportView(BridgeView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, name: str, job_id: int) -> Response:
-        data = _body(request)
-        phase = _str(data, "phase")
+        data = inputs.body(request)
+        phase = inputs.ident(data, "phase", max_length=16)
         if phase not in {"pending", "running", "ended"}:
             raise ValidationFailed("phase must be pending, running or ended.", fields={"phase": ["unknown"]})
-        indexes = data.get("gpu_indexes", [])
-        if not isinstance(indexes, list) or not all(isinstance(i, int) for i in indexes):
-            raise ValidationFailed("gpu_indexes must be a list of integers.", fields={"gpu_indexes": ["integers"]})
-        exit_code = data.get("exit_code")
-        log_total = data.get("log_total")
         report = services.JobReport(
-            job_id=job_id, external_state=_str(data, "external_state"), phase=phase, node=_str(data, "node"),
-            gpu_indexes=indexes, started_at=_time(data, "started_at"), ended_at=_time(data, "ended_at"),
-            outcome=_str(data, "outcome"), reason=_str(data, "reason"),
-            exit_code=exit_code if isinstance(exit_code, int) else None, message=_str(data, "message")[:4000],
-            log_total=log_total if isinstance(log_total, int) else None,
+            job_id=job_id, external_state=inputs.text(data, "external_state", max_length=32), phase=phase,
+            node=inputs.ident(data, "node", max_length=100), gpu_indexes=inputs.indexes(data.get("gpu_indexes", [])),
+            started_at=inputs.moment(data, "started_at"), ended_at=inputs.moment(data, "ended_at"),
+            outcome=inputs.ident(data, "outcome", max_length=16), reason=inputs.ident(data, "reason", max_length=32),
+            exit_code=inputs.optional_integer(data, "exit_code", lo=-inputs.INT32_MAX - 1),
+            message=inputs.text(data, "message", max_length=4000),
+            log_total=inputs.optional_integer(data, "log_total"),
         )  # fmt: skip
         return Response(services.pool_job_report(pool=self.pool, report=report))
 
@@ -232,17 +176,25 @@ class BridgeLogsView(BridgeView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, name: str, job_id: int) -> Response:
-        data = _body(request)
+        data = inputs.body(request)
         raw = data.get("lines")
         if not isinstance(raw, list):
             raise ValidationFailed("lines must be a list.", fields={"lines": ["a list"]})
         now = datetime.now(tz=UTC)
         lines = [
-            LogLineIn(stream=_str(item, "stream", "stdout"), text=_str(item, "text"), at=_time(item, "at") or now)
+            LogLineIn(
+                stream=inputs.ident(item, "stream", "stdout", max_length=16),
+                text=inputs.text(item, "text"),
+                at=inputs.moment(item, "at") or now,
+            )
             for item in raw
             if isinstance(item, dict)
         ]
         stored = services.pool_job_logs(
-            pool=self.pool, job_id=job_id, epoch=_str(data, "epoch")[:40], first=_int(data, "first"), lines=lines
+            pool=self.pool,
+            job_id=job_id,
+            epoch=inputs.text(data, "epoch", max_length=40),
+            first=inputs.integer(data, "first"),
+            lines=lines,
         )
         return Response({"stored": stored})
