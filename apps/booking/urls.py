@@ -1,10 +1,11 @@
 from django.urls import path
 
 from apps.booking import views
+from apps.core import urlconverters  # noqa: F401  # registers <segment:...>
 
 app_name = "booking"
 urlpatterns = [
     path("", views.index, name="index"),
     path("calendar/regenerate/", views.calendar_regenerate, name="calendar-regenerate"),
-    path("calendar/<str:key>.ics", views.calendar_feed, name="calendar-feed"),
+    path("calendar/<segment:key>.ics", views.calendar_feed, name="calendar-feed"),
 ]

@@ -120,3 +120,27 @@ def test_a_websocket_path_no_stream_has_closes_with_4404(alice: Any, make_token:
     token = make_token(alice, ["read"])
     for path in ["/ws/nope/", "/ws/jobs/-1/", "/ws/teams/%00/", "/ws/fleet", "/"]:
         assert async_to_sync(_close_code)(live_portal, path, token) == 4404, path
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/api/v1/gpus/%00/history/"),
+        ("post", "/api/v1/gpus/GPU-%00/probe/"),
+        ("post", "/api/v1/nodes/%00/drain/"),
+        ("post", "/api/v1/nodes/n%001/undrain/"),
+        ("post", "/api/v1/gpus/%00/shares/"),
+    ],
+)
+def test_a_nul_in_a_path_segment_names_nothing(admin: Any, api_as: Any, method: str, path: str):
+    """`<str:...>` let a percent-encoded NUL through to a PostgreSQL lookup (500)."""
+    resp = getattr(api_as(admin), method)(path, {}, format="json")
+    assert resp.status_code == 404
+    assert set(resp.json()) == {"code", "detail", "fields"}
+
+
+def test_a_nul_in_a_page_path_names_nothing(admin: Any):
+    browser = Client()
+    browser.force_login(admin)
+    assert browser.get("/fleet/gpus/%00/").status_code == 404
+    assert browser.post("/fleet/nodes/%00/drain/").status_code == 404
