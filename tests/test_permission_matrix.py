@@ -47,8 +47,8 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/gpu-models/": {"GET": (401, 200, 200, 200, 200, 200)},
     "api/v1/nodes/": {"GET": (401, 200, 200, 200, 200, 200)},
     # Fleet-wide rows (GPUs, nodes) are not team-owned: every signed-in user reads them; only admins act on them.
-    "api/v1/nodes/<str:name>/drain/": {"POST": (401, 403, 403, 403, 200, 403)},
-    "api/v1/nodes/<str:name>/undrain/": {"POST": (401, 403, 403, 403, 200, 403)},
+    "api/v1/nodes/<segment:name>/drain/": {"POST": (401, 403, 403, 403, 200, 403)},
+    "api/v1/nodes/<segment:name>/undrain/": {"POST": (401, 403, 403, 403, 200, 403)},
     "api/v1/gpus/": {"GET": (401, 200, 200, 200, 200, 200)},
     "api/v1/pools/": {"GET": (401, 200, 200, 200, 200, 200)},
     # A pool's bridge endpoints take only that pool's bridge token: no user token or session gets in.
@@ -60,11 +60,11 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/pools/<slug:name>/bridge/reservations/<int:reservation_id>/refused/": {
         "POST": (401, 401, 401, 401, 401, 401)
     },
-    "api/v1/gpus/<str:uuid>/history/": {"GET": (401, 200, 200, 200, 200, 200)},
+    "api/v1/gpus/<segment:uuid>/history/": {"GET": (401, 200, 200, 200, 200, 200)},
     # 409 for the admin: authorized, but the GPU's node has no agent to probe it.
-    "api/v1/gpus/<str:uuid>/probe/": {"POST": (401, 403, 403, 403, 409, 403)},
+    "api/v1/gpus/<segment:uuid>/probe/": {"POST": (401, 403, 403, 403, 409, 403)},
     # Admins split a GPU in shares; the empty body is 400 for them (authorized, then validated).
-    "api/v1/gpus/<str:uuid>/shares/": {"POST": (401, 403, 403, 403, 400, 403)},
+    "api/v1/gpus/<segment:uuid>/shares/": {"POST": (401, 403, 403, 403, 400, 403)},
     "api/v1/images/": {"GET": (401, 200, 200, 200, 200, 200)},
     "api/v1/reservations/": {
         "GET": (401, 200, 200, 200, 200, 200),
@@ -345,11 +345,11 @@ OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {
     "api/v1/jobs/<int:job_id>/": _obj_job,
     "api/v1/jobs/<int:job_id>/cancel/": _obj_job,
     "api/v1/jobs/<int:job_id>/logs/": _obj_job,
-    "api/v1/gpus/<str:uuid>/history/": _obj_gpu,
-    "api/v1/gpus/<str:uuid>/probe/": _obj_gpu,
-    "api/v1/gpus/<str:uuid>/shares/": _obj_gpu,
-    "api/v1/nodes/<str:name>/drain/": _obj_node,
-    "api/v1/nodes/<str:name>/undrain/": _obj_node,
+    "api/v1/gpus/<segment:uuid>/history/": _obj_gpu,
+    "api/v1/gpus/<segment:uuid>/probe/": _obj_gpu,
+    "api/v1/gpus/<segment:uuid>/shares/": _obj_gpu,
+    "api/v1/nodes/<segment:name>/drain/": _obj_node,
+    "api/v1/nodes/<segment:name>/undrain/": _obj_node,
     "api/v1/pools/<slug:name>/bridge/poll/": lambda cast: {"name": "cluster"},
     "api/v1/pools/<slug:name>/bridge/usage/": lambda cast: {"name": "cluster"},
     "api/v1/pools/<slug:name>/bridge/jobs/<int:job_id>/submitted/": lambda cast: {"name": "cluster", **_obj_job(cast)},
