@@ -14,7 +14,7 @@ from django.db.models import Prefetch, Q, QuerySet, Sum, prefetch_related_object
 from django.utils import timezone
 
 from apps.accounts.models import Team
-from apps.accounts.scoping import team_ids_of
+from apps.accounts.scoping import managed_team_ids_of, team_ids_of
 from apps.accounts.types import AnyUser, User
 from apps.booking import quota as quota_math
 from apps.booking.models import (
@@ -164,6 +164,13 @@ def _with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation]:
 def reservations_visible_to(*, user: AnyUser) -> QuerySet[Reservation]:
     """Reservations of the user's teams (admins: all), with what their rows need preloaded."""
     return _with_details(Reservation.objects.visible_to(user))
+
+
+def may_end_reservation(*, user: AnyUser, reservation: Reservation) -> bool:
+    """Who may cancel or release it: admins, the member who booked it, and the team's managers."""
+    if user.is_staff or (reservation.user_id is not None and reservation.user_id == user.pk):
+        return True
+    return isinstance(user, User) and reservation.team_id in managed_team_ids_of(user)
 
 
 def reservations_with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation]:

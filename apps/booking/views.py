@@ -1,4 +1,4 @@
-"""Booking pages: the Book page (timeline, form, my reservations) and the secret iCal feed."""
+"""Booking pages: the Book page (timeline, form, my reservations), a reservation's page, and the secret iCal feed."""
 
 from __future__ import annotations
 
@@ -6,19 +6,21 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.cache import get_conditional_response
 from django.utils.http import http_date
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.selectors import memberships_of
-from apps.accounts.types import User
+from apps.accounts.types import User, signed_in
 from apps.booking import ical, selectors, services
 from apps.booking.models import Reservation, ReservationStatus
+from apps.core.errors import ApplicationError, NotFound
 from apps.fleet.models import DeviceKind, Gpu, GpuModel
 
 
@@ -53,6 +55,77 @@ def index(request: HttpRequest) -> HttpResponse:
         "parts": selectors.bookable_parts(),
     }
     return render(request, "booking/index.html", {"nav_section": "booking", "config": config})
+
+
+# Why the portal (or a pool) ended a reservation early, as the Book page says it (released_reason -> text).
+ENDED_BY = {
+    "idle": "Reclaimed by the portal: its GPUs were idle.",
+    "unused": "Reclaimed by the portal: its GPUs were not used.",
+    "empty": "Reclaimed by the portal: its GPUs were not used.",
+    "layout": "Ended by the portal: the MIG layout of its GPU changed and no equal device was free.",
+    "gpu_gone": "Ended by the portal: its GPU is gone from its node and no equal GPU was free.",
+    "scheduler": "Refused by the pool's scheduler.",
+}
+
+
+def _ended_why(r: Reservation) -> str:
+    if r.released_reason:
+        return ENDED_BY.get(r.released_reason, f"Ended by the portal ({r.released_reason}).")
+    if r.status == ReservationStatus.CANCELLED:
+        return "Cancelled before its start."
+    if r.status == ReservationStatus.RELEASED and r.ended_at and r.ended_at < r.booked_end:
+        return "Released early."
+    return ""
+
+
+@login_required
+@require_GET
+def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    """One reservation: what it holds and held, its times, what it cost so far and how busy its GPUs were, the
+    jobs run in it; the booker, the team's managers and admins can cancel or release it here."""
+    from apps.billing.models import SourceKind
+    from apps.billing.selectors import source_usage, source_utilization
+    from apps.jobs.selectors import jobs_visible_to
+
+    r = selectors.reservations_visible_to(user=request.user).filter(pk=reservation_id).first()
+    if r is None:
+        raise Http404("No such reservation.")
+    seconds, cost = source_usage(source=SourceKind.RESERVATION, source_id=r.pk)
+    utilization, measured = source_utilization(source=SourceKind.RESERVATION, source_id=r.pk)
+    devices = _held(r)
+    context = {
+        "nav_section": "booking",
+        "r": r,
+        "summary": _summary(r).split(": ", 1)[1],
+        "devices": [{"gpu": g, "where": _where(g)} for g in devices],
+        "gpu_hours": Decimal(seconds) / 3600,
+        "cost": cost,
+        "utilization": None if utilization is None else utilization * 100,
+        "measured": measured * 100,
+        "jobs": list(jobs_visible_to(user=request.user).filter(reservation_id=r.pk).order_by("-id")[:50]),
+        "ended_why": _ended_why(r),
+        "can_end": r.status in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE)
+        and r.end > timezone.now()
+        and selectors.may_end_reservation(user=request.user, reservation=r),
+        "started": r.start <= timezone.now(),
+    }
+    return render(request, "booking/detail.html", context)
+
+
+@login_required
+@require_POST
+def end(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    """Cancel (not started) or release (started) a reservation from its page; refusals as a message."""
+    try:
+        r = services.reservation_end(user=signed_in(request.user), reservation_id=reservation_id)
+    except NotFound:
+        raise Http404("No such reservation.") from None
+    except ApplicationError as exc:
+        messages.error(request, exc.detail)
+    else:
+        done = "Cancelled" if r.status == ReservationStatus.CANCELLED else "Released"
+        messages.success(request, f"{done} reservation #{r.pk}.")
+    return redirect("booking:detail", reservation_id=reservation_id)
 
 
 @login_required

@@ -89,6 +89,11 @@ def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
     page.fill("#book-note", "")
     page.dispatch_event("#book-start", "change")
     page.wait_for_function("document.querySelector('#book-availability [data-free]')?.dataset.free === '10'")
+    # The row's number opens the reservation's page, which lists the two GPUs it holds.
+    mine.first.locator(f'a[href="/book/reservations/{reservation.pk}/"]').click()
+    page.wait_for_selector("#reservation-page")
+    assert f"Reservation #{reservation.pk}" in page.inner_text("h1")
+    assert page.locator("#res-devices tbody tr[data-uuid]").count() == 2
 
 
 def test_conflict_is_refused_inline(page, fleet, charlie, nlp):

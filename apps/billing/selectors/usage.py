@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import DecimalField, F, Q, QuerySet, Sum
 from django.utils import timezone
 
 from apps.accounts.models import Team
@@ -164,6 +164,23 @@ def source_usage(*, source: str, source_id: int, now: datetime | None = None) ->
             seconds += piece.seconds
             cost += piece.cost
     return seconds, cost
+
+
+def source_utilization(*, source: str, source_id: int) -> tuple[Decimal | None, Decimal]:
+    """(mean utilization 0..1 weighted by GPU-seconds, share 0..1 of the billed GPU-seconds with telemetry) of one
+    job's or reservation's ledger rows; (None, 0) before any row or without telemetry. Live pieces have no
+    utilization until the closer writes them."""
+    money = DecimalField(max_digits=30, decimal_places=10)
+    agg = UsageRecord.objects.filter(source=source, source_id=source_id).aggregate(
+        seconds=Sum("gpu_seconds"),
+        measured=Sum("gpu_seconds", filter=Q(mean_utilization__isnull=False)),
+        weighted=Sum(F("gpu_seconds") * F("mean_utilization"), output_field=money),
+    )
+    seconds, measured = int(agg["seconds"] or 0), int(agg["measured"] or 0)
+    if not measured:
+        return None, ZERO
+    mean = (Decimal(agg["weighted"]) / measured).quantize(UTIL_PLACES)
+    return mean, (Decimal(measured) / seconds).quantize(UTIL_PLACES)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, F
 from django.utils import timezone
 
-from apps.accounts.models import Membership, Role, Team
+from apps.accounts.models import Team
 from apps.accounts.scoping import team_ids_of
 from apps.accounts.types import AnyUser, User
 from apps.audit.services import audit_event, audit_record
@@ -396,15 +396,6 @@ def reservation_create(
     raise AssertionError("unreachable")
 
 
-def _may_end(user: AnyUser, reservation: Reservation) -> bool:
-    """Who may cancel or release: admins, the member who booked it, and the team's managers."""
-    if user.is_staff or (reservation.user_id is not None and reservation.user_id == user.pk):
-        return True
-    if not isinstance(user, User):
-        return False
-    return Membership.objects.filter(user=user, team_id=reservation.team_id, role=Role.MANAGER).exists()
-
-
 def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
     """Cancel a reservation that has not started, or release one that has (its GPUs are free from now on: the
     allocations' end is cut to now and the unused rest of the quota hold is given back).
@@ -416,7 +407,7 @@ def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
         reservation = Reservation.objects.visible_to(user).select_for_update().filter(pk=reservation_id).first()
         if reservation is None:
             raise NotFound("No such reservation.")
-        if not _may_end(user, reservation):
+        if not selectors.may_end_reservation(user=user, reservation=reservation):
             raise Forbidden("Only the member who booked it, a team manager or an admin may end this reservation.")
         if reservation.status in (ReservationStatus.RELEASED, ReservationStatus.CANCELLED) or reservation.end <= now:
             raise Conflict(f"This reservation has already ended ({reservation.status}).", code="reservation_ended")

@@ -439,7 +439,7 @@ async function loadMine() {
       const action = started ? "Release" : "Cancel";
       const btn = h("button", { class: "danger small", type: "button", "data-action": action.toLowerCase(), onclick: () => endReservation(r, action) }, action);
       return h("tr", { "data-reservation-id": r.id },
-        h("td", {}, `#${r.id}`), h("td", {}, r.team),
+        h("td", {}, h("a", { href: `/book/reservations/${r.id}/` }, `#${r.id}`)), h("td", {}, r.team),
         h("td", {}, gpusText(r.gpus), h("div", { class: "muted small" }, r.gpu_model || "")),
         h("td", {}, fmt(r.start)), h("td", {}, fmt(r.end)),
         h("td", {}, h("span", { class: `badge status-${r.status}` }, r.status)),
@@ -477,7 +477,7 @@ async function loadEnded() {
       return;
     }
     tbody.replaceChildren(...rows.map((r) => h("tr", { "data-reservation-id": r.id, "data-reason": r.released_reason || "" },
-      h("td", {}, `#${r.id}`), h("td", {}, r.team), h("td", {}, gpusText(r.gpus)),
+      h("td", {}, h("a", { href: `/book/reservations/${r.id}/` }, `#${r.id}`)), h("td", {}, r.team), h("td", {}, gpusText(r.gpus)),
       h("td", {}, span(r.start, r.booked_end || r.end)), h("td", {}, fmt(r.ended_at)),
       h("td", {}, h("span", { class: `badge status-${r.status}` }, r.status), " ", endedWhy(r)))));
   } catch (err) {

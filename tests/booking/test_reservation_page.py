@@ -1,0 +1,155 @@
+"""A reservation's page (/book/reservations/<id>/): what it holds, its times, its ledger cost and utilization, its
+jobs; visible to its team and admins only; cancel and release from the page, refused for members who did not book
+it; the Book page, the job page and the Efficiency page link to it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from apps.billing import services as billing
+from apps.booking import services
+from apps.booking.models import Reservation, ReservationStatus
+from tests.billing import helpers
+from tests.booking.conftest import slot
+
+pytestmark = pytest.mark.django_db
+
+
+def _client(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _page(user: Any, reservation_id: int) -> Any:
+    return _client(user).get(f"/book/reservations/{reservation_id}/")
+
+
+def _past(team: Any, user: Any, util: float | None) -> Reservation:
+    """A two-hour reservation of two GPUs that ended yesterday, billed by the closer, with minute telemetry at a
+    constant `util` percent on the first GPU only (None: no telemetry)."""
+    gpu_list = helpers.gpus(2, node=f"node-{util}")
+    start = (timezone.now() - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+    end = start + timedelta(hours=2)
+    allocations = helpers.reserve(team, user, gpu_list, start, end)
+    Reservation.objects.filter(pk=allocations[0].reservation_id).update(
+        status=ReservationStatus.RELEASED, activated_at=start, ended_at=end
+    )
+    if util is not None:
+        helpers.rollups(gpu_list[0], start, end, util)
+    billing.ledger_close(now=timezone.now())
+    return Reservation.objects.get(pk=allocations[0].reservation_id)
+
+
+def test_the_page_needs_a_signed_in_user(vision: Any, alice: Any) -> None:
+    r = _past(vision, alice, None)
+    response = Client().get(f"/book/reservations/{r.pk}/")
+    assert response.status_code == 302 and "/accounts/login" in response["Location"]
+
+
+def test_team_members_and_admins_see_it_other_teams_get_404(vision: Any, alice: Any, bob: Any, charlie: Any,
+                                                             admin: Any) -> None:  # fmt: skip
+    r = _past(vision, alice, 40.0)
+    for user in (alice, bob, admin):
+        response = _page(user, r.pk)
+        assert response.status_code == 200, user
+        assert f"Reservation #{r.pk}" in response.content.decode()
+    assert _page(charlie, r.pk).status_code == 404
+    assert _page(alice, r.pk + 1000).status_code == 404
+
+
+def test_it_shows_devices_times_cost_and_the_measured_utilization(vision: Any, alice: Any) -> None:
+    r = _past(vision, alice, 40.0)
+    page = _page(alice, r.pk).content.decode()
+    for gpu in r.allocations.all():
+        assert f'data-uuid="{gpu.gpu.uuid}"' in page
+    # Two GPUs for two hours at the helpers' 2.50/h: 4 GPU-hours, 10.00.
+    assert 'id="res-gpu-hours">4.00<' in page and 'id="res-cost">10.00 EUR<' in page
+    # One GPU of two reported 40%: the mean is of the measured half, and the page says the telemetry is partial.
+    assert "40% mean while held" in page and "telemetry for 50% of the time" in page
+    assert 'id="end-form"' not in page  # ended: nothing to cancel
+
+
+def test_without_telemetry_the_page_says_utilization_is_unknown(vision: Any, alice: Any) -> None:
+    page = _page(alice, _past(vision, alice, None).pk).content.decode()
+    assert "not known yet" in page
+
+
+def test_the_booker_cancels_an_upcoming_reservation_from_its_page(vision: Any, alice: Any, fleet: Any) -> None:
+    start, end = slot(days=1)
+    r = services.reservation_create(
+        user=alice, team=vision, start=start, end=end, gpu_count=1, gpu_model="A100-80GB"
+    ).reservation
+    page = _page(alice, r.pk).content.decode()
+    assert 'id="end-form"' in page and ">Cancel<" in page
+    response = _client(alice).post(f"/book/reservations/{r.pk}/end/", follow=True)
+    assert response.status_code == 200
+    assert f"Cancelled reservation #{r.pk}." in response.content.decode()
+    r.refresh_from_db()
+    assert r.status == ReservationStatus.CANCELLED
+    assert not r.allocations.filter(active=True).exists()
+    # Twice: the second is refused with the reason, not an error page.
+    response = _client(alice).post(f"/book/reservations/{r.pk}/end/", follow=True)
+    assert response.status_code == 200 and "already ended" in response.content.decode()
+
+
+def test_a_started_reservation_is_released_and_its_page_shows_why(vision: Any, alice: Any, fleet: Any) -> None:
+    now = timezone.localtime()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    r = services.reservation_create(
+        user=alice, team=vision, start=start, end=start + timedelta(hours=2), gpu_count=1, gpu_model="A100-80GB"
+    ).reservation
+    services.reservations_tick(now=timezone.now())
+    assert "Release its GPUs now" in _page(alice, r.pk).content.decode()
+    _client(alice).post(f"/book/reservations/{r.pk}/end/")
+    r.refresh_from_db()
+    assert r.status == ReservationStatus.RELEASED and r.end < r.booked_end
+    page = _page(alice, r.pk).content.decode()
+    assert "Released early." in page and "booked until" in page
+
+
+def test_a_member_who_did_not_book_it_cannot_end_it(vision: Any, alice: Any, bob: Any, charlie: Any,
+                                                     fleet: Any) -> None:  # fmt: skip
+    start, end = slot(days=2)
+    r = services.reservation_create(
+        user=alice, team=vision, start=start, end=end, gpu_count=1, gpu_model="A100-80GB"
+    ).reservation
+    assert 'id="end-form"' not in _page(bob, r.pk).content.decode()  # bob is a member; alice booked it
+    response = _client(bob).post(f"/book/reservations/{r.pk}/end/", follow=True)
+    assert "Only the member who booked it" in response.content.decode()
+    assert _client(charlie).post(f"/book/reservations/{r.pk}/end/").status_code == 404
+    assert Client().post(f"/book/reservations/{r.pk}/end/").status_code == 302  # to the login
+    r.refresh_from_db()
+    assert r.status == ReservationStatus.BOOKED
+
+
+def test_the_job_page_links_its_reservation(vision: Any, alice: Any) -> None:
+    from apps.jobs.models import Job, JobState
+
+    r = _past(vision, alice, None)
+    job = Job.objects.create(
+        team=vision, user=alice, name="in-reservation", image="local/process", command=["true"], gpu_count=1,
+        cpus=Decimal(1), memory_mib=1024, max_duration_s=600, reservation=r, state=JobState.SUCCEEDED,
+    )  # fmt: skip
+    page = _client(alice).get(f"/jobs/{job.pk}/").content.decode()
+    assert f'href="/book/reservations/{r.pk}/"' in page
+    assert f'href="/jobs/{job.pk}/"' in _page(alice, r.pk).content.decode()
+
+
+def test_a_share_shows_its_part_and_that_memory_is_not_isolated(vision: Any, alice: Any, fleet: Any) -> None:
+    from apps.booking.services.layout import gpu_shares_change
+
+    gpu_shares_change(actor=None, gpu_uuid=fleet["gpus"]["big/7"].uuid, shares=4)
+    start, end = slot(days=1)
+    r = services.reservation_create(
+        user=alice, team=vision, start=start, end=end, gpu_share=Decimal("0.25")
+    ).reservation
+    page = _page(alice, r.pk).content.decode()
+    assert "0.25 of a A100-80GB" in page and "big/7 · share" in page
+    assert "no memory isolation" in page
