@@ -1,4 +1,5 @@
-"""Turn a database outage into 503 with the error shape (API) or a plain page (browser), never a traceback."""
+"""Turn a database outage into 503 with the error shape (API) or a plain page (browser), never a traceback; refuse
+a query string that holds a NUL character before any view reads it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 from collections.abc import Callable
 
 from django.db import InterfaceError, OperationalError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.template.response import SimpleTemplateResponse
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ class DatabaseUnavailableMiddleware:
         if not isinstance(exception, (OperationalError, InterfaceError)):
             return None
         logger.warning("database unavailable while serving %s: %s", request.path, exception.__class__.__name__)
-        if request.path.startswith("/api/") or request.path == "/metrics":
+        if _wants_json(request):
             response: HttpResponse = JsonResponse(
                 {"code": "unavailable", "detail": "The database is unavailable; retry shortly.", "fields": {}},
                 status=503,
@@ -33,3 +34,24 @@ class DatabaseUnavailableMiddleware:
             response.render()
         response["Retry-After"] = "5"
         return response
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/") or request.path == "/metrics"
+
+
+class NulQueryStringMiddleware:
+    """400 for a query string with a percent-encoded NUL (`%00`). PostgreSQL's text types cannot hold NUL, so a
+    value with one that reaches a lookup is a DataError (500) wherever a view forgot to check; no parameter of
+    the portal has a use for it, so it is refused here, once, for every route (the admin's search included)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if "%00" not in request.META.get("QUERY_STRING", ""):
+            return self.get_response(request)
+        detail = "The query string holds a NUL character."
+        if _wants_json(request):
+            return JsonResponse({"code": "malformed_request", "detail": detail, "fields": {}}, status=400)
+        return HttpResponseBadRequest(detail, content_type="text/plain; charset=utf-8")

@@ -48,14 +48,15 @@ def test_job_model_names_postgresql_cannot_compare_are_refused(alice: Any, api_a
     assert not Job.objects.exists()
 
 
-def test_efficiency_page_with_a_nul_in_the_team_shows_the_reason(alice: Any):
+def test_efficiency_page_with_a_team_that_is_no_slug_shows_the_reason(alice: Any):
     browser = Client()
     browser.force_login(alice)
-    resp = browser.get("/efficiency/", {"team": "vi\x00sion"})
+    resp = browser.get("/efficiency/", {"team": "vi/sion"})
     assert resp.status_code == 200
-    assert "No team &#x27;vi\\x00sion&#x27; that you belong to." in resp.content.decode()
-    # The same team by its slug is the manager's report.
+    assert "No team &#x27;vi/sion&#x27; that you belong to." in resp.content.decode()
+    # The same team by its slug is the manager's report; with a NUL the query string is refused outright.
     assert "No team" not in browser.get("/efficiency/", {"team": "vision"}).content.decode()
+    assert browser.get("/efficiency/", {"team": "vi\x00sion"}).status_code == 400
 
 
 def test_report_api_with_a_nul_in_the_team_is_refused_in_shape(alice: Any, api_as: Any):
@@ -144,3 +145,28 @@ def test_a_nul_in_a_page_path_names_nothing(admin: Any):
     browser.force_login(admin)
     assert browser.get("/fleet/gpus/%00/").status_code == 404
     assert browser.post("/fleet/nodes/%00/drain/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("/metrics", "node=%00"),  # a node lookup: a DataError, 500
+        ("/api/v1/jobs/", "user=a%00b"),
+        ("/api/v1/gpus/", "node=%00&model=x"),
+    ],
+)
+def test_a_nul_in_the_query_string_is_refused_in_the_error_shape(admin: Any, api_as: Any, path: str, query: str):
+    resp = api_as(admin).get(f"{path}?{query}")
+    assert resp.status_code == 400
+    detail = "The query string holds a NUL character."
+    assert resp.json() == {"code": "malformed_request", "detail": detail, "fields": {}}
+
+
+@pytest.mark.parametrize("path", ["/admin/jobs/job/", "/admin/auth/user/", "/jobs/", "/costs/"])
+def test_a_nul_in_a_page_query_is_a_bad_request(admin: Any, path: str):
+    client = Client()
+    client.force_login(admin)
+    resp = client.get(f"{path}?q=%00")  # the admin's search lookup took it to PostgreSQL
+    assert resp.status_code == 400
+    assert b"NUL" in resp.content
+    assert client.get(f"{path}?q=ok").status_code == 200
