@@ -250,6 +250,9 @@ TOKEN_MAX_EXPIRY_DAYS = env_int("TOKEN_MAX_EXPIRY_DAYS", 365)
 # Active (unrevoked, unexpired) tokens one account may hold: a script that mints a token per run meets a clear 409
 # instead of growing the list (and the settings page) without end.
 TOKEN_MAX_ACTIVE_PER_USER = env_int("TOKEN_MAX_ACTIVE_PER_USER", 100)
+# Webhooks one team (or the fleet, for endpoints of every team) may register: each event is delivered to every
+# matching endpoint, so without a bound one manager could turn each event into thousands of outbound requests.
+WEBHOOK_MAX_ENDPOINTS_PER_TEAM = env_int("WEBHOOK_MAX_ENDPOINTS_PER_TEAM", 25)
 # Local accounts first (break-glass admins sign in with nothing else up), then the directory, then single sign-on.
 # The LDAP and OIDC backends do nothing until their settings are given (docs/identity.md).
 AUTHENTICATION_BACKENDS = [

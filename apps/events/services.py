@@ -6,14 +6,15 @@ Celery, after commit, and again from the periodic sweep for anything a lost mess
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.scoping import managed_team_ids_of, team_ids_of
 from apps.accounts.types import User
 from apps.audit.services import audit_record
-from apps.core.errors import Forbidden, NotFound, ValidationFailed
+from apps.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from apps.events import secrets
 from apps.events.matching import pattern_is_valid
 from apps.events.models import MailPreference, OutboxEvent, WebhookEndpoint
@@ -71,6 +72,11 @@ def _check_patterns(events: list[str]) -> list[str]:
     return sorted(set(events))
 
 
+# The first key of the advisory lock that serializes creating a team's webhooks (the second is the team's id, 0 for
+# the fleet-wide ones); any constant no other advisory lock of the portal uses.
+_ENDPOINTS_LOCK = 0x57_48_4B  # "WHK"
+
+
 def webhook_create(*, user: User, team_slug: str | None, url: str, events: list[str]) -> tuple[WebhookEndpoint, str]:
     """Register an endpoint; returns it and its `whsec_` secret, which is never shown again."""
     team = _manageable_team(user=user, team_slug=team_slug)
@@ -81,6 +87,17 @@ def webhook_create(*, user: User, team_slug: str | None, url: str, events: list[
         raise ValidationFailed(str(exc), fields={"url": [str(exc)]}) from exc
     secret = secrets.new_secret()
     with transaction.atomic():
+        # One lock per team (and one for the fleet-wide endpoints) makes the count and the insert one step:
+        # parallel requests cannot pass the cap.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ENDPOINTS_LOCK, team.pk if team else 0])
+        held = WebhookEndpoint.objects.filter(team=team).count()
+        if held >= settings.WEBHOOK_MAX_ENDPOINTS_PER_TEAM:
+            whose = f"Team {team.slug}" if team else "The fleet"
+            raise Conflict(
+                f"{whose} has {held} webhooks, the most allowed: delete one it no longer uses.",
+                code="too_many_webhooks",
+            )
         endpoint = WebhookEndpoint.objects.create(
             team=team, url=url, events=patterns, secret_encrypted=secrets.encrypt(secret), created_by=user
         )
