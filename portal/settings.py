@@ -253,6 +253,9 @@ TOKEN_MAX_ACTIVE_PER_USER = env_int("TOKEN_MAX_ACTIVE_PER_USER", 100)
 # Webhooks one team (or the fleet, for endpoints of every team) may register: each event is delivered to every
 # matching endpoint, so without a bound one manager could turn each event into thousands of outbound requests.
 WEBHOOK_MAX_ENDPOINTS_PER_TEAM = env_int("WEBHOOK_MAX_ENDPOINTS_PER_TEAM", 25)
+# Open waitlist entries (waiting or notified) one person may hold: entries are served oldest first, a bounded number
+# per pass, so without a cap one person's flood would sit in front of everyone else's.
+WAITLIST_MAX_WAITING_PER_USER = env_int("WAITLIST_MAX_WAITING_PER_USER", 20)
 # Local accounts first (break-glass admins sign in with nothing else up), then the directory, then single sign-on.
 # The LDAP and OIDC backends do nothing until their settings are given (docs/identity.md).
 AUTHENTICATION_BACKENDS = [

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -72,6 +73,17 @@ def waitlist_join(
     if end <= timezone.now():
         raise ValidationFailed("This window is over.", fields={"end": ["Must be in the future."]})
     with transaction.atomic():
+        # The user's row lock makes the count and the insert one step: parallel requests cannot pass the cap.
+        type(user).objects.select_for_update().filter(pk=user.pk).first()
+        waiting = WaitlistEntry.objects.filter(
+            user=user, state__in=[WaitState.WAITING, WaitState.NOTIFIED], end__gt=timezone.now()
+        ).count()
+        if waiting >= settings.WAITLIST_MAX_WAITING_PER_USER:
+            raise Conflict(
+                f"You are waiting on {waiting} waitlist entries, the most one person may: leave one you no longer "
+                "need first.",
+                code="too_many_waiting",
+            )
         entry = WaitlistEntry.objects.create(
             team=team,
             user=user,

@@ -12,7 +12,10 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.accounts.models import ApiToken
+from apps.accounts.services import token_create
+from apps.core.errors import Conflict
 from tests.booking.test_concurrency import race, start_server
+from tests.support.overlap import second_write_while_first_is_open
 
 
 def _body(name: str) -> dict[str, Any]:
@@ -66,3 +69,16 @@ def test_parallel_requests_never_pass_the_cap(alice, make_token):
     codes = Counter(r.status_code for r in responses)
     assert codes == {201: 5, 409: 43}, codes
     assert ApiToken.objects.filter(user=alice, revoked_at__isnull=True).count() == 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_token_waits_for_the_first_to_commit_and_is_refused(alice, settings):
+    settings.TOKEN_MAX_ACTIVE_PER_USER = 1
+
+    def mint() -> Any:
+        return token_create(user=alice, name="ci", scopes=["read"], expires_days=30)
+
+    out = second_write_while_first_is_open(mint, mint)
+    assert out["second_waited"]  # on alice's row lock
+    assert isinstance(out["second"], Conflict) and out["second"].code == "too_many_tokens"
+    assert ApiToken.objects.filter(user=alice).count() == 1

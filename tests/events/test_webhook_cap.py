@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from apps.core.errors import Conflict
 from apps.events.models import WebhookEndpoint
+from apps.events.services import webhook_create
 from tests.booking.test_concurrency import race, start_server
+from tests.support.overlap import second_write_while_first_is_open
 
 WRITE = ["read", "webhooks:write"]
 PUBLIC = "http://93.184.215.14/hook"  # a public address literal: no DNS needed to check it
@@ -68,3 +71,16 @@ def test_parallel_requests_never_pass_the_cap(alice, make_token):
     codes = Counter(r.status_code for r in responses)
     assert codes == {201: 4, 409: 44}, codes
     assert WebhookEndpoint.objects.filter(team__slug="vision").count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_registration_waits_for_the_first_to_commit_and_is_refused(alice, settings):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TEAM = 1
+
+    def register() -> Any:
+        return webhook_create(user=alice, team_slug="vision", url=PUBLIC, events=["job.*"])
+
+    out = second_write_while_first_is_open(register, register)
+    assert out["second_waited"]  # on the team's advisory lock
+    assert isinstance(out["second"], Conflict) and out["second"].code == "too_many_webhooks"
+    assert WebhookEndpoint.objects.filter(team__slug="vision").count() == 1
