@@ -301,6 +301,9 @@ USE_I18N = True
 USE_TZ = True
 PORTAL_CURRENCY = env_str("PORTAL_CURRENCY", "EUR")
 PORTAL_NAME = env_str("PORTAL_NAME", "GPU Portal")
+# Where people reach the portal ("https://gpu.example.org"): mails link to the page of what they are about. Empty:
+# mails carry no links (a worker sending mail has no request whose host it could use).
+PORTAL_URL = env_str("PORTAL_URL", "")
 # The right-hand side of calendar event UIDs (reservation-42@<this>): fixed, never the request's Host, so that a new
 # host name or a proxy does not duplicate every event in subscribers' calendars. Default: the first ALLOWED_HOSTS
 # entry that names one host. Set it once; changing it duplicates the events once.

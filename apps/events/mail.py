@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -17,11 +18,36 @@ from apps.events.outbox import OWED, lease_until
 MAX_ATTEMPTS = 12
 
 
+# The page that shows an event's subject: "reservations/42" -> "/book/reservations/42/".
+_PAGES = [
+    (re.compile(r"^jobs/(\d+)$"), "/jobs/{}/"),
+    (re.compile(r"^reservations/(\d+)$"), "/book/reservations/{}/"),
+    (re.compile(r"^webhooks/(\d+)$"), "/events/webhooks/{}/"),
+    (re.compile(r"^waitlist/\d+$"), "/book/"),
+    (re.compile(r"^teams/[^/]+/budget/"), "/costs/"),
+    (re.compile(r"^nodes/"), "/fleet/"),
+]
+
+
+def page_url(subject: str) -> str | None:
+    """The address of the portal page about `subject`, where PORTAL_URL says where the portal is; else None (a mail
+    cannot be given the request's host: it is sent by a worker, not in answer to a request)."""
+    base = settings.PORTAL_URL.rstrip("/")
+    if not base:
+        return None
+    for pattern, path in _PAGES:
+        if match := pattern.match(subject):
+            return base + path.format(*match.groups())
+    return None
+
+
 def render(event: OutboxEvent) -> tuple[str, str]:
-    """Subject and plain-text body of an event's mail."""
+    """Subject and plain-text body of an event's mail: what happened, its data, and a link to its page."""
     name = getattr(settings, "PORTAL_NAME", "GPU Portal")
     title = event.event_type.replace(".", " ").replace("_", " ")
     lines = [f"{title.capitalize()}: {event.subject}", ""]
+    if url := page_url(event.subject):
+        lines += [f"Open: {url}", ""]
     lines += [f"{key}: {value}" for key, value in sorted(event.data.items())]
     lines += ["", f"You receive this because of your mail preferences in {name} (Profile > Notifications)."]
     return f"[{name}] {title}: {event.subject}", "\n".join(lines)

@@ -64,6 +64,7 @@ def test_mail_follows_each_persons_preferences(
         EMAIL_PORT=str(port),
         DEFAULT_FROM_EMAIL="portal@example.org",
         EVENTS_SWEEP_EVERY_S="2",
+        PORTAL_URL="https://portal.example.org",
     )
     try:
         # Jobs through the real service: each publishes queued and its end.
@@ -99,3 +100,6 @@ def test_mail_follows_each_persons_preferences(
         ]
     ), got
     assert all(message["From"] == "portal@example.org" for _, message in inbox.messages)
+    bodies = {str(message["Subject"]): message.get_payload(decode=True).decode() for _, message in inbox.messages}
+    job_mail = bodies[f"[GPU Portal] job succeeded: jobs/{ended['alice_ok']}"]
+    assert f"Open: https://portal.example.org/jobs/{ended['alice_ok']}/" in job_mail
