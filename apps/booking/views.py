@@ -78,6 +78,20 @@ def _ended_why(r: Reservation) -> str:
     return ""
 
 
+def _booked_estimate(r: Reservation) -> dict[str, Decimal] | None:
+    """GPU-hours and cost of a booking that has not started, as its quota hold counts them (the price of its day
+    of booking; the ledger bills what it holds at the prices of the hours it holds them)."""
+    from apps.booking.models import QuotaHold
+
+    if r.status != ReservationStatus.BOOKED:
+        return None
+    hold = QuotaHold.objects.filter(reservation=r, active=True).first()
+    if hold is None:
+        return None
+    hours = Decimal((hold.end - hold.start).total_seconds()) / 3600
+    return {"gpu_hours": hours * hold.gpus, "cost": hours * hold.hourly_rate}
+
+
 @login_required
 @require_GET
 def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
@@ -102,6 +116,7 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
         "cost": cost,
         "utilization": None if utilization is None else utilization * 100,
         "measured": measured * 100,
+        "booked": _booked_estimate(r),
         "jobs": list(jobs_visible_to(user=request.user).filter(reservation_id=r.pk).order_by("-id")[:50]),
         "ended_why": _ended_why(r),
         "can_end": r.status in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE)

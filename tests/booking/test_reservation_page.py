@@ -78,7 +78,7 @@ def test_it_shows_devices_times_cost_and_the_measured_utilization(vision: Any, a
 
 def test_without_telemetry_the_page_says_utilization_is_unknown(vision: Any, alice: Any) -> None:
     page = _page(alice, _past(vision, alice, None).pk).content.decode()
-    assert "not known yet" in page
+    assert "not known: the ledger has no telemetry for it yet" in page
 
 
 def test_the_booker_cancels_an_upcoming_reservation_from_its_page(vision: Any, alice: Any, fleet: Any) -> None:
@@ -88,6 +88,8 @@ def test_the_booker_cancels_an_upcoming_reservation_from_its_page(vision: Any, a
     ).reservation
     page = _page(alice, r.pk).content.decode()
     assert 'id="end-form"' in page and ">Cancel<" in page
+    # Not started: what it will cost, from its quota hold (one A100 at 2.50/h for two hours).
+    assert 'id="res-booked">2.00 GPU-hours, about 5.00 EUR at today\'s price<' in page
     response = _client(alice).post(f"/book/reservations/{r.pk}/end/", follow=True)
     assert response.status_code == 200
     assert f"Cancelled reservation #{r.pk}." in response.content.decode()
