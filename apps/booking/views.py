@@ -123,6 +123,7 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
         and r.end > timezone.now()
         and selectors.may_end_reservation(user=request.user, reservation=r),
         "started": r.start <= timezone.now(),
+        "live": r.status == ReservationStatus.ACTIVE,  # the devices' utilization now, polled by the page
     }
     return render(request, "booking/detail.html", context)
 

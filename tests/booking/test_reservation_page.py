@@ -88,6 +88,7 @@ def test_the_booker_cancels_an_upcoming_reservation_from_its_page(vision: Any, a
     ).reservation
     page = _page(alice, r.pk).content.decode()
     assert 'id="end-form"' in page and ">Cancel<" in page
+    assert 'data-live="false"' in page  # not started: nothing to watch yet
     # Not started: what it will cost, from its quota hold (one A100 at 2.50/h for two hours).
     assert 'id="res-booked">2.00 GPU-hours, about 5.00 EUR at today\'s price<' in page
     response = _client(alice).post(f"/book/reservations/{r.pk}/end/", follow=True)
@@ -155,3 +156,15 @@ def test_a_share_shows_its_part_and_that_memory_is_not_isolated(vision: Any, ali
     page = _page(alice, r.pk).content.decode()
     assert "0.25 of a A100-80GB" in page and "big/7 · share" in page
     assert "no memory isolation" in page
+
+
+def test_an_active_reservation_shows_its_devices_live(vision: Any, alice: Any, fleet: Any) -> None:
+    now = timezone.localtime()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    r = services.reservation_create(
+        user=alice, team=vision, start=start, end=start + timedelta(hours=2), gpu_count=1, gpu_model="H100-80GB"
+    ).reservation
+    services.reservations_tick(now=timezone.now())
+    page = _page(alice, r.pk).content.decode()
+    assert 'data-live="true"' in page and '<td class="util">' in page
+    assert "portal/pages/reservation.js" in page
