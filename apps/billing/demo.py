@@ -173,14 +173,14 @@ def _holds(plan: Sequence[tuple[int, int, Any, Any]], reservations: Sequence[Res
         add_usage(team_id, deltas)
 
 
-def _history(now: datetime) -> int:
+def _history(now: datetime) -> tuple[int, dict[int, Decimal]]:
     if Reservation.objects.filter(note=HISTORY_NOTE).exists():
-        return 0
+        return 0, {}
     users = {u.username: u for u in get_user_model().objects.filter(username__in=[u for _, u, _ in BOOKERS])}
     teams = {t.slug: t for t in Team.objects.filter(slug__in=[t for t, _, _ in BOOKERS])}
     if len(users) < len(BOOKERS) or len(teams) < 2:
         logger.info("billing demo: the demo teams and users are missing; no history")
-        return 0
+        return 0, {}
     gpus = _targets(_gpus())
     tz = selectors.local_tz()
     this_month = selectors.current_month(now=now)
@@ -232,28 +232,49 @@ def _history(now: datetime) -> int:
     _holds(plan, reservations, gpus)
     profiles = _profiles()
     rollups: list[Any] = []
-    for g, _, s, e in plan:
-        # A share's utilization comes from its processes' minute readings, which the history does not have.
-        if rng.random() < NO_TELEMETRY_SHARE or gpus[g].kind == DeviceKind.SHARE:
+    share_means: dict[int, Decimal] = {}
+    for (g, _, s, e), r in zip(plan, reservations, strict=True):
+        if rng.random() < NO_TELEMETRY_SHARE:
             continue
         profile = profiles[rng.randrange(len(profiles))]
-        rollups += _hourly_rollups(gpus[g].pk, s, e, profile, rng.randrange(len(profile)))
+        hours = _hourly_rollups(gpus[g].pk, s, e, profile, rng.randrange(len(profile)))
+        if gpus[g].kind == DeviceKind.SHARE:
+            # A share's utilization comes from its holder's processes' minute readings on the GPU, kept only days
+            # and absent from the history: the ledger rows get the profile's mean instead (`_share_utilization`).
+            share_means[r.pk] = Decimal(str(round(sum(h.util_mean for h in hours) / len(hours) / 100, 6)))
+            continue
+        rollups += hours
     from apps.telemetry.models import GpuHourlyRollup
 
     GpuHourlyRollup.objects.bulk_create(rollups, batch_size=2000, ignore_conflicts=True)
-    return len(plan)
+    return len(plan), share_means
+
+
+def _share_utilization(means: dict[int, Decimal]) -> None:
+    """The history's share bookings' ledger rows get their profile's mean utilization, as the closer would have
+    read it from the holders' processes: the reports, the heatmap and the efficiency figures then show shares
+    like whole GPUs rather than as GPU-hours without telemetry."""
+    from apps.billing.models import SourceKind, UsageRecord
+
+    rows = list(UsageRecord.objects.filter(source=SourceKind.RESERVATION, source_id__in=list(means),
+                                           mean_utilization__isnull=True))  # fmt: skip
+    for row in rows:
+        row.mean_utilization = means[row.source_id]
+    UsageRecord.objects.bulk_update(rows, ["mean_utilization"], batch_size=2000)
 
 
 def load(*, now: datetime | None = None) -> None:
     now = now or timezone.now()
     with transaction.atomic():
-        added = _history(now)
+        added, share_means = _history(now)
         # Every start, not only with the history: a model the agent registered since gets its price too.
         this_month = selectors.current_month(now=now)
         first = costing.month_bounds(costing.previous_month(costing.previous_month(this_month)), selectors.local_tz())
         _prices(list(GpuModel.objects.filter(gpus__retired_at__isnull=True).distinct().order_by("name")), first[0])
     # The closer and the month close, as the beat tasks would have run them.
     services.ledger_close(now=now)
+    if share_means:
+        _share_utilization(share_means)
     services.close_due_months(now=now)
     services.list_prices_sync(now=now)
     if added:

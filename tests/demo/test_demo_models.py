@@ -155,3 +155,22 @@ def test_demo_history_counts_against_the_teams_quotas(admin: Any) -> None:
     count = QuotaHold.objects.count()
     call_command("load_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
     assert QuotaHold.objects.count() == count
+
+
+def test_demo_history_shares_have_utilization_like_whole_gpus(admin: Any) -> None:
+    """The history's share bookings are billed with a measured-looking utilization (their holders' process readings
+    are not part of the history), so the heatmap has a row for the GPU split in shares and the efficiency figures do
+    not count its hours as without telemetry."""
+    from apps.billing.demo import HISTORY_NOTE, NO_TELEMETRY_SHARE
+    from apps.billing.models import UsageRecord
+    from apps.fleet.models import DeviceKind
+
+    call_command("load_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    history = set(Reservation.objects.filter(note=HISTORY_NOTE).values_list("pk", flat=True))
+    rows = UsageRecord.objects.filter(source="reservation", source_id__in=history, gpu__kind=DeviceKind.SHARE)
+    measured = rows.filter(mean_utilization__isnull=False).count()
+    assert rows.count() > 20 and measured >= rows.count() * (1 - 3 * NO_TELEMETRY_SHARE)
+    assert all(0 <= u <= 1 for u in rows.exclude(mean_utilization=None).values_list("mean_utilization", flat=True))
+    shared = Gpu.objects.filter(pk__in=rows.values("gpu__parent_id")).select_related("node", "model").get()
+    heatmap = selectors.utilization_heatmap(month=costing.previous_month(selectors.current_month()))
+    assert f"{shared.node.name}/{shared.index} {shared.model.name}" in heatmap["gpus"]
