@@ -213,6 +213,11 @@ def _history(now: datetime) -> tuple[int, dict[int, Decimal]]:
             for g, b, s, e in plan
         ]
     )
+    # Booked a day or two before each starts, as people book (the column is auto_now_add: set after the insert).
+    lead = {r.pk: timedelta(hours=rng.randint(2, 48)) for r in reservations}
+    for r in reservations:
+        r.created_at = r.start - lead[r.pk]
+    Reservation.objects.bulk_update(reservations, ["created_at"], batch_size=2000)
     Allocation.objects.bulk_create(
         [
             Allocation(
