@@ -74,7 +74,7 @@ def waitlist_join(
         raise ValidationFailed("This window is over.", fields={"end": ["Must be in the future."]})
     with transaction.atomic():
         # The user's row lock makes the count and the insert one step: parallel requests cannot pass the cap.
-        type(user).objects.select_for_update().filter(pk=user.pk).first()
+        User.objects.select_for_update().filter(pk=user.pk).first()
         waiting = WaitlistEntry.objects.filter(
             user=user, state__in=[WaitState.WAITING, WaitState.NOTIFIED], end__gt=timezone.now()
         ).count()

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from apps.core.errors import Conflict
@@ -83,3 +84,12 @@ def test_a_second_join_waits_for_the_first_to_commit_and_is_refused(bob, fleet, 
     assert out["second_waited"]  # on bob's row lock
     assert isinstance(out["second"], Conflict) and out["second"].code == "too_many_waiting"
     assert WaitlistEntry.objects.filter(user=bob).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_browser_session_joins_too(bob, fleet):
+    # A session's user is a lazy object, not the model: the cap's row lock must not care.
+    browser = Client()
+    browser.force_login(bob)
+    resp = browser.post(URL, _body(), content_type="application/json")
+    assert resp.status_code == 201, resp.content
