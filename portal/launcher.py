@@ -202,6 +202,9 @@ class Launcher:
         env["PORTAL_VAR_DIR"] = str(self.var_dir)
         env.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
         env["PYTHONUNBUFFERED"] = "1"
+        # Mails link to the page of what they are about only where the portal knows its address: here it is the one
+        # it serves on (a deployment behind a proxy sets its public address).
+        env.setdefault("PORTAL_URL", f"http://127.0.0.1:{self.port}")
         if self.local_node_token:
             env["GPUPORTAL_LOCAL_NODE_TOKEN"] = self.local_node_token
         return env

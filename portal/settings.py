@@ -250,6 +250,9 @@ TOKEN_MAX_EXPIRY_DAYS = env_int("TOKEN_MAX_EXPIRY_DAYS", 365)
 # Active (unrevoked, unexpired) tokens one account may hold: a script that mints a token per run meets a clear 409
 # instead of growing the list (and the settings page) without end.
 TOKEN_MAX_ACTIVE_PER_USER = env_int("TOKEN_MAX_ACTIVE_PER_USER", 100)
+# Revoked and expired tokens stay listed (and in the admin) this many days after they stopped working, so people see
+# why a script fails; then the hourly prune deletes them (0 keeps them forever). Audit entries are kept either way.
+TOKEN_RETENTION_DAYS = env_int("TOKEN_RETENTION_DAYS", 90)
 # Webhooks one team (or the fleet, for endpoints of every team) may register: each event is delivered to every
 # matching endpoint, so without a bound one manager could turn each event into thousands of outbound requests.
 WEBHOOK_MAX_ENDPOINTS_PER_TEAM = env_int("WEBHOOK_MAX_ENDPOINTS_PER_TEAM", 25)

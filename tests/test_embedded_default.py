@@ -155,6 +155,14 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path):
         assert "Welcome, admin" in home
         children = _descendants(proc.pid)
         assert len(children) >= 3
+        # The portal's processes know its address, so mails link to their pages.
+        environs = []
+        for pid in children:
+            try:
+                environs.append(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+            except OSError:
+                pass
+        assert any(f"PORTAL_URL=http://127.0.0.1:{port}".encode() in e for e in environs)
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: to every process in the foreground group
         try:

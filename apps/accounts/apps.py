@@ -9,4 +9,12 @@ class AccountsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
+
         from apps.accounts import schema  # noqa: F401 - registers the OpenAPI security schemes
+
+        # Hourly is plenty for a retention counted in days; the message expires with its period.
+        settings.CELERY_BEAT_SCHEDULE.setdefault(
+            "accounts-prune-tokens",
+            {"task": "accounts.prune_tokens", "schedule": 3600.0, "options": {"queue": "portal", "expires": 3600.0}},
+        )

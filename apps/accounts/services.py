@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -77,6 +77,23 @@ def token_revoke(*, user: User, token_id: int) -> ApiToken:
             token.save(update_fields=["revoked_at"])
             audit_record(actor=user, action="token.revoke", target=token)
     return token
+
+
+def tokens_prune(*, now: datetime | None = None, batch: int = 1000) -> int:
+    """Delete tokens revoked or expired more than TOKEN_RETENTION_DAYS ago, `batch` rows per statement.
+
+    A token past that point can never authenticate again, and without a bound a script that mints a token per run
+    grows the list (and the settings page) without end. Nothing references a token row; the audit log keeps its own
+    record of each creation and revocation."""
+    days = settings.TOKEN_RETENTION_DAYS
+    if days <= 0:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    stale = ApiToken.objects.filter(Q(revoked_at__lt=cutoff) | Q(expires_at__lt=cutoff))
+    deleted = 0
+    while ids := list(stale.values_list("pk", flat=True)[:batch]):
+        deleted += ApiToken.objects.filter(pk__in=ids).delete()[0]
+    return deleted
 
 
 def team_create(*, actor: AnyUser | None, slug: str, name: str, share: int = 1) -> Team:

@@ -62,5 +62,5 @@ def test_outsider_cannot_revoke_someone_elses_token(cast, api_as, make_token):
 
 def test_token_list_shows_only_own_tokens(cast, api_as, make_token):
     make_token(cast["alice"])
-    body = api_as(cast["charlie"], ["read"]).get("/api/v1/tokens/").json()
+    body = api_as(cast["charlie"], ["read"]).get("/api/v1/tokens/").json()["results"]
     assert len(body) == 1  # only the token the client itself uses

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from rest_framework import generics, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -38,16 +39,17 @@ class MeView(PortalAPIView):
         return Response(MeOutput(data).data)
 
 
-class TokenListCreateView(PortalAPIView):
-    """Your personal API tokens. The token value is returned once, at creation."""
+class TokenListCreateView(generics.ListAPIView[ApiToken]):
+    """Your personal API tokens, newest first (revoked and expired ones until TOKEN_RETENTION_DAYS after they
+    stopped). The token value is returned once, at creation."""
 
     # Minting a token is a read-scope action only for the browser; a token cannot mint itself more power
     # (services refuse `admin` for non-staff, and a token can only create tokens with scopes it holds).
     required_scopes = {"POST": Scope.READ}
+    serializer_class = TokenOutput
 
-    @extend_schema(responses=TokenOutput(many=True))
-    def get(self, request: Request) -> Response:
-        return Response(TokenOutput(selectors.tokens_of(user=request.user), many=True).data)
+    def get_queryset(self) -> QuerySet[ApiToken]:
+        return selectors.tokens_of(user=self.request.user)
 
     @extend_schema(request=TokenInput, responses={201: TokenCreatedOutput})
     @idempotent

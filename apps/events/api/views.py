@@ -18,17 +18,17 @@ from apps.events.api.serializers import (
     WebhookInput,
     WebhookOutput,
 )
-from apps.events.models import WebhookDelivery
+from apps.events.models import WebhookDelivery, WebhookEndpoint
 
 
-class WebhookListCreateView(PortalAPIView):
+class WebhookListCreateView(generics.ListAPIView[WebhookEndpoint]):
     """Webhook endpoints of the teams you manage (admins: all). The signing secret is returned once."""
 
     write_scope = Scope.WEBHOOKS_WRITE
+    serializer_class = WebhookOutput
 
-    @extend_schema(responses=WebhookOutput(many=True))
-    def get(self, request: Request) -> Response:
-        return Response(WebhookOutput(selectors.webhooks_visible_to(user=request.user), many=True).data)
+    def get_queryset(self) -> QuerySet[WebhookEndpoint]:
+        return selectors.webhooks_visible_to(user=self.request.user)
 
     @extend_schema(request=WebhookInput, responses={201: WebhookCreatedOutput})
     def post(self, request: Request) -> Response:
