@@ -111,3 +111,32 @@ def test_the_form_keeps_the_model_and_the_part_consistent(
         assert page.input_value("#id_gpu_model") == "A100-80GB"
         page.select_option("#id_gpu_model", "A100-80GB")
         assert page.input_value("#id_part") == "mig:1g.10gb"
+
+
+def test_a_share_reservation_page_shows_what_its_own_processes_use(
+    live_portal: Any, alice: Any, vision: Any, sharing_fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's 30,000 MiB are every holder's together; the reservation's own 5,000 MiB (the agent's reading of the
+    processes of no job, the GPU's only reservation) is what its row shows, beside its GPU's utilization."""
+    from datetime import timedelta
+
+    from apps.booking.services import reservation_create
+
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    booked = reservation_create(user=alice, team=vision, start=start, end=start + timedelta(hours=1), gpu_share="0.25")
+    (device,) = [a.gpu for a in booked.reservation.allocations.select_related("gpu")]
+    other = Gpu.devices.filter(parent__uuid="GPU-shared-0").exclude(pk=device.pk).first()
+    neighbour = _running(alice, vision, other, gpu_share=Decimal("0.25"))
+    _, token = fleet_services.node_token_issue(node_name="shared")
+    extra = {"j": [[neighbour.pk, 9_000, 80]], "o": [5_000, 30]}
+    sample = row("GPU-shared-0", util=63, mem=30_000, extra=extra)
+    assert telemetry_ingest(telemetry("shared", token, [sample])).accepted == 1
+
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/book/reservations/{booked.reservation.pk}/")
+        cells = page.locator(f'#res-devices tr[data-uuid="{device.uuid}"]')
+        page.wait_for_function("document.querySelector('#res-devices tr[data-uuid] .mem').textContent !== '—'")
+        assert cells.locator(".mem").inner_text() == "4.9 GiB"  # its own 5,000 MiB, not the GPU's 30,000
+        assert cells.locator(".util").inner_text() == "63%"
+        assert "no memory isolation" in cells.inner_text()

@@ -1,5 +1,7 @@
 // Reservation page: while the reservation holds its GPUs, each device's utilization and memory now, from
-// /api/v1/gpus/ every 2 s (a part shows its GPU's utilization: NVML has none per part; a MIG instance its own memory).
+// /api/v1/gpus/ every 2 s. A MIG instance shows its own memory and, where the GPU reads it (GPM, Hopper and later), its
+// own SM activity; a share shows what this reservation's processes use (`share_holders`: known where it is the GPU's
+// only reservation or its holders' uids are known), and its GPU's utilization: NVML has none per share.
 function init() {
   const root = document.getElementById("reservation-page");
   if (!root || root.dataset.live !== "true") return;
@@ -12,14 +14,18 @@ function init() {
       for (const g of body.results || body) {
         if (!wanted.has(g.uuid)) continue;
         for (const tr of rows.filter((r) => r.dataset.gpu === g.uuid)) {
-          tr.querySelector(".util").textContent = pct(g.utilization);
+          let util = g.utilization;
           let mem = g.memory_used_mib;
           if (tr.dataset.kind === "mig") {
             const instance = (g.mig_devices || []).find((d) => d.uuid === tr.dataset.uuid);
             mem = instance ? instance.memory_used_mib : null;
+            if (instance && instance.sm_active_pct != null) util = instance.sm_active_pct;
           } else if (tr.dataset.kind === "share") {
-            mem = null; // the GPU's memory is every share's together: not this booking's own
+            // The GPU's memory is every holder's together; the holder's own reading is on its first share's row.
+            const holder = (g.share_holders || []).find((h) => h.share_uuids[0] === tr.dataset.uuid);
+            mem = holder ? holder.memory_used_mib : null;
           }
+          tr.querySelector(".util").textContent = pct(util);
           tr.querySelector(".mem").textContent = mem == null ? "—" : mib(mem);
         }
       }
