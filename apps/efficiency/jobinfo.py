@@ -1,5 +1,5 @@
-"""A job's GPU use over its life (from the minute rollups), its failure kind and the advice: for the job API and
-the job page."""
+"""A job's GPU use over its life (from the minute rollups; the hourly ones once the minutes are pruned), its failure
+kind and the advice: for the job API and the job page."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from apps.efficiency import advice
 from apps.fleet.models import DeviceKind, Gpu
 from apps.jobs.models import Job, JobLogLine
 from apps.telemetry.jobmem import job_memory
-from apps.telemetry.models import GpuRollup, JobMemoryMinute
+from apps.telemetry.models import JobMemoryMinute
+from apps.telemetry.selectors import gpu_readings
 from workers.probes.advisor import RESULT_PREFIX
 
 LOG_LINES_READ = 2000
@@ -59,13 +60,7 @@ def job_efficiency(job: Job) -> JobEfficiency:
         uses = _part_use(job, parts, out)
     elif gpus and job.started_at is not None:
         end = job.ended_at or timezone.now()
-        rows = list(
-            GpuRollup.objects.filter(
-                gpu_id__in=[g.pk for g in gpus], minute__gte=_floor(job.started_at), minute__lte=end
-            )
-            .order_by("minute")
-            .values_list("gpu_id", "minute", "util_mean", "mem_used_max")
-        )
+        rows = gpu_readings(gpu_ids=[g.pk for g in gpus], start=job.started_at, end=end)
         per_minute: dict[datetime, list[tuple[float | None, int | None]]] = {}
         per_gpu: dict[int, list[tuple[float | None, int | None]]] = {g.pk: [] for g in gpus}
         for gid, minute, util, mem in rows:
@@ -122,13 +117,8 @@ def _part_use(job: Job, parts: list[Gpu], out: JobEfficiency) -> list[advice.Gpu
     parent_ids = sorted({p.parent_id for p in parts if p.parent_id is not None})
     end = job.ended_at or timezone.now()
     assert job.started_at is not None
-    rows = list(
-        GpuRollup.objects.filter(gpu_id__in=parent_ids, minute__gte=_floor(job.started_at), minute__lte=end)
-        .order_by("minute")
-        .values_list("minute", "util_mean")
-    )
     per_minute: dict[datetime, list[float]] = {}
-    for minute, util in rows:
+    for _, minute, util, _ in gpu_readings(gpu_ids=parent_ids, start=job.started_at, end=end):
         if util is not None:
             per_minute.setdefault(minute, []).append(util)
     own_minutes: dict[datetime, int] = {}

@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import DecimalField, F, FloatField, Max, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import Coalesce, Now, Trunc
+from django.db.models.functions import Coalesce, Greatest, Now, Trunc
 
 from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
@@ -34,7 +34,8 @@ from apps.billing.selectors.reports import report_teams_for
 from apps.efficiency.jobinfo import job_efficiency
 from apps.efficiency.models import IdleMark, MarkState
 from apps.jobs.models import Job
-from apps.telemetry.models import GpuRollup
+from apps.telemetry.models import GpuHourlyRollup, GpuRollup
+from apps.telemetry.selectors import minutes_kept_from
 
 WORST_SHOWN = 10
 _H = Decimal(3600)
@@ -77,11 +78,11 @@ def _annotations() -> dict[str, Any]:
 
 def _memory_shares(month: date, team_ids: list[int]) -> dict[tuple[int, int | None], list[float]]:
     """{(team, user): [peak memory / memory given, per job that ran in the month with telemetry]}. A job on whole
-    GPUs: its GPUs' minute rows inside its own run (the GPU is the job's alone), against the GPU's memory. A job on a
-    MIG instance or share: the peak its node attributed to its own processes (`Job.gpu_memory_own_peak_mib`; the
-    GPU's rows are its neighbours' too), against the memory its parts give it. One query, from the jobs' GPU links:
-    each link reads only its own job's window (joining the jobs from the rollups would let one job's rows stand for
-    every job that ever ran on that GPU)."""
+    GPUs: its GPUs' minute rows inside its own run (the GPU is the job's alone; for hours whose minutes are pruned,
+    the hourly rows), against the GPU's memory. A job on a MIG instance or share: the peak its node attributed to its
+    own processes (`Job.gpu_memory_own_peak_mib`; the GPU's rows are its neighbours' too), against the memory its
+    parts give it. One query, from the jobs' GPU links: each link reads only its own job's window (joining the jobs
+    from the rollups would let one job's rows stand for every job that ever ran on that GPU)."""
     start, end = _month_bounds(month)
     link = Job.gpus.through
     peak = (
@@ -95,11 +96,29 @@ def _memory_shares(month: date, team_ids: list[int]) -> dict[tuple[int, int | No
         .annotate(m=Max("mem_used_max"))
         .values("m")
     )
+    # The hours whose minutes the prune has deleted (a past month's first weeks): their hourly peaks
+    # (`telemetry.selectors.gpu_readings` reads a job's page the same way).
+    hourly_peak = (
+        GpuHourlyRollup.objects.filter(
+            gpu_id=OuterRef("gpu_id"),
+            hour__gte=OuterRef("run_from_hour"),
+            hour__lte=OuterRef("run_to"),
+            hour__lt=minutes_kept_from(),
+        )
+        .order_by()
+        .values("gpu_id")
+        .annotate(m=Max("mem_used_max"))
+        .values("m")
+    )
     links_of_month = (
         link.objects.filter(job__team_id__in=team_ids, job__started_at__lt=end)
         .filter(Q(job__ended_at__gte=start) | Q(job__ended_at__isnull=True))
-        .annotate(run_from=Trunc("job__started_at", "minute"), run_to=Coalesce("job__ended_at", Now()))
-        .annotate(peak=Subquery(peak))
+        .annotate(
+            run_from=Trunc("job__started_at", "minute"),
+            run_from_hour=Trunc("job__started_at", "hour"),
+            run_to=Coalesce("job__ended_at", Now()),
+        )
+        .annotate(peak=Greatest(Subquery(peak), Subquery(hourly_peak)))  # PostgreSQL's GREATEST skips NULLs
     )
     columns = ("job_id", "job__team_id", "job__user_id", "gpu__memory_mib", "gpu__parent_id")
     rows: Any = links_of_month.values_list(*columns, "job__gpu_memory_own_peak_mib", "peak")

@@ -196,3 +196,33 @@ def other_holders_uids(
             return None
         out.add(uids[user])
     return frozenset(out)
+
+
+def minutes_kept_from(now: datetime | None = None) -> datetime:
+    """The first hour whose minute rollups are all still kept: the prune deletes minutes older than
+    TELEMETRY_MINUTE_RETENTION_DAYS, so a reader takes the hours before this one from the hourly rollups."""
+    horizon = (now or timezone.now()) - timedelta(days=settings.TELEMETRY_MINUTE_RETENTION_DAYS)
+    return horizon.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+
+
+def gpu_readings(
+    *, gpu_ids: list[int], start: datetime, end: datetime, now: datetime | None = None
+) -> list[tuple[int, datetime, float | None, int | None]]:
+    """(gpu id, period start, mean utilization, peak memory MiB) of the GPUs over [start, end], oldest first: minute
+    rollups where they are kept, hourly ones before (an hour the window only partly covers counts all of it: on a GPU
+    that ran something else in that hour, its memory too). So a job's page and a past month's report keep their
+    figures after the minutes are pruned."""
+    split = minutes_kept_from(now)
+    rows: list[tuple[int, datetime, float | None, int | None]] = []
+    if start < split:
+        rows += GpuHourlyRollup.objects.filter(
+            gpu_id__in=gpu_ids,
+            hour__gte=start.replace(minute=0, second=0, microsecond=0),
+            hour__lte=end,
+            hour__lt=split,
+        ).values_list("gpu_id", "hour", "util_mean", "mem_used_max")
+    if end >= split:
+        rows += GpuRollup.objects.filter(
+            gpu_id__in=gpu_ids, minute__gte=max(start.replace(second=0, microsecond=0), split), minute__lte=end
+        ).values_list("gpu_id", "minute", "util_mean", "mem_used_max")
+    return sorted(rows, key=lambda r: (r[1], r[0]))
