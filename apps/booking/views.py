@@ -168,14 +168,14 @@ def _where(gpu: Gpu) -> str:
 
 
 def _summary(r: Reservation) -> str:
-    """ "vision: 2 x A100-80GB", and for parts "nlp: 1 x 1g.10gb of A100-80GB", "vision: 0.25 of a A100-80GB"."""
+    """ "vision: 2 x A100-80GB", and for parts "nlp: 1 x 1g.10gb of A100-80GB", "vision: 0.25 of one A100-80GB"."""
     model = r.gpu_model.name if r.gpu_model else "GPU"
     devices = _held(r)
     if devices and all(d.kind == DeviceKind.MIG for d in devices):
         return f"{r.team.slug}: {len(devices)} x {devices[0].mig_profile} of {model}"
     if devices and all(d.kind == DeviceKind.SHARE for d in devices):
         share = sum((d.capacity for d in devices), Decimal(0))
-        return f"{r.team.slug}: {share.normalize():f} of a {model}"
+        return f"{r.team.slug}: {share.normalize():f} of one {model}"
     return f"{r.team.slug}: {r.gpu_count} x {model}"
 
 

@@ -154,7 +154,7 @@ def test_a_share_shows_its_part_and_that_memory_is_not_isolated(vision: Any, ali
         user=alice, team=vision, start=start, end=end, gpu_share=Decimal("0.25")
     ).reservation
     page = _page(alice, r.pk).content.decode()
-    assert "0.25 of a A100-80GB" in page and "big/7 · share" in page
+    assert "0.25 of one A100-80GB" in page and "big/7 · share" in page
     assert "no memory isolation" in page
 
 

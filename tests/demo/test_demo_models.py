@@ -106,7 +106,7 @@ def _check(admin: Any) -> None:
         assert models and all(m in summary for m in models), (summary, held)
     slices = [e for e in events if " · " in e]
     assert any(": 1 x 1g.10gb of A100-80GB" in e and "· 1g.10gb" in e for e in slices), slices
-    assert any(": 0.25 of a A100-80GB" in e and "· share " in e for e in slices), slices
+    assert any(": 0.25 of one A100-80GB" in e and "· share " in e for e in slices), slices
 
 
 def test_demo_history_prices_reservations_and_calendar_follow_the_real_models(admin: Any) -> None:
