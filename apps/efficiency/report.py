@@ -16,7 +16,7 @@ Access as for the monthly report: admins every team, managers their teams, membe
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -115,7 +115,7 @@ def _memory_shares(month: date, team_ids: list[int]) -> dict[tuple[int, int | No
         .filter(Q(job__ended_at__gte=start) | Q(job__ended_at__isnull=True))
         .annotate(
             run_from=Trunc("job__started_at", "minute"),
-            run_from_hour=Trunc("job__started_at", "hour"),
+            run_from_hour=Trunc("job__started_at", "hour", tzinfo=UTC),  # hourly rows are UTC hours
             run_to=Coalesce("job__ended_at", Now()),
         )
         .annotate(peak=Greatest(Subquery(peak), Subquery(hourly_peak)))  # PostgreSQL's GREATEST skips NULLs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -213,6 +213,7 @@ def gpu_readings(
     that ran something else in that hour, its memory too). So a job's page and a past month's report keep their
     figures after the minutes are pruned."""
     split = minutes_kept_from(now)
+    start = start.astimezone(UTC)  # rollup periods are UTC hours and minutes (an hour in India starts at :30 UTC)
     rows: list[tuple[int, datetime, float | None, int | None]] = []
     if start < split:
         rows += GpuHourlyRollup.objects.filter(

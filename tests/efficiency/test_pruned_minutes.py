@@ -99,3 +99,30 @@ def test_readings_take_hours_before_the_kept_minutes_and_minutes_after(alice):
         split - timedelta(hours=2),
         split - timedelta(hours=1),
     ]
+
+
+def test_hours_are_utc_hours_where_local_hours_are_not(api_as, alice, vision, settings):
+    """In India an hour starts at :30 UTC: a job from 10:40 to 10:55 UTC is in the hourly row of 10:00 UTC, which a
+    local-hour truncation (10:30 UTC) would skip."""
+    settings.TIME_ZONE = "Asia/Kolkata"
+    model = GpuModelFactory(name="A100-80GB", memory_mib=81920, hourly_price=Decimal("2.0"))
+    gpu = GpuFactory(node=NodeFactory(name="n1"), index=0, model=model, uuid="GPU-ist-0", status=GpuStatus.OK)
+    started = (timezone.now() - timedelta(days=20)).astimezone(UTC).replace(hour=10, minute=40, second=0, microsecond=0)
+    job = Job.objects.create(
+        team=vision, user=alice, image="x", command=["true"], gpu_count=1, cpus=Decimal(1), memory_mib=1024,
+        max_duration_s=7200, state=JobState.SUCCEEDED, started_at=started, ended_at=started + timedelta(minutes=15),
+    )  # fmt: skip
+    job.gpus.set([gpu])
+    GpuHourlyRollup.objects.create(gpu=gpu, hour=started.replace(minute=0), samples=900, util_mean=80.0,
+                                   mem_used_max=20480)  # fmt: skip
+    day = timezone.localtime(started).date()
+    UsageRecord.objects.create(
+        team=vision, user=alice, gpu=gpu, gpu_model=model, source="job", source_id=job.pk, start=started,
+        end=job.ended_at, day=day, month=day.replace(day=1), gpu_seconds=900, hourly_price=Decimal("2.0"),
+        cost=Decimal("0.5"), mean_utilization=Decimal("0.8"),
+    )  # fmt: skip
+    assert api_as(alice).get(f"/api/v1/jobs/{job.pk}/").json()["gpu_memory_peak_mib"] == 20480
+    month = timezone.localtime(started).strftime("%Y-%m")
+    body = api_as(alice).get("/api/v1/reports/efficiency/", {"team": "vision", "month": month}).json()
+    [team] = body["teams"]
+    assert (team["memory_peak_pct"], team["jobs_measured"]) == ("25.0", 1)
