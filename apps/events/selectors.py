@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncHour
@@ -46,7 +46,7 @@ def delivery_hours(*, endpoint: WebhookEndpoint, hours: int = 24) -> list[dict[s
     since = now - timedelta(hours=hours - 1)
     rows = (
         WebhookDelivery.objects.filter(endpoint=endpoint, last_attempt_at__gte=since)
-        .annotate(hour=TruncHour("last_attempt_at"))
+        .annotate(hour=TruncHour("last_attempt_at", tzinfo=UTC))  # the UTC hours counted below, not local ones
         .values("hour", "status")
         .annotate(n=Count("id"))
     )

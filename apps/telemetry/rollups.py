@@ -303,7 +303,7 @@ def flush_rollups(*, now: float | None = None) -> int:
 
 
 def _hour_floor(dt: datetime) -> datetime:
-    return dt.replace(minute=0, second=0, microsecond=0)
+    return dt.astimezone(UTC).replace(minute=0, second=0, microsecond=0)  # rows are UTC hours, whatever the zone
 
 
 def rollup_hour(*, hour: datetime) -> int:

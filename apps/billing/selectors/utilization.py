@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -21,7 +21,8 @@ def _floor_minute(moment: datetime) -> datetime:
 
 
 def _floor_hour(moment: datetime) -> datetime:
-    return moment.replace(minute=0, second=0, microsecond=0)
+    # Hourly rollups are UTC hours; a piece split at local midnight in India starts at :30 UTC.
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def _rollup_means(
