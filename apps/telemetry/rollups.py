@@ -248,6 +248,11 @@ def flush_rollups(*, now: float | None = None) -> int:
     redis: Any = get_redis()
     minutes = [int(float(m)) for m in redis.zrangebyscore(keys.ROLLUP_PENDING, "-inf", _closed_before(now))]
     written = 0
+    late_hours: set[datetime] = set()
+    # `rollup_hours` recomputes only the current and the previous hour: minutes flushed later than that (the worker
+    # or beat was down while the accumulators waited in Redis) would never reach an hourly row, and the prune would
+    # delete them with nothing left in their place.
+    previous_hour = _hour_floor(datetime.fromtimestamp(now, tz=UTC)) - timedelta(hours=1)
     for minute in minutes:
         key = keys.rollup_key(minute)
         raw = redis.hgetall(key)
@@ -297,6 +302,10 @@ def flush_rollups(*, now: float | None = None) -> int:
         pipe.zrem(keys.ROLLUP_PENDING, minute)
         pipe.execute()
         written += len(objs)
+        if objs and _hour_floor(start) < previous_hour:
+            late_hours.add(_hour_floor(start))
+    for hour in sorted(late_hours):
+        rollup_hour(hour=hour)
     if written:
         logger.info("flushed %d minute rollup row(s) from %d minute(s)", written, len(minutes))
     return written

@@ -72,6 +72,23 @@ def test_a_closed_minute_is_flushed_and_an_open_one_is_not(settings) -> None:
     assert get_redis().zscore(keys.ROLLUP_PENDING, minute) is None
 
 
+def test_minutes_flushed_hours_late_are_rolled_up_into_their_hour() -> None:
+    """The worker was down for three hours while the accumulators waited in Redis: the late flush rolls their hour
+    up itself (`rollup_hours` only looks at the current and the previous hour), so the prune does not later delete
+    minutes that no hourly row holds."""
+    _, token = registered_node("n1", ("A100-80GB",))
+    minute = int(time.time() // 60 * 60) - 180
+    _feed_minute(token, minute, [30, 50])
+    assert flush_rollups(now=minute + 3 * 3600) == 1
+    (hour,) = GpuHourlyRollup.objects.all()
+    assert hour.hour == datetime.fromtimestamp(minute, tz=UTC).replace(minute=0)
+    assert (hour.samples, hour.util_mean) == (2, 40.0)
+    # On time, the flush leaves the hours to `rollup_hours`.
+    GpuHourlyRollup.objects.all().delete()
+    _feed_minute(token, minute + 60, [10])
+    assert flush_rollups(now=minute + 600) == 1 and not GpuHourlyRollup.objects.exists()
+
+
 def test_a_retried_flush_never_double_counts(settings, monkeypatch) -> None:
     _, token = registered_node("n1", ("A100-80GB",))
     minute = int(time.time() // 60 * 60) - 180
