@@ -13,6 +13,7 @@ out as production keeps it: hourly rollups for every hour of the month, minute r
 `minutes_kept_from()` on (the prune has deleted the older ones), so both subqueries do work. `--jobs` jobs spread
 over the month on `--gpus` GPUs, 10-110 minutes each, one in ten on 8 GPUs, each with a ledger row per GPU. Timed
 (median of `--runs`): the memory query alone (`memory_query_s`) and the whole report for an admin (`report_s`).
+`--log-lines N` gives every job N lines of log (the report's "Most idle" rows must not read them).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from bench.billing_report import _ensure_database, _median
 
 
-def _generate(jobs: int, gpus: int) -> dict[str, Any]:
+def _generate(jobs: int, gpus: int, log_lines: int) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.db import connection
 
@@ -115,6 +116,15 @@ def _generate(jobs: int, gpus: int) -> dict[str, Any]:
                 """,
                 [gpu_ids, split, after - timedelta(minutes=1)],
             )
+        if log_lines:
+            cur.execute(
+                """
+                INSERT INTO jobs_joblogline (job_id, seq, stream, at, line)
+                SELECT j.id, s, 'stdout', j.started_at, 'step ' || s || '/1000 loss=2.41 lr=3e-4 tokens/s=51234'
+                FROM jobs_job j, generate_series(1, %s) s WHERE j.team_id = ANY(%s)
+                """,
+                [log_lines, [t.pk for t in teams]],
+            )
         for table in ("telemetry_gpurollup", "telemetry_gpuhourlyrollup", "jobs_job", "billing_usagerecord"):
             cur.execute(f"ANALYZE {table}")
     return {
@@ -123,6 +133,7 @@ def _generate(jobs: int, gpus: int) -> dict[str, Any]:
         "job_gpu_links": len(links),
         "gpus": len(gpu_ids),
         "minutes_kept_from": split.isoformat(),
+        "log_lines_per_job": log_lines,
         "generate_jobs_s": round(jobs_s, 1),
         "generate_rollups_s": round(time.perf_counter() - t0, 1),
         "team_ids": [t.pk for t in teams],
@@ -135,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--gpus", type=int, default=200)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--log-lines", type=int, default=0, help="log lines per job (the worst jobs' rows read them)")
     parser.add_argument("--json", action="store_true", help="print one JSON document only")
     args = parser.parse_args(argv)
     _ensure_database()
@@ -150,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from apps.telemetry.models import GpuHourlyRollup, GpuRollup
 
     call_command("migrate", verbosity=0)
-    info = _generate(args.jobs, args.gpus)
+    info = _generate(args.jobs, args.gpus, args.log_lines)
     month, team_ids = info.pop("month_date"), info.pop("team_ids")
     admin = account_services.user_get_or_create(username="effbench-admin", password="bench-pw", is_staff=True)
     results: dict[str, Any] = {

@@ -38,9 +38,10 @@ def _floor(moment: datetime) -> datetime:
     return moment.replace(second=0, microsecond=0)
 
 
-def job_efficiency(job: Job) -> JobEfficiency:
+def job_efficiency(job: Job, *, advice_too: bool = True) -> JobEfficiency:
     """Peak memory, mean utilization, the per-minute series (utilization mean and memory peak over the job's GPUs),
-    the failure kind and the advice. Two queries for the rollups and GPUs, one for the log's tail."""
+    the failure kind and the advice. Two queries for the rollups and GPUs, one for the log's tail; `advice_too=False`
+    (a report's list of jobs, which shows the figures only) leaves out the log, the failure kind and the advice."""
     out = JobEfficiency()
     if job.started_at is None and not job.is_terminal:
         return out  # queued or placing: nothing ran yet (and the submit answer costs no query for it)
@@ -49,7 +50,7 @@ def job_efficiency(job: Job) -> JobEfficiency:
     gpus = [d for d in devices if d.parent_id is None]
     parts = [d for d in devices if d.parent_id is not None]
     lines: list[str] = []
-    if job.is_terminal:
+    if job.is_terminal and advice_too:
         lines = list(
             JobLogLine.objects.filter(job=job).order_by("-seq").values_list("line", flat=True)[:LOG_LINES_READ]
         )
@@ -92,7 +93,7 @@ def job_efficiency(job: Job) -> JobEfficiency:
         out.gpu_memory_peak_mib = max(peaks) if peaks else None
         out.gpu_utilization_mean = round(sum(utils) / len(utils), 1) if utils else None
         out.gpu_memory_total_mib = max(g.memory_mib for g in gpus)
-    if not rows_seen(uses) and out.failure is None:
+    if not advice_too or (not rows_seen(uses) and out.failure is None):
         return out
     model = devices[0].model.name if devices else ""
     items = advice.advise(

@@ -211,7 +211,7 @@ def efficiency_figures(*, month: date, team_ids: list[int]) -> dict[int, dict[st
         if r["source"] == "job":
             job = Job.objects.filter(pk=r["source_id"]).first()
             if job is not None:
-                eff = job_efficiency(job)
+                eff = job_efficiency(job, advice_too=False)  # its figures only: no log to read per row
                 item["memory_peak_mib"] = eff.gpu_memory_peak_mib
                 item["memory_allocated_mib"] = eff.gpu_memory_total_mib or None
         out[r["team_id"]]["worst"].append(item)

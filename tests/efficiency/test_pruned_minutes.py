@@ -126,3 +126,23 @@ def test_hours_are_utc_hours_where_local_hours_are_not(api_as, alice, vision, se
     body = api_as(alice).get("/api/v1/reports/efficiency/", {"team": "vision", "month": month}).json()
     [team] = body["teams"]
     assert (team["memory_peak_pct"], team["jobs_measured"]) == ("25.0", 1)
+
+
+def test_the_reports_job_rows_read_no_logs(api_as, alice, old_job):
+    """A row of "Most idle" shows the job's memory figures, not its advice: reading each job's 2,000-line log tail
+    for it made the admin's report of a big month twice as slow (bench/efficiency_report.py --log-lines)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.jobs.models import JobLogLine
+
+    JobLogLine.objects.bulk_create(
+        [JobLogLine(job=old_job, seq=i, at=old_job.started_at, line="torch.OutOfMemoryError") for i in range(3)]
+    )
+    month = timezone.localtime(old_job.started_at).strftime("%Y-%m")
+    with CaptureQueriesContext(connection) as queries:
+        body = api_as(alice).get("/api/v1/reports/efficiency/", {"team": "vision", "month": month}).json()
+    [team] = body["teams"]
+    [row] = team["worst"]
+    assert (row["id"], row["memory_peak_mib"], row["memory_allocated_mib"]) == (old_job.pk, 40960, 81920)
+    assert not [q["sql"] for q in queries if "jobs_joblogline" in q["sql"]]
