@@ -156,8 +156,9 @@ def gpu_availability(*, start: datetime, end: datetime, model: GpuModel | None =
 
 
 def _with_details(qs: QuerySet[Reservation]) -> QuerySet[Reservation]:
+    # A part's `gpus` entry names its GPU (`parent`): loaded here, or each part held costs a query of its own.
     return qs.select_related("team", "user", "gpu_model").prefetch_related(
-        "allocations__gpu__node", "allocations__gpu__model"
+        "allocations__gpu__node", "allocations__gpu__model", "allocations__gpu__parent"
     )
 
 

@@ -357,3 +357,28 @@ def test_availability_counts_whole_gpus_a_shared_one_free_only_while_none_of_its
     assert api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=2), format="json").status_code == 201
     assert a100()["free"] == 0
     assert api_as(alice).post(URL, body(gpu_model="A100-80GB", gpu_count=1), format="json").status_code == 409
+
+
+def test_the_reservation_list_costs_the_same_queries_for_one_part_booking_or_many(api_as, alice, vision, ready):
+    """Each part names its GPU (`parent`): loaded with the page, not one query per part held."""
+    from apps.booking.services import reservation_create
+
+    client = api_as(alice)
+
+    def queries_for_list() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            resp = client.get(URL, {"limit": 1000})
+        assert resp.status_code == 200
+        return len(queries)
+
+    start, end = slot(days=1, hour=10, hours=2)
+    reservation_create(user=alice, team=vision, start=start, end=end, mig_profile="1g.10gb")
+    reservation_create(user=alice, team=vision, start=start, end=end, gpu_share="0.25")
+    queries_for_list()  # the first request of a token also notes its use
+    few = queries_for_list()
+    for _ in range(4):
+        reservation_create(user=alice, team=vision, start=start, end=end, mig_profile="1g.10gb")
+    reservation_create(user=alice, team=vision, start=start, end=end, gpu_share="0.5")
+    body = client.get(URL, {"limit": 1000}).json()
+    assert body["count"] == 7 and all(g.get("parent") or g["share"] for r in body["results"] for g in r["gpus"])
+    assert queries_for_list() == few
