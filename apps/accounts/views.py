@@ -55,6 +55,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
             "new_token": new_token,
             "tokens": selectors.tokens_of(user=request.user),
             "memberships": selectors.memberships_of(user=request.user),
+            "retention_days": settings.TOKEN_RETENTION_DAYS,
         },
     )
 

@@ -74,3 +74,12 @@ def test_the_prune_runs_hourly_on_the_portal_queue():
     schedule = settings.CELERY_BEAT_SCHEDULE["accounts-prune-tokens"]
     assert schedule["task"] == "accounts.prune_tokens" and schedule["schedule"] == 3600.0
     assert schedule["options"]["queue"] == "portal"
+
+
+def test_the_settings_page_says_how_long_stopped_tokens_stay(alice, client, settings):
+    client.force_login(alice)
+    _token(alice, "old", revoked_at=timezone.now())
+    page = client.get("/accounts/settings/").content.decode()
+    assert "revoked" in page and "removed 90 days after they stopped working" in page
+    settings.TOKEN_RETENTION_DAYS = 0
+    assert 'id="token-retention"' not in client.get("/accounts/settings/").content.decode()
