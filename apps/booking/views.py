@@ -100,6 +100,7 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     from apps.billing.models import SourceKind
     from apps.billing.selectors import source_usage, source_utilization
     from apps.jobs.selectors import jobs_visible_to
+    from apps.telemetry.selectors import SERIES_MINUTES_UP_TO, devices_series
 
     r = selectors.reservations_visible_to(user=request.user).filter(pk=reservation_id).first()
     if r is None:
@@ -107,6 +108,10 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     seconds, cost = source_usage(source=SourceKind.RESERVATION, source_id=r.pk)
     utilization, measured = source_utilization(source=SourceKind.RESERVATION, source_id=r.pk)
     devices = _held(r)
+    now = timezone.now()
+    until = min(r.ended_at or r.end, now)
+    # Its devices' use over its window, charted (nothing before it starts).
+    series = devices_series(devices=devices, start=r.start, end=until) if devices and r.start < until else []
     context = {
         "nav_section": "booking",
         "r": r,
@@ -124,6 +129,12 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
         and selectors.may_end_reservation(user=request.user, reservation=r),
         "started": r.start <= timezone.now(),
         "live": r.status == ReservationStatus.ACTIVE,  # the devices' utilization now, polled by the page
+        "series": {
+            "series": series,
+            "total": max((g.memory_mib or 0 for g in devices), default=0) or None,
+            "hourly": until - r.start > SERIES_MINUTES_UP_TO,
+        },
+        "shares_only": bool(devices) and all(g.kind == DeviceKind.SHARE for g in devices),
     }
     return render(request, "booking/detail.html", context)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -206,13 +206,13 @@ def minutes_kept_from(now: datetime | None = None) -> datetime:
 
 
 def gpu_readings(
-    *, gpu_ids: list[int], start: datetime, end: datetime, now: datetime | None = None
+    *, gpu_ids: list[int], start: datetime, end: datetime, now: datetime | None = None, hourly: bool = False
 ) -> list[tuple[int, datetime, float | None, int | None]]:
     """(gpu id, period start, mean utilization, peak memory MiB) of the GPUs over [start, end], oldest first: minute
     rollups where they are kept, hourly ones before (an hour the window only partly covers counts all of it: on a GPU
     that ran something else in that hour, its memory too). So a job's page and a past month's report keep their
-    figures after the minutes are pruned."""
-    split = minutes_kept_from(now)
+    figures after the minutes are pruned. `hourly`: the hourly rows throughout (a long window's chart)."""
+    split = end + timedelta(hours=1) if hourly else minutes_kept_from(now)
     start = start.astimezone(UTC)  # rollup periods are UTC hours and minutes (an hour in India starts at :30 UTC)
     rows: list[tuple[int, datetime, float | None, int | None]] = []
     if start < split:
@@ -227,3 +227,34 @@ def gpu_readings(
             gpu_id__in=gpu_ids, minute__gte=max(start.replace(second=0, microsecond=0), split), minute__lte=end
         ).values_list("gpu_id", "minute", "util_mean", "mem_used_max")
     return sorted(rows, key=lambda r: (r[1], r[0]))
+
+
+# A window longer than this is charted per hour: a week of minutes is 10,080 points per device.
+SERIES_MINUTES_UP_TO = timedelta(hours=12)
+
+
+def devices_series(*, devices: Sequence[Gpu], start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """What held devices did over [start, end], per minute (per hour over a longer window or where the minutes are
+    pruned): `util`, the mean utilization of their GPUs (a part's is its GPU's: NVML has none per MIG instance or
+    share), and `mem`, the most memory one device held (a MIG instance its own; none for a share, whose GPU's
+    memory is its neighbours' too). Oldest first; `t` is the period's start."""
+    util_ids = {d.parent_id or d.pk for d in devices}
+    mem_ids = {d.pk for d in devices if d.kind != DeviceKind.SHARE}
+    rows = gpu_readings(
+        gpu_ids=sorted(util_ids | mem_ids), start=start, end=end, hourly=end - start > SERIES_MINUTES_UP_TO
+    )
+    utils: dict[datetime, list[float]] = {}
+    mems: dict[datetime, list[int]] = {}
+    for gpu_id, t, util, mem in rows:
+        if gpu_id in util_ids and util is not None:
+            utils.setdefault(t, []).append(util)
+        if gpu_id in mem_ids and mem is not None:
+            mems.setdefault(t, []).append(mem)
+    return [
+        {
+            "t": t.isoformat(),
+            "util": round(sum(utils[t]) / len(utils[t]), 1) if t in utils else None,
+            "mem": max(mems[t]) if t in mems else None,
+        }
+        for t in sorted(utils.keys() | mems.keys())
+    ]

@@ -168,3 +168,46 @@ def test_an_active_reservation_shows_its_devices_live(vision: Any, alice: Any, f
     page = _page(alice, r.pk).content.decode()
     assert 'data-live="true"' in page and '<td class="util">' in page
     assert "portal/pages/reservation.js" in page
+
+
+def test_the_page_charts_its_gpus_use_over_its_window(vision: Any, alice: Any) -> None:
+    """Two hours of minutes on the first of its two GPUs at 40%: 120 points of the two GPUs' mean (the second
+    reported nothing, so the mean is the first's), in the page's data for the chart."""
+    import json
+    import re
+
+    r = _past(vision, alice, 40.0)
+    page = _page(alice, r.pk).content.decode()
+    assert 'id="chart-reservation"' in page
+    data = json.loads(re.search(r'<script id="reservation-series" type="application/json">(.*?)</script>', page)[1])
+    assert len(data["series"]) == 120 and {p["util"] for p in data["series"]} == {40.0}
+    assert data["series"][0]["t"] == r.start.isoformat() and data["hourly"] is False
+    # A booking that has not started has nothing to chart.
+    start, end = slot(days=2, hours=2)
+    later = services.reservation_create(
+        user=alice, team=vision, start=start, end=end, gpus=[r.allocations.first().gpu.uuid]
+    )
+    assert 'id="chart-reservation"' not in _page(alice, later.reservation.pk).content.decode()
+
+
+def test_a_share_charts_its_gpus_utilization_and_says_memory_is_not_read_per_share(
+    vision: Any, alice: Any, fleet: Any
+) -> None:
+    import json
+    import re
+
+    from apps.booking.services.layout import gpu_shares_change
+
+    gpu = fleet["gpus"]["big/7"]
+    gpu_shares_change(actor=None, gpu_uuid=gpu.uuid, shares=4)
+    now = timezone.now()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    r = services.reservation_create(
+        user=alice, team=vision, start=start, end=start + timedelta(hours=1), gpu_share=Decimal("0.25")
+    ).reservation
+    helpers.rollups(gpu, start - timedelta(minutes=5), now, 70.0)  # the GPU's, every holder's together
+    page = _page(alice, r.pk).content.decode()
+    assert "every holder of its shares together (memory is not read per share)" in page
+    data = json.loads(re.search(r'<script id="reservation-series" type="application/json">(.*?)</script>', page)[1])
+    assert data["series"] and {(p["util"], p["mem"]) for p in data["series"]} == {(70.0, None)}
+    assert data["series"][0]["t"] == r.start.replace(second=0, microsecond=0).isoformat()  # from its start on

@@ -1,3 +1,5 @@
+import { chart, color } from "../lib/charts.js";
+
 // Reservation page: while the reservation holds its GPUs, each device's utilization and memory now, from
 // /api/v1/gpus/ every 2 s. A MIG instance shows its own memory and, where the GPU reads it (GPM, Hopper and later), its
 // own SM activity; a share shows what this reservation's processes use (`share_holders`: known where it is the GPU's
@@ -36,3 +38,33 @@ function init() {
 }
 
 document.addEventListener("DOMContentLoaded", init);
+
+// Its devices' use over its window (apps.telemetry.selectors.devices_series), put in the page by the server.
+function useChart() {
+  const el = document.getElementById("reservation-series");
+  const data = el ? JSON.parse(el.textContent) : null;
+  if (!data || !data.series.length) return;
+  const hasMemory = data.series.some((p) => p.mem != null); // a share's memory is not read per share
+  const label = (iso) => {
+    const d = new Date(iso);
+    return data.hourly ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit" }) : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  };
+  chart(document.getElementById("chart-reservation"), {
+    type: "line",
+    data: {
+      labels: data.series.map((p) => label(p.t)),
+      datasets: [
+        ...(hasMemory ? [{ label: "memory (MiB)", data: data.series.map((p) => p.mem), borderColor: color(3), backgroundColor: color(3, 0.15), fill: true, yAxisID: "y", pointRadius: 0 }] : []),
+        { label: "utilization (%)", data: data.series.map((p) => p.util), borderColor: color(0), yAxisID: "y1", pointRadius: 0 },
+      ],
+    },
+    options: {
+      scales: {
+        y: { display: hasMemory, min: 0, suggestedMax: data.total || undefined, title: { display: true, text: "MiB" } },
+        y1: { min: 0, max: 100, position: "right", grid: { drawOnChartArea: !hasMemory }, title: { display: true, text: "%" } },
+      },
+    },
+  });
+}
+
+document.addEventListener("DOMContentLoaded", useChart);
