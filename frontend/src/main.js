@@ -6,6 +6,18 @@ import { idleBanner } from "./lib/idle_banner.js";
 
 window.Portal = { api, ApiError, csrfToken, liveSocket, money, pct, mib, amount, duration };
 
+// Behaviour the templates ask for by attribute: the Content-Security-Policy allows no inline handlers.
+document.addEventListener("submit", (event) => {
+  const form = event.target;
+  if (!(form instanceof HTMLFormElement)) return;
+  if (form.hasAttribute("data-no-submit") || (form.dataset.confirm && !window.confirm(form.dataset.confirm))) {
+    event.preventDefault();
+  }
+});
+document.addEventListener("click", (event) => {
+  if (event.target instanceof Element && event.target.closest("[data-print]")) window.print();
+});
+
 document.addEventListener("DOMContentLoaded", () => {
   idleBanner(liveSocket);
   // Copy buttons for values shown once (new tokens).

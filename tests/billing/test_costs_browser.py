@@ -101,6 +101,6 @@ def test_the_team_page_draws_the_burn_down_and_goes_live(running, browser_as, bo
     page.goto(f"{page.base}/costs/teams/vision/")
     page.wait_for_selector('#chart-burn[data-rendered="1"]')
     assert _painted(page, "#chart-burn")
-    page.wait_for_function("document.getElementById('live-state').textContent === 'live'", timeout=10_000)
+    page.wait_for_function("() => document.getElementById('live-state').textContent === 'live'", timeout=10_000)
     assert float(page.inner_text("#live-cost")) >= 9.99  # 2 GPUs x 2 h x 2.50
     assert page.inner_text("#live-running") == "2"

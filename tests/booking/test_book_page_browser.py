@@ -72,7 +72,7 @@ def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
     _fill(page, model="A100-80GB", count=2, start=start, end=end, note="browser booking")
     # The availability answers each change of the form: wait for the one for the whole form, not an earlier one.
     page.wait_for_function(
-        "document.querySelector('#book-availability')?.innerText.includes('12 of 12 A100-80GB free')"
+        "() => document.querySelector('#book-availability')?.innerText.includes('12 of 12 A100-80GB free')"
     )
     page.click("#book-submit")
     page.wait_for_selector("#book-success:not([hidden])")
@@ -88,7 +88,7 @@ def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
     # Availability follows: the same window now has 10 free.
     page.fill("#book-note", "")
     page.dispatch_event("#book-start", "change")
-    page.wait_for_function("document.querySelector('#book-availability [data-free]')?.dataset.free === '10'")
+    page.wait_for_function("() => document.querySelector('#book-availability [data-free]')?.dataset.free === '10'")
     # The row's number opens the reservation's page, which lists the two GPUs it holds.
     mine.first.locator(f'a[href="/book/reservations/{reservation.pk}/"]').click()
     page.wait_for_selector("#reservation-page")
@@ -170,7 +170,7 @@ def test_drag_on_a_row_picks_that_gpu_and_cancel(page, fleet):
     row = page.locator(f'#my-reservations tr[data-reservation-id="{r.pk}"]')
     row.wait_for()
     row.locator("button").click()
-    page.wait_for_function(f"!document.querySelector('#my-reservations tr[data-reservation-id=\"{r.pk}\"]')")
+    page.wait_for_function(f"() => !document.querySelector('#my-reservations tr[data-reservation-id=\"{r.pk}\"]')")
     r.refresh_from_db()
     assert r.status in (ReservationStatus.CANCELLED, ReservationStatus.RELEASED)
     assert r.end - r.start <= timedelta(hours=3)

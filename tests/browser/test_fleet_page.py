@@ -215,7 +215,7 @@ def test_fleet_page_values_change_live_and_filters_work(
     with _browser_page(live_portal, bob) as page:
         page.goto(live_portal.url + "/fleet/")
         page.wait_for_selector(f'.fleet-item[data-uuid="{first}"]')
-        page.wait_for_function("window.__fleet.stats.messages >= 1")
+        page.wait_for_function("() => window.__fleet.stats.messages >= 1")
         before = _util_text(page, first)
         page.wait_for_function(
             "n => window.__fleet.stats.messages >= n", arg=page.evaluate("window.__fleet.stats.messages") + 2
@@ -232,15 +232,15 @@ def test_fleet_page_values_change_live_and_filters_work(
         assert page.locator(".fleet-item.is-node:visible").count() == 2
 
         page.check("#f-free")
-        page.wait_for_function("document.getElementById('f-count').textContent.startsWith('5 of 8')")
+        page.wait_for_function("() => document.getElementById('f-count').textContent.startsWith('5 of 8')")
         assert page.locator(".fleet-item:not(.is-node):visible").count() == 5
         assert "free=1" in page.url
         page.uncheck("#f-free")
         page.select_option("#f-status", "gpu:degraded")
-        page.wait_for_function("document.getElementById('f-count').textContent.startsWith('1 of 8')")
+        page.wait_for_function("() => document.getElementById('f-count').textContent.startsWith('1 of 8')")
         page.select_option("#f-status", "")
         page.select_option("#f-node", "live-node001")
-        page.wait_for_function("document.getElementById('f-count').textContent.startsWith('4 of 8')")
+        page.wait_for_function("() => document.getElementById('f-count').textContent.startsWith('4 of 8')")
         assert page.locator(".fleet-item.is-node:visible").count() == 1
 
 
@@ -271,7 +271,7 @@ def test_fleet_page_shows_parts_with_their_holders_and_instance_memory(
     publisher_for(make)
     with _browser_page(live_portal, bob) as page:
         page.goto(live_portal.url + "/fleet/")
-        page.wait_for_function("window.__fleet.stats.messages >= 1")
+        page.wait_for_function("() => window.__fleet.stats.messages >= 1")
         holder_of = lambda uuid: page.locator(f'.fleet-item[data-uuid="{uuid}"] .fleet-holder').inner_text()  # noqa: E731
         assert holder_of(mig) == (
             "5/7 MIG instances free · 1g.10gb 5.0 / 9.5 GiB: alice · vision · 1g.10gb 9.5 GiB: alice · vision"
@@ -283,7 +283,7 @@ def test_fleet_page_shows_parts_with_their_holders_and_instance_memory(
     # Another team sees which parts are held and what they use, not by whom.
     with _browser_page(live_portal, charlie) as page:
         page.goto(live_portal.url + "/fleet/")
-        page.wait_for_function("window.__fleet.stats.messages >= 1")
+        page.wait_for_function("() => window.__fleet.stats.messages >= 1")
         text = page.locator(f'.fleet-item[data-uuid="{mig}"] .fleet-holder').inner_text()
         assert text == "5/7 MIG instances free · 1g.10gb 5.0 / 9.5 GiB: vision · 1g.10gb 9.5 GiB: vision"
 
@@ -319,7 +319,7 @@ def test_gpu_page_lists_the_mig_instances_with_their_holders_and_memory_live(
         assert page.locator("#gpu-parts tr[data-part]").count() == 7
         row = lambda uuid: page.locator(f'#gpu-parts tr[data-part="{uuid}"]')  # noqa: E731
         page.wait_for_function(
-            "document.querySelector('#gpu-parts tr[data-part=\"MIG-db-mig-7\"] .part-holder').textContent"
+            "() => document.querySelector('#gpu-parts tr[data-part=\"MIG-db-mig-7\"] .part-holder').textContent"
             ".startsWith('alice')"
         )
         assert row(first).locator(".part-holder").inner_text() == "alice (team vision, job 5)"
@@ -367,7 +367,7 @@ def test_gpu_page_shows_what_each_shares_job_uses_live(
         assert page.locator("#gpu-parts tr[data-part]").count() == 4
         row = lambda uuid: page.locator(f'#gpu-parts tr[data-part="{uuid}"]')  # noqa: E731
         page.wait_for_function(
-            f"document.querySelector('#gpu-parts tr[data-part=\"{first}\"] .part-used-text').textContent"
+            f"() => document.querySelector('#gpu-parts tr[data-part=\"{first}\"] .part-used-text').textContent"
             ".endsWith(' / 20.0 GiB')"
         )
         before = row(first).locator(".part-used-text").inner_text()
@@ -406,7 +406,7 @@ def test_fleet_page_with_1000_gpus_renders_all_and_reports_update_time(
     publisher_for(lambda seq, t: synthetic_snapshot(fleet, seq, t=t), rate=1.0)
     with _browser_page(live_portal, bob) as page:
         page.goto(live_portal.url + "/fleet/")
-        page.wait_for_function("window.__fleet.stats.messages >= 1 && window.__fleet.stats.gpus === 1000")
+        page.wait_for_function("() => window.__fleet.stats.messages >= 1 && window.__fleet.stats.gpus === 1000")
         # Frame pacing while updates arrive: a rAF loop records the gap between frames.
         page.evaluate(FRAME_GAPS_JS)
         start = page.evaluate("window.__fleet.stats.messages")
@@ -466,12 +466,12 @@ def test_gpu_page_draws_the_history_and_live_figures(
     publisher_for(lambda seq, t: synthetic_snapshot(fleet, seq, t=t))
     with _browser_page(live_portal, bob) as page:
         page.goto(f"{live_portal.url}/fleet/gpus/{gpu.uuid}/")
-        page.wait_for_function("document.body.dataset.historyPoints !== undefined")
+        page.wait_for_function("() => document.body.dataset.historyPoints !== undefined")
         assert page.evaluate("document.body.dataset.historyPoints") == "30"
         assert page.inner_text("#history-note") == "30 points, each a minute's average"
-        page.wait_for_function("document.getElementById('live-util').textContent.endsWith('%')")
+        page.wait_for_function("() => document.getElementById('live-util').textContent.endsWith('%')")
         # The figures may come from the page itself (the last sample Redis held when it was rendered) before the
         # socket is open, so the socket's state is waited for, not read at once (failed ~1 run in 8 that way).
-        page.wait_for_function("document.getElementById('fleet-live').textContent === 'live'")
+        page.wait_for_function("() => document.getElementById('fleet-live').textContent === 'live'")
         page.click('button[data-resolution="raw"]')
-        page.wait_for_function("document.getElementById('history-note').textContent !== 'loading…'")
+        page.wait_for_function("() => document.getElementById('history-note').textContent !== 'loading…'")

@@ -132,7 +132,7 @@ def test_home_page_draws_my_teams_spend_and_lists_my_work(
     reservation = builders.reservation(vision, bob, start=now + timedelta(hours=3))
     with signed_in(live_portal, bob, monkeypatch) as page:
         page.goto(live_portal.url + "/")
-        page.wait_for_function("document.getElementById('home-spend-chart').dataset.rendered === '1'")
+        page.wait_for_function("() => document.getElementById('home-spend-chart').dataset.rendered === '1'")
         assert f"Job {job.pk} · on the home page" in page.inner_text("#home-jobs")
         assert f"#{reservation.pk} " in page.inner_text("#home-reservations")
         assert "EUR" in page.inner_text("#home-spend")
@@ -197,3 +197,15 @@ def test_token_scopes_sit_beside_their_checkboxes_and_a_token_is_made(
         page.check("fieldset input[value=read]")
         page.click("text=Create token")
         assert page.locator(".token-once code").inner_text().startswith("gpp_")
+
+
+def test_the_api_docs_render_under_the_content_security_policy(
+    live_portal: Any, alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Swagger UI starts from a script file of its own (an inline one would be refused: a console error fails this)."""
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        response = page.goto(live_portal.url + "/api/docs/")
+        assert response is not None and "script-src 'self'" in response.headers["content-security-policy"]
+        page.wait_for_selector(".swagger-ui .info .title", timeout=20_000)
+        assert "GPU Portal API" in page.inner_text(".swagger-ui .info .title")
+        page.wait_for_selector(".opblock-tag", timeout=20_000)

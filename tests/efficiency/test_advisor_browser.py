@@ -43,7 +43,7 @@ def test_advisor_plot_renders(
     )
     with signed_in(live_portal, alice, monkeypatch) as page:
         page.goto(f"{live_portal.url}/jobs/{job.pk}/")
-        page.wait_for_function("document.getElementById('chart-job-advisor').dataset.rendered === '1'")
+        page.wait_for_function("() => document.getElementById('chart-job-advisor').dataset.rendered === '1'")
         assert "Best: batch" in page.inner_text("#job-advisor-best")
         runs = page.evaluate("JSON.parse(document.getElementById('job-advisor-data').textContent).runs.length")
         assert runs == 6  # batch 1, 2, 4 in fp32 and bf16
@@ -72,11 +72,11 @@ def test_oom_job_memory_curve_and_efficiency_page_render(
     JobLogLine.objects.create(job=job, seq=1, at=started, line="torch.OutOfMemoryError: CUDA out of memory.")
     with signed_in(live_portal, alice, monkeypatch) as page:
         page.goto(f"{live_portal.url}/jobs/{job.pk}/")
-        page.wait_for_function("document.getElementById('chart-job-gpu').dataset.rendered === '1'")
+        page.wait_for_function("() => document.getElementById('chart-job-gpu').dataset.rendered === '1'")
         assert page.evaluate(PAINTED, "chart-job-gpu") > 1000
         assert "CUDA out of memory" in page.inner_text("#job-failure-kind")
         assert "81920 MiB" in page.inner_text("#job-mem-peak")
         page.wait_for_selector("#job-logs >> text=CUDA out of memory")  # the log fetch is done before leaving
         page.goto(f"{live_portal.url}/efficiency/")
-        page.wait_for_function("document.getElementById('chart-efficiency-teams').dataset.rendered === '1'")
+        page.wait_for_function("() => document.getElementById('chart-efficiency-teams').dataset.rendered === '1'")
         assert page.locator("#efficiency-csv").count() == 1

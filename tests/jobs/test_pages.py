@@ -116,10 +116,10 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             context.add_cookies([{**cookie, "url": live_portal.url}])
             page = context.new_page()
             page.goto(f"{live_portal.url}/jobs/{job.pk}/")
-            page.wait_for_function("document.getElementById('log-status').textContent === 'live'", timeout=15000)
+            page.wait_for_function("() => document.getElementById('log-status').textContent === 'live'", timeout=15000)
             assert page.inner_text("#job-cost-label") == "Cost so far"
             page.wait_for_function(
-                "document.getElementById('job-logs').textContent.includes('line before the page opened')",
+                "() => document.getElementById('job-logs').textContent.includes('line before the page opened')",
                 timeout=10000,
             )
 
@@ -140,7 +140,7 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             worker = threading.Thread(target=produce)
             worker.start()
             page.wait_for_function(
-                "document.getElementById('job-logs').textContent.includes('live line 4')", timeout=15000
+                "() => document.getElementById('job-logs').textContent.includes('live line 4')", timeout=15000
             )
             worker.join()
             text = page.inner_text("#job-logs")
@@ -148,7 +148,9 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
                 f"live line {i}" for i in range(2, 7)
             ]
             assert page.locator("#job-logs .stderr").first.inner_text().strip() == "live line 4"
-            page.wait_for_function("document.getElementById('job-state').textContent === 'running'", timeout=10000)
+            page.wait_for_function(
+                "() => document.getElementById('job-state').textContent === 'running'", timeout=10000
+            )
 
             def finish() -> None:
                 try:
@@ -163,11 +165,13 @@ def test_job_page_shows_logs_live_in_chromium(alice, vision, fleet, submit, live
             ender = threading.Thread(target=finish)
             ender.start()
             ender.join()
-            page.wait_for_function("document.getElementById('job-state').textContent === 'succeeded'", timeout=10000)
-            page.wait_for_function("document.getElementById('log-status').textContent === 'ended'", timeout=10000)
+            page.wait_for_function(
+                "() => document.getElementById('job-state').textContent === 'succeeded'", timeout=10000
+            )
+            page.wait_for_function("() => document.getElementById('log-status').textContent === 'ended'", timeout=10000)
             assert page.inner_text("#job-cost-label") == "Cost"  # no longer "so far"
             page.wait_for_function(
-                "document.getElementById('job-logs').textContent.includes('written as it exited')", timeout=10000
+                "() => document.getElementById('job-logs').textContent.includes('written as it exited')", timeout=10000
             )
         finally:
             browser.close()
@@ -199,9 +203,9 @@ def test_job_page_opened_at_a_gap_shows_the_held_lines_once_it_fills(alice, visi
             context.add_cookies([{**cookie, "url": live_portal.url}])
             page = context.new_page()
             page.goto(f"{live_portal.url}/jobs/{job.pk}/")
-            page.wait_for_function("document.getElementById('log-status').textContent === 'live'", timeout=15000)
+            page.wait_for_function("() => document.getElementById('log-status').textContent === 'live'", timeout=15000)
             page.wait_for_function(
-                "document.getElementById('job-logs').textContent.includes('gap line 1')", timeout=10000
+                "() => document.getElementById('job-logs').textContent.includes('gap line 1')", timeout=10000
             )
             assert "gap line 3" not in page.inner_text("#job-logs")  # held back while line 2 may come
             # The ORM is not for the thread that runs Playwright's event loop.
@@ -209,7 +213,7 @@ def test_job_page_opened_at_a_gap_shows_the_held_lines_once_it_fills(alice, visi
             late.start()
             late.join()
             page.wait_for_function(
-                "document.getElementById('job-logs').textContent.includes('gap line 3')", timeout=15000
+                "() => document.getElementById('job-logs').textContent.includes('gap line 3')", timeout=15000
             )
             text = page.inner_text("#job-logs")
             assert [line for line in text.splitlines() if line.startswith("gap line")] == [

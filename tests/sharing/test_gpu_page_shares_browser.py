@@ -93,14 +93,14 @@ def test_a_mig_gpu_page_draws_each_instances_memory(signed_in, live_portal, alic
     )
     page = signed_in("alice")
     page.goto(f"{live_portal.url}/fleet/gpus/GPU-mig-0/")
-    page.wait_for_function("document.body.dataset.instanceLines !== undefined")
+    page.wait_for_function("() => document.body.dataset.instanceLines !== undefined")
     assert page.evaluate("document.body.dataset.instanceLines") == "2"
     assert page.inner_text("#instances-note") == "2 of 7 instances with readings in this range"
     page.click('.gpu-ranges button[data-resolution="raw"]')
-    page.wait_for_function("document.body.dataset.instanceLines === '0'")
+    page.wait_for_function("() => document.body.dataset.instanceLines === '0'")
     assert "pick 1 h or more" in page.inner_text("#instances-note")
     page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-0/")  # not in MIG mode: no such chart
-    page.wait_for_function("document.body.dataset.historyPoints !== undefined")
+    page.wait_for_function("() => document.body.dataset.historyPoints !== undefined")
     assert page.locator("#chart-instances").count() == 0
 
 
@@ -117,7 +117,7 @@ def test_a_shared_gpu_page_shows_each_held_shares_job_activity(signed_in, live_p
     page = signed_in("alice")
     page.goto(f"{live_portal.url}/fleet/gpus/GPU-shared-0/")
     row = f'#gpu-parts tr[data-part="{shares[busy.pk]}"] .part-used-text'
-    page.wait_for_function(f"document.querySelector('{row}').textContent !== '—'")
+    page.wait_for_function(f"() => document.querySelector('{row}').textContent !== '—'")
     assert page.inner_text(row) == "8.0 / 20.0 GiB · SM 70%"
     other = f'#gpu-parts tr[data-part="{shares[idle.pk]}"] .part-used-text'
     assert page.inner_text(other) == "3.0 / 20.0 GiB · SM 0%"

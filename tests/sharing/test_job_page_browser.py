@@ -55,7 +55,7 @@ def test_a_part_job_page_shows_its_device_and_memory(
         page.goto(f"{live_portal.url}/jobs/{on_instance.pk}/")
         part = page.locator(f'#job-gpus tr[data-part="{instance.uuid}"]')
         assert part.locator("td").first.inner_text() == "mig/0 · 1g.10gb"
-        page.wait_for_function("document.querySelector('#job-gpus tr[data-part] .util').textContent !== '—'")
+        page.wait_for_function("() => document.querySelector('#job-gpus tr[data-part] .util').textContent !== '—'")
         assert part.locator(".util").inner_text() == "63%"  # its GPU's: NVML has no utilization per instance
         assert part.locator(".mem").inner_text() == "5.0 GiB"  # the instance's own, not the GPU's 7,000 MiB
         assert page.inner_text("#job-mem-peak") == "5120 MiB"
@@ -66,7 +66,7 @@ def test_a_part_job_page_shows_its_device_and_memory(
         page.goto(f"{live_portal.url}/jobs/{on_share.pk}/")
         part = page.locator(f'#job-gpus tr[data-part="{share.uuid}"]')
         assert part.locator("td").first.inner_text() == "shared/0 · share 1/4"
-        page.wait_for_function("document.querySelector('#job-gpus tr[data-part] .util').textContent !== '—'")
+        page.wait_for_function("() => document.querySelector('#job-gpus tr[data-part] .util').textContent !== '—'")
         assert part.locator(".util").inner_text() == "63%"
         assert part.locator(".mem").inner_text() == "—"  # the GPU's 30,000 MiB are its neighbours' too
         assert page.inner_text("#job-mem-peak") == "19500 MiB"
@@ -136,7 +136,7 @@ def test_a_share_reservation_page_shows_what_its_own_processes_use(
     with signed_in(live_portal, alice, monkeypatch) as page:
         page.goto(f"{live_portal.url}/book/reservations/{booked.reservation.pk}/")
         cells = page.locator(f'#res-devices tr[data-uuid="{device.uuid}"]')
-        page.wait_for_function("document.querySelector('#res-devices tr[data-uuid] .mem').textContent !== '—'")
+        page.wait_for_function("() => document.querySelector('#res-devices tr[data-uuid] .mem').textContent !== '—'")
         assert cells.locator(".mem").inner_text() == "4.9 GiB"  # its own 5,000 MiB, not the GPU's 30,000
         assert cells.locator(".util").inner_text() == "63%"
         assert "no memory isolation" in cells.inner_text()

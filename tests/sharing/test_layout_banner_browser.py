@@ -80,7 +80,9 @@ def test_the_book_page_follows_a_move_and_lists_an_end_with_its_reason(
         row = page.locator(f'#my-reservations tr[data-reservation-id="{first.pk}"]')
         row.wait_for()
         assert "node-a/0" in row.inner_text()
-        page.wait_for_function("!document.querySelector('#ended-reservations tbody').innerText.includes('Loading')")
+        page.wait_for_function(
+            "() => !document.querySelector('#ended-reservations tbody').innerText.includes('Loading')"
+        )
         assert page.locator("#ended-reservations tbody").inner_text().strip() == "None."
 
         def change() -> None:  # node-a's GPU 0 enters MIG mode; node-b's GPU is free on day 1 only
