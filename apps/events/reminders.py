@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import CharField, Exists, OuterRef, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from apps.booking.models import Reservation, ReservationStatus
@@ -19,14 +21,23 @@ def remind_reservations_starting(*, now: datetime | None = None, limit: int = 50
     now = now or timezone.now()
     window_end = now + timedelta(seconds=conf.RESERVATION_REMINDER_S)
     reminded: list[int] = []
+    # Those reminded already are left out by the query, not skipped after it: skipped, `limit` of them would keep
+    # every later booking in the window from its reminder.
+    reminded_already = OutboxEvent.objects.filter(
+        event_type=EventType.RESERVATION_STARTING_SOON,
+        subject=Concat(Value("reservations/"), Cast(OuterRef("pk"), output_field=CharField())),
+    )
     with transaction.atomic():
         due = (
             Reservation.objects.select_for_update(skip_locked=True)
             .filter(status=ReservationStatus.BOOKED, start__gt=now, start__lte=window_end)
+            .exclude(Exists(reminded_already))
             .order_by("start")[:limit]
         )
         for reservation in due:
             subject = f"reservations/{reservation.pk}"
+            # Again under the row's lock, in a statement of its own: a run that committed between this one's query
+            # and its lock is seen here (READ COMMITTED), not by the query's snapshot.
             if OutboxEvent.objects.filter(event_type=EventType.RESERVATION_STARTING_SOON, subject=subject).exists():
                 continue
             publish(

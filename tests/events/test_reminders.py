@@ -34,3 +34,22 @@ def test_a_reservation_about_to_start_is_reminded_once(alice: Any, vision: Any) 
     assert (event.subject, event.user_id, event.team_id) == (f"reservations/{near.pk}", alice.pk, vision.pk)
     # The day after, the other one's turn comes.
     assert remind_reservations_starting(now=far.start - timedelta(minutes=10)) == [far.pk]
+
+
+def test_bookings_reminded_already_do_not_hold_back_the_next(alice: Any, vision: Any) -> None:
+    """A pass takes `limit` bookings: those reminded already are not among them, or `limit` reminded bookings
+    starting within the window would keep every later one from its reminder."""
+    gpus = [GpuFactory(node__name="remind-many", index=i) for i in range(3)]
+    now = timezone.now()
+    soon = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0) + timedelta(minutes=15)
+    booked = [
+        booking.reservation_create(
+            user=alice, team=vision, start=soon, end=soon + timedelta(hours=1), gpus=[gpu.uuid]
+        ).reservation
+        for gpu in gpus
+    ]
+    first = remind_reservations_starting(now=now, limit=2)
+    assert len(first) == 2
+    assert remind_reservations_starting(now=now, limit=2) == [r.pk for r in booked if r.pk not in first]
+    assert remind_reservations_starting(now=now, limit=2) == []
+    assert OutboxEvent.objects.filter(event_type="reservation.starting_soon").count() == 3
