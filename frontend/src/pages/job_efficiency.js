@@ -7,14 +7,23 @@ function readJson(id) {
   return el ? JSON.parse(el.textContent) : null;
 }
 
-function hhmm(iso) {
-  return new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+function timeLabel(series) {
+  // A job of more than a day (or one read from the hourly rollups once its minutes were pruned) needs the date too.
+  const span = series.length ? new Date(series[series.length - 1].t) - new Date(series[0].t) : 0;
+  const long = span > 20 * 3600 * 1000;
+  return (iso) => {
+    const d = new Date(iso);
+    return long
+      ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })
+      : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  };
 }
 
 function usageChart() {
   const data = readJson("job-efficiency-data");
   if (!data || !data.series.length) return;
-  const labels = data.series.map((p) => hhmm(p.t));
+  const label = timeLabel(data.series);
+  const labels = data.series.map((p) => label(p.t));
   const datasets = [
     { label: "memory (MiB)", data: data.series.map((p) => p.mem), borderColor: color(3), backgroundColor: color(3, 0.15), fill: true, yAxisID: "y", pointRadius: 0 },
     { label: "utilization (%)", data: data.series.map((p) => p.util), borderColor: color(0), yAxisID: "y1", pointRadius: 0 },
