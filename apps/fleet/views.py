@@ -170,6 +170,12 @@ def gpu_page(request: HttpRequest, uuid: str) -> HttpResponse:
         }
         for p in parts
     ]
+    # Compute instances of one GPU instance share its memory: each row shows the GPU instance's figures.
+    by_gi: dict[int, list[str]] = {}
+    for row in part_rows:
+        if gpu.mig_mode and row["gi_id"] is not None:
+            by_gi.setdefault(int(str(row["gi_id"])), []).append(str(row["label"]))
+    shared_gis = [{"gi_id": gi, "labels": labels} for gi, labels in sorted(by_gi.items()) if len(labels) > 1]
     probe = gpu.probe if isinstance(gpu.probe, dict) else None
     return render(
         request,
@@ -178,6 +184,7 @@ def gpu_page(request: HttpRequest, uuid: str) -> HttpResponse:
             "gpu": gpu,
             "config": config,
             "parts": part_rows,
+            "shared_gis": shared_gis,
             "probe": probe,
             "probe_rows": _probe_rows(probe),
             "probe_error": probe.get("error") if probe and "comparison" not in probe else None,

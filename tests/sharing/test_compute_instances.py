@@ -68,3 +68,11 @@ def test_asking_by_memory_leaves_compute_instances_out(api_as, alice, split):
 def test_a_compute_instance_profile_that_cannot_exist_is_a_400(api_as, alice, split, profile):
     resp = api_as(alice).post(URL, body(mig_profile=profile), format="json")
     assert resp.status_code == 400 and "mig_profile" in resp.json()["fields"], resp.json()
+
+
+def test_the_gpu_page_says_which_compute_instances_share_a_gpu_instances_memory(client, alice, split):
+    client.force_login(alice)
+    page = client.get(f"/fleet/gpus/{split.uuid}/").content.decode()
+    assert 'data-gi="2"' in page and 'data-gi="1"' not in page  # the 4g.40gb is a GPU instance of its own
+    note = page.split('data-gi="2">')[1].split("</p>")[0]
+    assert "1c.3g.40gb" in note and "2c.3g.40gb" in note and "share its memory" in note
