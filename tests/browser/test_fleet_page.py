@@ -420,6 +420,16 @@ def test_fleet_page_with_1000_gpus_renders_all_and_reports_update_time(
         stats = page.evaluate("window.__fleet.stats")
         gaps = page.evaluate("window.__gaps")
         page.wait_for_selector('.fleet-item[data-uuid="GPU-big-00999"]')
+        # The overview map: hovering a cell names its GPU; clicking it scrolls the table to that GPU's row.
+        page.evaluate("() => { document.getElementById('fleet-viewport').scrollTop = 0; }")
+        page.wait_for_function("() => !document.querySelector('.fleet-item[data-uuid=\"GPU-big-00777\"]')")
+        cell = page.evaluate("() => window.__fleet.cellOf('GPU-big-00777')")
+        box = page.locator("#fleet-map").bounding_box()
+        assert cell is not None and box is not None
+        page.mouse.move(box["x"] + cell["x"] + 5, box["y"] + cell["y"] + 5)
+        map_title = page.locator("#fleet-map").get_attribute("title") or ""
+        page.mouse.click(box["x"] + cell["x"] + 5, box["y"] + cell["y"] + 5)
+        page.wait_for_selector('.fleet-item.is-flash[data-uuid="GPU-big-00777"]')
         text = json.dumps(synthetic_snapshot(fleet, 1))
         parse_ms = page.evaluate(PARSE_MS_JS, text)
         busy = page.locator("#sum-busy").inner_text()
@@ -436,6 +446,7 @@ def test_fleet_page_with_1000_gpus_renders_all_and_reports_update_time(
     )
     assert stats["gpus"] == 1000 and stats["mapCells"] == 1000
     assert busy == "0 / 1000"
+    assert map_title.startswith(f"{fleet[777]['node']} / {fleet[777]['index']} · ")
     assert stats["rowsInDom"] < 120  # virtualized: the DOM does not grow with the fleet
 
 

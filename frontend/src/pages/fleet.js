@@ -9,14 +9,13 @@
 //   it reads the scroll position once, then only writes (no read-after-write layout thrash), and it skips DOM
 //   writes whose value did not change.
 import "../css/fleet.css";
+import { overviewMap } from "../lib/fleet_map.js";
+import { ago, holderText, memText, pctText, powerText, statusOf, tempText, usable } from "../lib/fleet_text.js";
 
 const { liveSocket } = window.Portal;
 
 const ROW_H = 32; // px, must match .fleet-row height in fleet.css
 const OVERSCAN = 6; // rows rendered above and below the viewport
-const CELL = 10; // overview map cell, px
-const GAP = 2;
-const NODE_GAP = 6; // extra space between two nodes' cells
 
 const $ = (id) => document.getElementById(id);
 const initial = JSON.parse($("fleet-initial").textContent);
@@ -41,10 +40,6 @@ const dirty = { items: true, rows: true, map: true, mapLayout: true, summary: tr
 // Timing for the browser test and for anyone curious (window.__fleet.stats in the console).
 const stats = { messages: 0, gpus: 0, applyMs: [], renderMs: [], updateMs: [], frames: 0, rowsInDom: 0, mapCells: 0 };
 let pendingApply = null; // ms spent applying messages that no frame has painted yet
-
-function usable(g) {
-  return g.status === "ok" && g.node_status === "online" && !g.stale;
-}
 
 function newRecord(g) {
   return { uuid: g.uuid, hist: new Float32Array(SPARK).fill(NaN), head: 0, version: 0 };
@@ -185,53 +180,6 @@ function onFilterChange() {
   schedule();
 }
 for (const el of Object.values(filterEls)) el.addEventListener("change", onFilterChange);
-
-// --- Formatting --------------------------------------------------------------------------------------------------
-const pctText = (v) => (v == null ? "—" : `${Math.round(v)}%`);
-const gib = (m) => (m == null ? "—" : (m / 1024).toFixed(m >= 10240 ? 0 : 1));
-const memText = (g) => (g.mem_used == null ? "—" : `${gib(g.mem_used)} / ${gib(g.mem_total)} GiB`);
-const tempText = (g) => (g.temp == null ? "—" : `${g.temp} °C`);
-const powerText = (g) => (g.power == null ? "—" : `${Math.round(g.power)} W`);
-const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
-
-// A GPU in MIG mode or split in shares: how many parts are free, then each held part's holder, with the memory a
-// MIG instance uses when the agent reported it. Shares are time-sliced unless the node runs MPS, so the page says so.
-function partMem(h) {
-  if (!h.mem) return "";
-  return h.used == null ? ` ${gib(h.mem)} GiB` : ` ${gib(h.used)} / ${gib(h.mem)} GiB`;
-}
-
-function partsText(g) {
-  const p = g.parts;
-  const what = p.kind === "mig" ? "MIG instances" : "shares (shared, no memory isolation)";
-  const held = (Array.isArray(g.holder) ? g.holder : []).map((h) => {
-    const part = h.part ? `${h.part}${partMem(h)}: ` : "";
-    return part + (h.user ? `${h.user} · ${h.team}` : h.team || "in use");
-  });
-  return [`${p.free}/${p.total} ${what} free`, ...held].join(" · ");
-}
-
-function holderText(g) {
-  if (g.parts) return partsText(g);
-  const h = g.holder;
-  if (!h) return usable(g) ? "free" : "—";
-  const until = h.until ? ` until ${timeFmt.format(new Date(h.until))}` : "";
-  if (h.user) return `${h.user} · ${h.team}${h.kind ? ` (${h.kind})` : ""}${until}`;
-  if (h.team) return `${h.team}${h.kind ? ` (${h.kind})` : ""}`;
-  return "in use";
-}
-
-function statusOf(g) {
-  if (g.node_status !== "online") return g.node_status; // draining or offline: the node is what matters
-  if (g.stale && g.status === "ok") return "stale";
-  return g.status;
-}
-
-function ago(iso) {
-  if (!iso) return "never";
-  const s = Math.max(0, Math.round((Date.now() - new Date(iso).getTime()) / 1000));
-  return s < 90 ? `${s} s ago` : s < 5400 ? `${Math.round(s / 60)} min ago` : `${Math.round(s / 3600)} h ago`;
-}
 
 // --- Table: a pool of rows re-used while scrolling -----------------------------------------------------------------
 const viewport = $("fleet-viewport");
@@ -396,93 +344,18 @@ function renderRows(scrollTop, height) {
 }
 
 // --- Overview map: one canvas, one cell per GPU ---------------------------------------------------------------------
-const map = $("fleet-map");
-const mapCtx = map.getContext("2d");
-let mapCells = []; // [{g, x, y}] in snapshot order
-let mapWidth = 0;
-const css = getComputedStyle(document.documentElement);
-const cssVar = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
-const C_DOWN = cssVar("--fleet-down", "#d5d9e2");
-const C_HELD = cssVar("--fleet-held", "#141a26");
-const C_LOST = cssVar("--bad", "#d64545");
-// Utilization colour ramp, precomputed once: idle is pale, busy is saturated.
-const RAMP = Array.from({ length: 101 }, (_, u) => {
-  const t = u / 100;
-  const mix = (a, b) => Math.round(a + (b - a) * t);
-  return `rgb(${mix(222, 22)}, ${mix(233, 78)}, ${mix(252, 214)})`;
-});
-
-function layoutMap(width) {
-  mapWidth = width;
-  mapCells = [];
-  let x = 0;
-  let y = 0;
-  for (const name of state.nodeOrder) {
-    const gs = state.nodes.get(name).gpus;
-    if (!gs.length) continue;
-    // Keep a node's GPUs together on one line when they fit.
-    const need = gs.length * (CELL + GAP);
-    if (x > 0 && x + need > width && need <= width) {
-      x = 0;
-      y += CELL + GAP;
-    }
-    for (const g of gs) {
-      if (x + CELL > width) {
-        x = 0;
-        y += CELL + GAP;
-      }
-      mapCells.push({ g, x, y });
-      x += CELL + GAP;
-    }
-    x += NODE_GAP;
-  }
-  const h = mapCells.length ? y + CELL : CELL;
-  map.style.height = `${h}px`;
-  map.width = Math.max(1, Math.floor(width * DPR));
-  map.height = Math.max(1, Math.floor(h * DPR));
-  mapCtx.setTransform(DPR, 0, 0, DPR, 0, 0);
-  stats.mapCells = mapCells.length;
-}
-
-function drawMap() {
-  mapCtx.clearRect(0, 0, mapWidth, map.height / DPR);
-  const any = filtering();
-  for (const c of mapCells) {
-    const g = c.g;
-    mapCtx.globalAlpha = any && !matches(g) ? 0.15 : 1;
-    if (g.status === "lost") mapCtx.fillStyle = C_LOST;
-    else if (!usable(g)) mapCtx.fillStyle = C_DOWN;
-    else mapCtx.fillStyle = RAMP[Math.max(0, Math.min(100, Math.round(g.util || 0)))];
-    mapCtx.fillRect(c.x, c.y, CELL, CELL);
-    if (g.holder) {
-      mapCtx.fillStyle = C_HELD;
-      mapCtx.fillRect(c.x + CELL - 4, c.y, 4, 4); // a corner mark: taken
-    }
-  }
-  mapCtx.globalAlpha = 1;
-}
-
-function cellAt(ev) {
-  const rect = map.getBoundingClientRect();
-  const x = ev.clientX - rect.left;
-  const y = ev.clientY - rect.top;
-  return mapCells.find((c) => x >= c.x && x < c.x + CELL && y >= c.y && y < c.y + CELL);
-}
-
-map.addEventListener("mousemove", (ev) => {
-  const c = cellAt(ev);
-  map.title = c ? `${c.g.node} / ${c.g.index} · ${c.g.model} · ${pctText(c.g.util)} · ${holderText(c.g)}` : "";
-});
-map.addEventListener("click", (ev) => {
-  const c = cellAt(ev);
-  if (!c) return;
-  const idx = state.items.indexOf(c.g);
-  if (idx < 0) return; // filtered out of the table
-  viewport.scrollTop = Math.max(0, idx * ROW_H - viewport.clientHeight / 3);
-  flashUuid = c.g.uuid;
-  schedule();
-});
 let flashUuid = null;
+const map = $("fleet-map");
+const overview = overviewMap(map, {
+  dpr: DPR,
+  onPick: (g) => {
+    const idx = state.items.indexOf(g);
+    if (idx < 0) return; // filtered out of the table
+    viewport.scrollTop = Math.max(0, idx * ROW_H - viewport.clientHeight / 3);
+    flashUuid = g.uuid;
+    schedule();
+  },
+});
 
 // --- Summary -------------------------------------------------------------------------------------------------------
 const sumEls = { busy: $("sum-busy"), free: $("sum-free"), down: $("sum-down"), util: $("sum-util"), power: $("sum-power"), nodes: $("sum-nodes") };
@@ -560,6 +433,7 @@ function frame() {
   // Reads first, all of them...
   const scrollTop = viewport.scrollTop;
   const height = viewport.clientHeight;
+  const mapWidth = overview.width();
   const width = dirty.mapLayout || !mapWidth ? map.parentElement.clientWidth : mapWidth;
   // ...then only writes.
   if (dirty.options) {
@@ -576,12 +450,13 @@ function frame() {
     dirty.map = true;
   }
   if (dirty.mapLayout || width !== mapWidth) {
-    layoutMap(width);
+    stats.mapCells = overview.layout(width, state.nodeOrder, state.nodes);
     dirty.mapLayout = false;
     dirty.map = true;
   }
   if (dirty.map) {
-    drawMap();
+    const any = filtering();
+    overview.draw((g) => any && !matches(g));
     dirty.map = false;
   }
   renderRows(scrollTop, height);
@@ -658,4 +533,4 @@ liveSocket("/ws/fleet/", onMessage, {
   },
 });
 
-window.__fleet = { state, stats };
+window.__fleet = { state, stats, cellOf: (uuid) => overview.cellOf(uuid) };

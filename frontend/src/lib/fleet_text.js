@@ -1,0 +1,53 @@
+// How the Fleet page words a GPU: its figures, its status and who holds it (or its MIG instances and shares).
+// Pure functions of the records the page keeps, so the table rows and the overview map's tooltips say the same.
+
+// A GPU the scheduler can hand out: healthy, its node online, its figures fresh.
+export function usable(g) {
+  return g.status === "ok" && g.node_status === "online" && !g.stale;
+}
+
+export const pctText = (v) => (v == null ? "—" : `${Math.round(v)}%`);
+const gib = (m) => (m == null ? "—" : (m / 1024).toFixed(m >= 10240 ? 0 : 1));
+export const memText = (g) => (g.mem_used == null ? "—" : `${gib(g.mem_used)} / ${gib(g.mem_total)} GiB`);
+export const tempText = (g) => (g.temp == null ? "—" : `${g.temp} °C`);
+export const powerText = (g) => (g.power == null ? "—" : `${Math.round(g.power)} W`);
+const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
+
+// A GPU in MIG mode or split in shares: how many parts are free, then each held part's holder, with the memory a
+// MIG instance uses when the agent reported it. Shares are time-sliced unless the node runs MPS, so the page says so.
+function partMem(h) {
+  if (!h.mem) return "";
+  return h.used == null ? ` ${gib(h.mem)} GiB` : ` ${gib(h.used)} / ${gib(h.mem)} GiB`;
+}
+
+function partsText(g) {
+  const p = g.parts;
+  const what = p.kind === "mig" ? "MIG instances" : "shares (shared, no memory isolation)";
+  const held = (Array.isArray(g.holder) ? g.holder : []).map((h) => {
+    const part = h.part ? `${h.part}${partMem(h)}: ` : "";
+    return part + (h.user ? `${h.user} · ${h.team}` : h.team || "in use");
+  });
+  return [`${p.free}/${p.total} ${what} free`, ...held].join(" · ");
+}
+
+export function holderText(g) {
+  if (g.parts) return partsText(g);
+  const h = g.holder;
+  if (!h) return usable(g) ? "free" : "—";
+  const until = h.until ? ` until ${timeFmt.format(new Date(h.until))}` : "";
+  if (h.user) return `${h.user} · ${h.team}${h.kind ? ` (${h.kind})` : ""}${until}`;
+  if (h.team) return `${h.team}${h.kind ? ` (${h.kind})` : ""}`;
+  return "in use";
+}
+
+export function statusOf(g) {
+  if (g.node_status !== "online") return g.node_status; // draining or offline: the node is what matters
+  if (g.stale && g.status === "ok") return "stale";
+  return g.status;
+}
+
+export function ago(iso) {
+  if (!iso) return "never";
+  const s = Math.max(0, Math.round((Date.now() - new Date(iso).getTime()) / 1000));
+  return s < 90 ? `${s} s ago` : s < 5400 ? `${Math.round(s / 60)} min ago` : `${Math.round(s / 3600)} h ago`;
+}
