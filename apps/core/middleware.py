@@ -60,15 +60,34 @@ class NulQueryStringMiddleware:
 
 class ContentSecurityPolicyMiddleware:
     """`Content-Security-Policy` on every response (CONTENT_SECURITY_POLICY; empty: none), unless a view set its own:
-    scripts only from this server (no inline scripts or handlers; the templates ask for behaviour by attribute),
-    no plugins, no framing. Styles may be inline (charts size their canvases that way)."""
+    scripts and styles only from this server (no inline scripts, handlers, `<style>` blocks or style attributes: the
+    templates ask for behaviour by attribute, and scripts set styles through the CSSOM, which the policy allows), no
+    plugins, no framing. Pages the portal does not write (Django admin, the Swagger page: CSP_INLINE_STYLE_PATHS) use
+    inline styles, so under those paths `style-src` also allows them; their scripts stay refused."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
         self.policy: str = settings.CONTENT_SECURITY_POLICY
+        self.inline_style_paths: tuple[str, ...] = tuple(settings.CSP_INLINE_STYLE_PATHS)
+        self.inline_style_policy = with_inline_styles(self.policy)
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
         if self.policy and "Content-Security-Policy" not in response:
-            response["Content-Security-Policy"] = self.policy
+            inline = self.inline_style_paths and request.path.startswith(self.inline_style_paths)
+            response["Content-Security-Policy"] = self.inline_style_policy if inline else self.policy
         return response
+
+
+def with_inline_styles(policy: str) -> str:
+    """The policy with `'unsafe-inline'` added to `style-src` (made from `default-src` where it has none)."""
+    directives = [d.strip() for d in policy.split(";") if d.strip()]
+    names = [d.split()[0].lower() for d in directives]
+    if "style-src" not in names:
+        default = next((d.split()[1:] for d in directives if d.split()[0].lower() == "default-src"), ["'self'"])
+        directives.append(" ".join(["style-src", *default]))
+        names.append("style-src")
+    i = names.index("style-src")
+    if "'unsafe-inline'" not in directives[i].split():
+        directives[i] += " 'unsafe-inline'"
+    return "; ".join(directives)

@@ -20,6 +20,8 @@ document.addEventListener("click", (event) => {
 
 document.addEventListener("DOMContentLoaded", () => {
   idleBanner(liveSocket);
+  // Meters: the width comes from data-width (a percentage); a style attribute would need inline styles allowed.
+  for (const bar of document.querySelectorAll("[data-width]")) bar.style.width = `${Number(bar.dataset.width) || 0}%`;
   // Copy buttons for values shown once (new tokens).
   const token = document.getElementById("new-token");
   if (token && navigator.clipboard) {

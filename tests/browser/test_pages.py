@@ -209,3 +209,19 @@ def test_the_api_docs_render_under_the_content_security_policy(
         page.wait_for_selector(".swagger-ui .info .title", timeout=20_000)
         assert "GPU Portal API" in page.inner_text(".swagger-ui .info .title")
         page.wait_for_selector(".opblock-tag", timeout=20_000)
+
+
+def test_django_admin_pages_render_under_the_content_security_policy(
+    live_portal: Any, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin is not the portal's own markup: its inline styles are allowed under /admin/, its scripts are files.
+    A refused style or script is a console error, which fails this."""
+    NodeFactory(name="rack1-gpu")
+    with signed_in(live_portal, admin, monkeypatch) as page:
+        for path in ("/admin/", "/admin/fleet/node/", "/admin/fleet/node/add/", "/admin/booking/reservation/"):
+            response = page.goto(live_portal.url + path)
+            assert response is not None and response.status == 200, path
+            assert "style-src 'self' 'unsafe-inline'" in response.headers["content-security-policy"]
+        page.goto(live_portal.url + "/admin/fleet/node/")
+        page.check("#action-toggle")  # the change list's select-all: admin's actions.js runs
+        assert page.locator("input.action-select:checked").count() == 1

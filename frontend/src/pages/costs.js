@@ -72,7 +72,12 @@ function heatmap() {
   el.replaceChildren(table);
   const legend = document.createElement("div");
   legend.className = "heatmap-legend";
-  legend.innerHTML = `<span style="background:${cellColor(0)}"></span> idle <span style="background:${cellColor(0.3)}"></span> 30% <span style="background:${cellColor(1)}"></span> 100% <span style="background:#eef0f4"></span> not allocated`;
+  // Swatches coloured through the CSSOM: markup with style attributes would need inline styles allowed.
+  for (const [colour, label] of [[cellColor(0), "idle"], [cellColor(0.3), "30%"], [cellColor(1), "100%"], ["#eef0f4", "not allocated"]]) {
+    const swatch = document.createElement("span");
+    swatch.style.background = colour;
+    legend.append(swatch, ` ${label} `);
+  }
   el.appendChild(legend);
   el.dataset.rendered = "1";
 }
