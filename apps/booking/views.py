@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any, cast
 
 from django.conf import settings
 from django.contrib import messages
@@ -22,6 +23,7 @@ from apps.booking import ical, selectors, services
 from apps.booking.models import Reservation, ReservationStatus
 from apps.core.errors import ApplicationError, NotFound
 from apps.fleet.models import DeviceKind, Gpu, GpuModel
+from apps.telemetry.selectors import SERIES_MINUTES_UP_TO, devices_series, minutes_series
 
 
 @login_required
@@ -100,7 +102,6 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     from apps.billing.models import SourceKind
     from apps.billing.selectors import source_usage, source_utilization
     from apps.jobs.selectors import jobs_visible_to
-    from apps.telemetry.selectors import SERIES_MINUTES_UP_TO, devices_series
 
     r = selectors.reservations_visible_to(user=request.user).filter(pk=reservation_id).first()
     if r is None:
@@ -110,8 +111,11 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     devices = _held(r)
     now = timezone.now()
     until = min(r.ended_at or r.end, now)
-    # Its devices' use over its window, charted (nothing before it starts).
-    series = devices_series(devices=devices, start=r.start, end=until) if devices and r.start < until else []
+    series, own = _use_series(r, devices, until)
+    # The chart's memory axis: its own use against its shares' memory together, a device's against its own.
+    memory_scale = (
+        sum(g.memory_mib or 0 for g in devices) if own else max((g.memory_mib or 0 for g in devices), default=0)
+    )
     context = {
         "nav_section": "booking",
         "r": r,
@@ -131,10 +135,11 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
         "live": r.status == ReservationStatus.ACTIVE,  # the devices' utilization now, polled by the page
         "series": {
             "series": series,
-            "total": max((g.memory_mib or 0 for g in devices), default=0) or None,
+            "total": memory_scale or None,
             "hourly": until - r.start > SERIES_MINUTES_UP_TO,
         },
         "shares_only": bool(devices) and all(g.kind == DeviceKind.SHARE for g in devices),
+        "own_use": own,
     }
     return render(request, "booking/detail.html", context)
 
@@ -163,6 +168,24 @@ def calendar_regenerate(request: HttpRequest) -> HttpResponse:
     key = services.calendar_feed_regenerate(user=request.user)
     url = request.build_absolute_uri(f"/book/calendar/{key}.ics")
     return render(request, "booking/calendar.html", {"nav_section": "booking", "feed_url": url})
+
+
+def _use_series(r: Reservation, devices: list[Gpu], until: datetime) -> tuple[list[dict[str, Any]], bool]:
+    """Its devices' use over its window, for the chart (nothing before it starts), and whether it is its own: shares
+    of one GPU chart what is the reservation's own there (its holder's processes and its jobs, the neighbours' work
+    taken out) where the node's readings tell it, else the GPU's utilization, every holder's together."""
+    from apps.billing.selectors import reservation_part_minutes
+
+    if not devices or r.start >= until:
+        return [], False
+    hourly = until - r.start > SERIES_MINUTES_UP_TO
+    parents = {g.parent_id for g in devices}
+    if all(g.kind == DeviceKind.SHARE for g in devices) and len(parents) == 1:
+        (parent,) = parents
+        (minutes,) = reservation_part_minutes([(r.pk, cast(int, parent), r.start, until)])
+        if minutes:
+            return minutes_series(minutes, hourly=hourly), True
+    return devices_series(devices=devices, start=r.start, end=until), False
 
 
 def _held(r: Reservation) -> list[Gpu]:

@@ -258,3 +258,25 @@ def devices_series(*, devices: Sequence[Gpu], start: datetime, end: datetime) ->
         }
         for t in sorted(utils.keys() | mems.keys())
     ]
+
+
+def minutes_series(minutes: Minutes, *, hourly: bool) -> list[dict[str, Any]]:
+    """{minute: (util, mem)} as a chart's points (`devices_series`' shape), oldest first; `hourly`: per UTC hour
+    (the mean utilization and the most memory of its minutes)."""
+    if not hourly:
+        return [{"t": t.isoformat(), "util": u, "mem": m} for t, (u, m) in sorted(minutes.items())]
+    hours: dict[datetime, list[tuple[float | None, int | None]]] = {}
+    for t, reading in minutes.items():
+        hours.setdefault(t.astimezone(UTC).replace(minute=0, second=0, microsecond=0), []).append(reading)
+    out = []
+    for hour, readings in sorted(hours.items()):
+        utils = [u for u, _ in readings if u is not None]
+        mems = [m for _, m in readings if m is not None]
+        out.append(
+            {
+                "t": hour.isoformat(),
+                "util": round(sum(utils) / len(utils), 1) if utils else None,
+                "mem": max(mems) if mems else None,
+            }
+        )
+    return out

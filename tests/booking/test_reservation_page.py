@@ -15,6 +15,7 @@ from django.utils import timezone
 from apps.billing import services as billing
 from apps.booking import services
 from apps.booking.models import Reservation, ReservationStatus
+from apps.fleet.models import Gpu
 from tests.billing import helpers
 from tests.booking.conftest import slot
 
@@ -211,3 +212,73 @@ def test_a_share_charts_its_gpus_utilization_and_says_memory_is_not_read_per_sha
     data = json.loads(re.search(r'<script id="reservation-series" type="application/json">(.*?)</script>', page)[1])
     assert data["series"] and {(p["util"], p["mem"]) for p in data["series"]} == {(70.0, None)}
     assert data["series"][0]["t"] == r.start.replace(second=0, microsecond=0).isoformat()  # from its start on
+
+
+def test_a_share_charts_what_is_its_own_where_the_node_tells_the_holders_apart(
+    vision: Any, alice: Any, bob: Any, fleet: Any
+) -> None:
+    """Alice and Bob each hold a quarter of one GPU (their uids known). Per minute the node read what no job did
+    there (others: 50% and 12,000 MiB, of which Bob's uid 30% and 8,000 MiB) and the job run in Alice's reservation
+    (10% and 1,000 MiB): her chart is 30% and 5,000 MiB, against her share's memory; Bob's processes are not hers.
+    Without Bob's uid, whose work is whose cannot be told: the GPU's utilization again."""
+    import json
+    import re
+
+    from apps.booking.services.layout import gpu_shares_change
+    from apps.identity.models import UnixAccount
+    from apps.jobs.models import Job, JobState
+    from apps.telemetry.models import GpuRollup, JobMemoryMinute, OwnerMinute
+
+    gpu = fleet["gpus"]["big/7"]
+    gpu_shares_change(actor=None, gpu_uuid=gpu.uuid, shares=4)
+    UnixAccount.objects.create(user=alice, uid=1001)
+    bobs = UnixAccount.objects.create(user=bob, uid=1002)
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
+    first, second = Gpu.devices.filter(parent=gpu).order_by("index")[:2]
+    (held,) = helpers.reserve(vision, alice, [first], start, start + timedelta(hours=2))
+    helpers.reserve(vision, bob, [second], start, start + timedelta(hours=2))
+    mine = held.reservation
+    job = Job.objects.create(
+        team=vision, user=alice, image="x", command=["python", "serve.py"], gpu_count=1, cpus=Decimal(1),
+        memory_mib=1024, max_duration_s=3600, state=JobState.RUNNING, reservation=mine,
+    )  # fmt: skip
+    minutes = [start + timedelta(minutes=i) for i in range(10)]
+    GpuRollup.objects.bulk_create(
+        GpuRollup(gpu=gpu, minute=m, samples=60, util_mean=95.0, mem_used_max=40_000, others_util_mean=50.0,
+                  others_mem_max=12_000)
+        for m in minutes
+    )  # fmt: skip
+    OwnerMinute.objects.bulk_create(
+        OwnerMinute(gpu=gpu, uid=1002, minute=m, mem_used_max=8_000, util_mean=30.0) for m in minutes
+    )
+    JobMemoryMinute.objects.bulk_create(
+        JobMemoryMinute(job=job, gpu=gpu, minute=m, mem_used_max=1_000, util_mean=10.0) for m in minutes
+    )
+
+    def chart(r: Reservation) -> tuple[str, dict[str, Any]]:
+        page = _page(alice, r.pk).content.decode()
+        data = re.search(r'<script id="reservation-series" type="application/json">(.*?)</script>', page)
+        return page, json.loads(data[1])
+
+    page, data = chart(mine)
+    assert "What is its own on its GPU, per minute" in page
+    assert [(p["util"], p["mem"]) for p in data["series"]] == [(30.0, 5_000)] * 10
+    assert data["series"][0]["t"] == start.isoformat() and data["total"] == first.memory_mib > 0
+    bobs.delete()
+    page, data = chart(mine)
+    assert "every holder of its shares together (memory is not read per share)" in page
+    assert {(p["util"], p["mem"]) for p in data["series"]} == {(95.0, None)}
+
+
+def test_own_minutes_chart_per_hour_as_the_mean_and_the_most_memory() -> None:
+    from datetime import UTC, datetime
+
+    from apps.telemetry.selectors import minutes_series
+
+    t0 = datetime(2026, 12, 1, 9, 58, tzinfo=UTC)
+    minutes = {t0: (10.0, 100), t0 + timedelta(minutes=1): (30.0, 300), t0 + timedelta(minutes=2): (None, 50)}
+    assert minutes_series(minutes, hourly=False)[1] == {"t": "2026-12-01T09:59:00+00:00", "util": 30.0, "mem": 300}
+    assert minutes_series(minutes, hourly=True) == [
+        {"t": "2026-12-01T09:00:00+00:00", "util": 20.0, "mem": 300},
+        {"t": "2026-12-01T10:00:00+00:00", "util": None, "mem": 50},
+    ]

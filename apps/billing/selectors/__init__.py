@@ -65,6 +65,7 @@ from apps.billing.selectors.usage import (
 from apps.billing.selectors.utilization import (
     job_part_utilizations,
     mean_utilizations,
+    reservation_part_minutes,
     reservation_part_utilizations,
 )
 
@@ -105,6 +106,7 @@ __all__ = [
     "report_csv_rows",
     "report_figures",
     "report_teams_for",
+    "reservation_part_minutes",
     "reservation_part_utilizations",
     "rounded_hours",
     "source_usage",

@@ -13,7 +13,7 @@ from apps.billing.selectors.months import ZERO
 from apps.booking.models import Allocation, AllocationKind
 from apps.identity.selectors import unix_uids
 from apps.telemetry.models import GpuHourlyRollup, GpuRollup, JobMemoryMinute, RollupFields
-from apps.telemetry.selectors import no_job_work, other_holders_uids
+from apps.telemetry.selectors import Minutes, no_job_work, other_holders_uids
 
 
 def _floor_minute(moment: datetime) -> datetime:
@@ -103,16 +103,16 @@ def job_part_utilizations(segments: Sequence[tuple[int, int, datetime, datetime]
     return out
 
 
-def reservation_part_utilizations(
+def reservation_part_minutes(
     segments: Sequence[tuple[int, int, datetime, datetime]],
-) -> list[Decimal | None]:
-    """Mean SM activity (0..1) of each (reservation id, physical GPU id, start, end) of a reservation of shares:
-    what the processes of no job did on the GPU (`GpuRollup.others_util_mean`, read where the node's listing shows
-    everything on it), less what the processes of the other reservations' holders of that GPU during the segment
-    did by their uids (apps.telemetry.selectors.no_job_work), plus the reservation's own jobs (`JobMemoryMinute`),
-    over the minutes with that reading. None where the node gave none, or where another holder's uid is unknown:
-    then whose processes are whose cannot be told (apps/efficiency/selectors.py judges idleness the same way).
-    Four queries."""
+) -> list[Minutes | None]:
+    """{minute: (SM %, MiB)} of each (reservation id, physical GPU id, start, end) of a reservation of shares: what
+    is its own on the GPU. That is what the processes of no job did there (`GpuRollup.others_*`, read where the
+    node's listing shows everything on it), less what the processes of the other reservations' holders of that GPU
+    during the segment did by their uids (apps.telemetry.selectors.no_job_work), plus the reservation's own jobs
+    (`JobMemoryMinute`), over the minutes with that reading. None where another holder's uid is unknown: then
+    whose processes are whose cannot be told (apps/efficiency/selectors.py judges idleness the same way); an empty
+    dict where the node gave no reading (or its minutes are pruned). Four queries."""
     if not segments:
         return []
     parents = {gpu for _, gpu, _, _ in segments}
@@ -134,24 +134,43 @@ def reservation_part_utilizations(
         groups.append(other_holders_uids(user_of.get(rid), others.values(), uids))
     known = {(gpu, group) for (_, gpu, _, _), group in zip(segments, groups, strict=True) if group is not None}
     work = no_job_work(known, since=_floor_minute(lo_all), until=hi_all)
-    inner: dict[tuple[int, int, datetime], float] = {}
-    for rid, gpu, minute, util in JobMemoryMinute.objects.filter(
+    inner: dict[tuple[int, int, datetime], tuple[float, int]] = {}
+    for rid, gpu, minute, util, mem in JobMemoryMinute.objects.filter(
         job__reservation_id__in={rid for rid, *_ in segments},
         gpu_id__in=parents,
         minute__gte=_floor_minute(lo_all),
         minute__lt=hi_all,
-        util_mean__isnull=False,
-    ).values_list("job__reservation_id", "gpu_id", "minute", "util_mean"):
-        inner[(rid, gpu, minute)] = inner.get((rid, gpu, minute), 0.0) + util
-    out: list[Decimal | None] = []
+    ).values_list("job__reservation_id", "gpu_id", "minute", "util_mean", "mem_used_max"):
+        u, m = inner.get((rid, gpu, minute), (0.0, 0))
+        inner[(rid, gpu, minute)] = (u + (util or 0.0), m + mem)
+    out: list[Minutes | None] = []
     for (rid, gpu, lo, hi), group in zip(segments, groups, strict=True):
+        if group is None:
+            out.append(None)
+            continue
         lo_minute = _floor_minute(lo)
-        minutes = {} if group is None else work.get((gpu, group), {})
-        values = [
-            min(100.0, util + inner.get((rid, gpu, minute), 0.0))
-            for minute, (util, _) in minutes.items()
-            if lo_minute <= minute < hi and util is not None
-        ]
+        mine: Minutes = {}
+        for minute, (util, mem) in sorted(work.get((gpu, group), {}).items()):
+            if not lo_minute <= minute < hi:
+                continue
+            ju, jm = inner.get((rid, gpu, minute), (0.0, 0))
+            mine[minute] = (
+                None if util is None else min(100.0, util + ju),
+                None if mem is None else mem + jm,
+            )
+        out.append(mine)
+    return out
+
+
+def reservation_part_utilizations(
+    segments: Sequence[tuple[int, int, datetime, datetime]],
+) -> list[Decimal | None]:
+    """Mean SM activity (0..1) of each (reservation id, physical GPU id, start, end) of a reservation of shares,
+    over the minutes of its own use (`reservation_part_minutes`) with a reading. None where there is none, or
+    where whose processes are whose cannot be told."""
+    out: list[Decimal | None] = []
+    for minutes in reservation_part_minutes(segments):
+        values = [util for util, _ in (minutes or {}).values() if util is not None]
         if not values:
             out.append(None)
             continue
