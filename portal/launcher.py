@@ -57,7 +57,9 @@ def background_env(env: dict[str, str]) -> dict[str, str]:
 
 def services(port: int, env: dict[str, str]) -> list[Service]:
     """The children, in start order (stopped in reverse)."""
-    celery = [PY, "-m", "celery", "-A", "portal"]
+    # --quiet: no Celery banners, which would print after the portal's own (its address and login) and push it
+    # off the screen.
+    celery = [PY, "-m", "celery", "-A", "portal", "--quiet"]
     background = background_env(env)
     return [
         Service(
@@ -132,7 +134,7 @@ def local_agent(env: dict[str, str]) -> list[Service]:
     argv += ["--gpus", "8", "--models", LOCAL_AGENT_MODELS, "--simulate-busy-gpus", LOCAL_AGENT_BUSY]
     argv += ["--state-dir", str(Path(env["PORTAL_VAR_DIR"]) / "agent" / "local")]
     # Ctrl-C stops the whole installation: the demo's jobs stop with it instead of running on as orphans.
-    argv += ["--stop-jobs-on-exit"]
+    argv += ["--stop-jobs-on-exit", "--quiet"]
     return [Service("agent", argv, env={"GPUPORTAL_NODE_TOKEN": token, "GPUPORTAL_LOCAL_NODE_TOKEN": ""})]
 
 

@@ -407,6 +407,10 @@ WEB_QUEUE_WAIT_S = env_int("WEB_QUEUE_WAIT_S", 30)
 
 # --- Logging: tokens never appear (the Authorization header is never logged) -------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
+# Celery's line per task received and per task done, and beat's per task sent: the portal's beat runs a dozen tasks
+# every few seconds, and at INFO those lines bury everything else (`make run`'s console, a service's journal). A
+# failed or retried task is still logged (ERROR, WARNING); TASK_LOG_LEVEL=INFO brings the rest back.
+TASK_LOG_LEVEL = env_str("TASK_LOG_LEVEL", "WARNING").upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -421,6 +425,9 @@ LOGGING = {
         # Here "django" takes LOG_LEVEL and no handlers of its own (its mail_admins handler had no ADMINS).
         "django": {"level": LOG_LEVEL},
         "django.db.backends": {"level": "WARNING"},
+        "celery.app.trace": {"level": TASK_LOG_LEVEL},
+        "celery.worker.strategy": {"level": TASK_LOG_LEVEL},
+        "celery.beat": {"level": TASK_LOG_LEVEL},
     },
 }
 

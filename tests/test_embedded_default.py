@@ -177,6 +177,10 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path):
     # still used, so no child printed an error on the way out.
     assert "Traceback" not in output, output[-6000:]
     assert output.rstrip().endswith("[launcher] stopped"), output[-3000:]
+    # The console stays readable: no Celery banner after the portal's own, no line per task (TASK_LOG_LEVEL), though
+    # beat sent tasks every few seconds all along.
+    assert "[queues]" not in output and "beat: Starting" not in output, output[-3000:]
+    assert "Sending due task" not in output and " succeeded in " not in output, output[-3000:]
 
     def still_running() -> list[int]:
         out = []

@@ -248,6 +248,7 @@ class Agent:
             return self._run_telemetry_only()
         try:
             argv = [
+                *(["--quiet"] if self.cfg.quiet else []),
                 "worker",
                 "-Q",
                 node_queue(self.cfg.name),
@@ -319,6 +320,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         "running and the agent adopts them when it starts again",
     )
     p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no Celery banner at start (the all-in-one `make run` prints its own)",
+    )
+    p.add_argument(
         "--telemetry-only",
         action="store_true",
         help="a node another scheduler runs (a Slurm pool): register, heartbeat and sample GPUs, run no jobs",
@@ -365,6 +371,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         runtime=a.runtime,
         stop_jobs_on_exit=a.stop_jobs_on_exit,
         telemetry_only=a.telemetry_only,
+        quiet=a.quiet,
     )
     return cfg, a.log_level
 

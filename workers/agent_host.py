@@ -45,6 +45,7 @@ class AgentConfig:
     # Another scheduler (Slurm) runs this node's jobs: register, heartbeat and sample only; no job runtime, no
     # job inventory (it would report the scheduler's jobs as missing here).
     telemetry_only: bool = False
+    quiet: bool = False  # no Celery banner at start
 
 
 class AgentHost(Protocol):
