@@ -137,3 +137,10 @@ def test_one_database_engine() -> None:
         if ENGINE_BRANCH.search(line)
     ]
     assert offenders == []
+
+
+def test_no_front_end_module_holds_a_whole_page() -> None:
+    sources = [p for p in (REPO / "frontend" / "src").rglob("*") if p.suffix in {".js", ".css"}]
+    assert len(sources) > 10
+    long = {str(p.relative_to(REPO)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"front-end modules over {MAX_LINES} lines: split them along their seams"
