@@ -114,6 +114,7 @@ def test_agents_register_stream_die_and_come_back(tmp_path, api_as, admin) -> No
                 },
             ),  # util 500
             ("fleet.probe_result", {"node": "a1", "token": tokens["a1"], "gpu_uuid": "GPU-x", "error": "e" * 5000}),
+            ("fleet.register", {"node": f"a2 {tokens['a2']}", "token": "x", "gpus": []}),  # a token where a name goes
         ]
         for task, payload in bad:
             app.send_task(task, args=[payload], queue="control")
@@ -124,6 +125,9 @@ def test_agents_register_stream_die_and_come_back(tmp_path, api_as, admin) -> No
             procs,
         )
         assert worker.alive() and ingest.alive()
+        # The refusal names the node as it came, and the worker's log masks the token in it (Django's LOGGING).
+        wait_for(lambda: "gpn_[redacted]" in worker.log.read_text(), 10, "the refusal logged", procs)
+        assert tokens["a2"] not in worker.log.read_text()
         assert Node.objects.count() == 3 and Gpu.objects.count() == 6
         assert Gpu.objects.filter(node__name="a1", retired_at__isnull=True).count() == 2
         assert _status("a1") == NodeStatus.ONLINE
