@@ -111,7 +111,7 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     devices = _held(r)
     now = timezone.now()
     until = min(r.ended_at or r.end, now)
-    series, own = _use_series(r, devices, until)
+    series, own, untold = _use_series(r, devices, until)
     # The chart's memory axis: its own use against its shares' memory together, a device's against its own.
     memory_scale = (
         sum(g.memory_mib or 0 for g in devices) if own else max((g.memory_mib or 0 for g in devices), default=0)
@@ -140,6 +140,7 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
         },
         "shares_only": bool(devices) and all(g.kind == DeviceKind.SHARE for g in devices),
         "own_use": own,
+        "neighbours_untold": untold,
     }
     return render(request, "booking/detail.html", context)
 
@@ -170,22 +171,25 @@ def calendar_regenerate(request: HttpRequest) -> HttpResponse:
     return render(request, "booking/calendar.html", {"nav_section": "booking", "feed_url": url})
 
 
-def _use_series(r: Reservation, devices: list[Gpu], until: datetime) -> tuple[list[dict[str, Any]], bool]:
-    """Its devices' use over its window, for the chart (nothing before it starts), and whether it is its own: shares
+def _use_series(r: Reservation, devices: list[Gpu], until: datetime) -> tuple[list[dict[str, Any]], bool, bool]:
+    """Its devices' use over its window, for the chart (nothing before it starts); whether it is its own: shares
     of one GPU chart what is the reservation's own there (its holder's processes and its jobs, the neighbours' work
-    taken out) where the node's readings tell it, else the GPU's utilization, every holder's together."""
+    taken out) where the node's readings tell it, else the GPU's utilization, every holder's together; and whether
+    that is because another holder's POSIX uid is not known (so whose processes are whose cannot be told)."""
     from apps.billing.selectors import reservation_part_minutes
 
     if not devices or r.start >= until:
-        return [], False
+        return [], False, False
     hourly = until - r.start > SERIES_MINUTES_UP_TO
     parents = {g.parent_id for g in devices}
+    untold = False
     if all(g.kind == DeviceKind.SHARE for g in devices) and len(parents) == 1:
         (parent,) = parents
         (minutes,) = reservation_part_minutes([(r.pk, cast(int, parent), r.start, until)])
         if minutes:
-            return minutes_series(minutes, hourly=hourly), True
-    return devices_series(devices=devices, start=r.start, end=until), False
+            return minutes_series(minutes, hourly=hourly), True, False
+        untold = minutes is None
+    return devices_series(devices=devices, start=r.start, end=until), False, untold
 
 
 def _held(r: Reservation) -> list[Gpu]:

@@ -266,7 +266,7 @@ def test_a_share_charts_what_is_its_own_where_the_node_tells_the_holders_apart(
     assert data["series"][0]["t"] == start.isoformat() and data["total"] == first.memory_mib > 0
     bobs.delete()
     page, data = chart(mine)
-    assert "every holder of its shares together (memory is not read per share)" in page
+    assert "every holder of its shares together (memory is not read per share): another holder's" in page
     assert {(p["util"], p["mem"]) for p in data["series"]} == {(95.0, None)}
 
 
