@@ -16,6 +16,7 @@ from apps.accounts import selectors, services
 from apps.accounts.forms import RateLimitedLoginForm, TokenForm
 from apps.accounts.types import signed_in
 from apps.core.errors import ApplicationError
+from apps.identity.selectors import unix_account_of
 
 
 class LoginView(auth_views.LoginView):
@@ -56,6 +57,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
             "tokens": selectors.tokens_of(user=request.user),
             "memberships": selectors.memberships_of(user=request.user),
             "retention_days": settings.TOKEN_RETENTION_DAYS,
+            "unix_account": unix_account_of(request.user),
         },
     )
 

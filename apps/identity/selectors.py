@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from django.db.models import QuerySet
 
@@ -17,6 +18,11 @@ def unix_accounts_list(usernames: Iterable[str] | None = None) -> QuerySet[UnixA
     """Users' POSIX uids by uid, with the user; only these users' when `usernames` is given."""
     qs = UnixAccount.objects.select_related("user").order_by("uid")
     return qs if usernames is None else qs.filter(user__username__in=list(usernames))
+
+
+def unix_account_of(user: Any) -> UnixAccount | None:
+    """The uid the user's processes run as on the GPU nodes, where the portal knows it."""
+    return UnixAccount.objects.filter(user=user).first()
 
 
 def unix_uids(user_ids: Iterable[int]) -> dict[int, int]:

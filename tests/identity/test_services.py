@@ -79,3 +79,17 @@ def test_the_settings_page_says_where_each_membership_comes_from(vision: Any, nl
     html = client.get("/accounts/settings/").content.decode()
     rows = {row.split("</td>")[0].split(" — ")[0].split(">")[-1]: row for row in html.split("<tr><td>")[1:]}
     assert "your directory groups" in rows["vision"] and "added by hand" in rows["nlp"]
+
+
+def test_the_settings_page_says_which_uid_the_users_processes_run_as(vision: Any) -> None:
+    from django.test import Client
+
+    from apps.identity.models import UnixAccount
+
+    user = UserFactory(username="frank")
+    client = Client()
+    client.force_login(user)
+    assert "does not know the uid your processes run as" in client.get("/accounts/settings/").content.decode()
+    UnixAccount.objects.create(user=user, uid=40123, source="ldap")
+    html = client.get("/accounts/settings/").content.decode()
+    assert "your processes run as uid <strong>40123</strong> (the directory&#x27;s uidNumber at sign-in)" in html
