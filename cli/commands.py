@@ -250,3 +250,39 @@ def cmd_reserve(client: Client, args: argparse.Namespace) -> int:
     gpus = ", ".join(device_text(g) for g in resv.get("gpus", []))
     print(f"reservation {resv['id']}: {what} {resv['start']} → {resv['end']} [{gpus}]")
     return 0
+
+
+def reservation_line(resv: dict[str, Any]) -> str:
+    """ "#7 vision active 2026-03-01T09:00:00+01:00 → …T17:00:00+01:00 [GPU-…]": one reservation of the list."""
+    gpus = ", ".join(device_text(g) for g in resv.get("gpus", []))
+    return f"#{resv['id']} {resv.get('team', '?')} {resv.get('status', '?')} {resv['start']} → {resv['end']} [{gpus}]"
+
+
+def cmd_reservations(client: Client, args: argparse.Namespace) -> int:
+    """Your teams' reservations that are booked or holding GPUs now (with --all: ended ones too), soonest first."""
+    params: dict[str, Any] = {"limit": 200}
+    if not args.all:
+        params["status"] = "booked,active"
+    if args.team:
+        params["team"] = args.team
+    body = client.request("GET", "/reservations/", params=params)
+    rows = body.get("results", body) if isinstance(body, dict) else body
+    rows = sorted(rows, key=lambda r: (str(r.get("start")), int(r.get("id", 0))))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for resv in rows:
+        print(reservation_line(resv))
+    if not rows:
+        say("no reservations" if args.all else "no reservations booked or active")
+    return 0
+
+
+def cmd_release(client: Client, args: argparse.Namespace) -> int:
+    """Cancel a booking before its start, or release its GPUs now after it (billing stops at once)."""
+    resv = client.request("DELETE", f"/reservations/{args.reservation_id}/")
+    if args.json:
+        print(json.dumps(resv, indent=2))
+        return 0
+    print(reservation_line(resv))
+    return 0

@@ -5,6 +5,7 @@
     gpuportal submit --share 0.25 --image IMG -- python serve.py    (or --mig-profile 1g.10gb: part of one GPU)
     gpuportal status 42          gpuportal logs 42 --follow          gpuportal cancel 42
     gpuportal gpus               gpuportal reserve --gpus 2 --model A100-80GB --start 2026-03-01T09:00 --end ...
+    gpuportal reservations       gpuportal release 7     (cancel a booking, or release its GPUs now)
 
 `submit --wait` streams the job's output (stdout to stdout, stderr to stderr) and exits with the job's exit code:
 0 succeeded; the job's own code when it failed with one; 124 timed out; 125 could not be launched; 130 cancelled
@@ -569,6 +570,42 @@ def cmd_reserve(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def reservation_line(resv: dict[str, Any]) -> str:
+    """ "#7 vision active 2026-03-01T09:00:00+01:00 → …T17:00:00+01:00 [GPU-…]": one reservation of the list."""
+    gpus = ", ".join(device_text(g) for g in resv.get("gpus", []))
+    return f"#{resv['id']} {resv.get('team', '?')} {resv.get('status', '?')} {resv['start']} → {resv['end']} [{gpus}]"
+
+
+def cmd_reservations(client: Client, args: argparse.Namespace) -> int:
+    """Your teams' reservations that are booked or holding GPUs now (with --all: ended ones too), soonest first."""
+    params: dict[str, Any] = {"limit": 200}
+    if not args.all:
+        params["status"] = "booked,active"
+    if args.team:
+        params["team"] = args.team
+    body = client.request("GET", "/reservations/", params=params)
+    rows = body.get("results", body) if isinstance(body, dict) else body
+    rows = sorted(rows, key=lambda r: (str(r.get("start")), int(r.get("id", 0))))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for resv in rows:
+        print(reservation_line(resv))
+    if not rows:
+        say("no reservations" if args.all else "no reservations booked or active")
+    return 0
+
+
+def cmd_release(client: Client, args: argparse.Namespace) -> int:
+    """Cancel a booking before its start, or release its GPUs now after it (billing stops at once)."""
+    resv = client.request("DELETE", f"/reservations/{args.reservation_id}/")
+    if args.json:
+        print(json.dumps(resv, indent=2))
+        return 0
+    print(reservation_line(resv))
+    return 0
+
+
 # --- cli/main.py ------------------------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line exits with the client's usage code, not 2 (a job's code)."""
@@ -682,6 +719,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--team")
     p.add_argument("--note")
     p.set_defaults(run=cmd_reserve, parser=p)
+
+    p = sub.add_parser("reservations", help="your teams' reservations booked or active now")
+    p.add_argument("--team")
+    p.add_argument("--all", action="store_true", help="ended and cancelled ones too")
+    p.set_defaults(run=cmd_reservations)
+
+    p = sub.add_parser("release", help="cancel a booking before its start, or release its GPUs now")
+    p.add_argument("reservation_id", type=int)
+    p.set_defaults(run=cmd_release)
     return parser
 
 

@@ -5,6 +5,7 @@
     gpuportal submit --share 0.25 --image IMG -- python serve.py    (or --mig-profile 1g.10gb: part of one GPU)
     gpuportal status 42          gpuportal logs 42 --follow          gpuportal cancel 42
     gpuportal gpus               gpuportal reserve --gpus 2 --model A100-80GB --start 2026-03-01T09:00 --end ...
+    gpuportal reservations       gpuportal release 7     (cancel a booking, or release its GPUs now)
 
 `submit --wait` streams the job's output (stdout to stdout, stderr to stderr) and exits with the job's exit code:
 0 succeeded; the job's own code when it failed with one; 124 timed out; 125 could not be launched; 130 cancelled
@@ -25,7 +26,16 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from cli.client import TIMEOUT_S, Client
-from cli.commands import cmd_cancel, cmd_gpus, cmd_logs, cmd_reserve, cmd_status, cmd_submit
+from cli.commands import (
+    cmd_cancel,
+    cmd_gpus,
+    cmd_logs,
+    cmd_release,
+    cmd_reservations,
+    cmd_reserve,
+    cmd_status,
+    cmd_submit,
+)
 from cli.exits import CLIENT_CODES, EXIT_USAGE, SIGNALS, CliError
 from cli.follow import say
 
@@ -142,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--team")
     p.add_argument("--note")
     p.set_defaults(run=cmd_reserve, parser=p)
+
+    p = sub.add_parser("reservations", help="your teams' reservations booked or active now")
+    p.add_argument("--team")
+    p.add_argument("--all", action="store_true", help="ended and cancelled ones too")
+    p.set_defaults(run=cmd_reservations)
+
+    p = sub.add_parser("release", help="cancel a booking before its start, or release its GPUs now")
+    p.add_argument("reservation_id", type=int)
+    p.set_defaults(run=cmd_release)
     return parser
 
 

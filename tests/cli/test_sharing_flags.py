@@ -158,6 +158,21 @@ def test_reserve_a_share_and_mig_instances(
     full = _cli(live_portal.url, token, *window, "--share", "0.5")
     assert full.returncode == gpuportal.EXIT_REFUSED and "(conflict)" in full.stderr
 
+    # Listed, soonest first; released (cancelled: it has not started), it leaves the list and frees its quarter.
+    listed = _cli(live_portal.url, token, "reservations")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert len(lines) == 4 and lines[0].startswith(f"#{resv_id} vision booked ")
+    assert lines[0].endswith(" [0.25 of GPU-shared-0]") and " → " in lines[0]
+    released = _cli(live_portal.url, token, "release", str(resv_id))
+    assert released.returncode == 0, released.stderr
+    assert released.stdout.startswith(f"#{resv_id} vision cancelled ")
+    assert f"#{resv_id} " not in _cli(live_portal.url, token, "reservations").stdout
+    assert f"#{resv_id} vision cancelled" in _cli(live_portal.url, token, "reservations", "--all").stdout
+    assert _cli(live_portal.url, token, *window, "--share", "0.25").returncode == 0
+    again = _cli(live_portal.url, token, "release", str(resv_id))
+    assert again.returncode == gpuportal.EXIT_REFUSED and "already ended" in again.stderr
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
