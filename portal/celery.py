@@ -34,7 +34,7 @@ signals.task_prerun.connect(_fresh_database_state)
 def _django_logging(**kwargs: object) -> None:
     """Logging as Django's LOGGING says, in the worker and beat too: with a receiver of this signal Celery sets up
     none of its own. Its own setup replaces the root logger's handlers, and with them the filter that masks tokens
-    (apps.core.logging), so an agent report's token logged by mistake would have reached the worker's log in
+    (workers.logredact), so an agent report's token logged by mistake would have reached the worker's log in
     clear. One format for every process; LOG_LEVEL and TASK_LOG_LEVEL (settings) decide what is shown."""
     from logging.config import dictConfig
 

@@ -39,6 +39,7 @@ from workers.agent_host import DEFAULT_MODELS, AgentConfig
 from workers.agent_jobs import JobRunner
 from workers.agent_state import HoldStore
 from workers.gpu.base import GpuBackend, GpuInfo, LayoutRefresh
+from workers.logredact import mask_handlers
 from workers.sampler import Sampler
 from workers.transport import AGENT_VERSION, PortalLink, make_celery, make_stream_client, node_queue
 
@@ -379,6 +380,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
 def main(argv: list[str] | None = None) -> int:
     cfg, loglevel = parse_args(argv)
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The agent's Celery app keeps the root logger's handlers (worker_hijack_root_logger=False, transport.py), so
+    # what its worker logs passes this filter too.
+    mask_handlers()
     return Agent(cfg).run(loglevel)
 
 

@@ -168,7 +168,7 @@ def test_tokens_never_appear_in_logs(alice, make_token, caplog):
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}x")
     client.get("/api/v1/me")
     # Even if some code logs a token by mistake, the redacting filter masks it.
-    from apps.core.logging import RedactSecretsFilter
+    from workers.logredact import RedactSecretsFilter
 
     record = logging.LogRecord("t", logging.INFO, __file__, 1, "header Authorization: Bearer %s", (plaintext,), None)
     RedactSecretsFilter().filter(record)

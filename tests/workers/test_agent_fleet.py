@@ -151,3 +151,21 @@ def test_agents_register_stream_die_and_come_back(tmp_path, api_as, admin) -> No
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def test_the_agent_masks_tokens_in_its_own_log_and_in_celerys(tmp_path) -> None:
+    # A token pasted where the node's name goes: the agent's own start line (before Celery's worker starts) and the
+    # worker's "ready" line (after Celery replaced the root logger's handlers) both name the node. --quiet: Celery's
+    # start banner is printed, not logged (it names the node too; `make run` starts the agent quiet).
+    clean_fleet_redis()
+    token = "gpn_" + "Zq7" * 10
+    agent = start_agent(tmp_path, token, "x", extra=["--quiet"])
+    try:
+        wait_for(lambda: " ready." in agent.log.read_text(), 60, "the agent's worker ready", [agent])
+        log = agent.log.read_text()
+        assert token not in log
+        assert "agent gpn_[redacted]: 2 simulated GPU(s)" in log
+        assert "agent-gpn_[redacted]@" in log
+    finally:
+        agent.stop()
+    clean_fleet_redis()

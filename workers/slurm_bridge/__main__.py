@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from workers.logredact import mask_handlers
 from workers.slurm_bridge.bridge import Bridge, run_forever
 from workers.slurm_bridge.client import PortalClient
 from workers.slurm_bridge.slurm import Slurm
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.token:
         parser.error("a bridge token is required (GPUPORTAL_BRIDGE_TOKEN or --token)")
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(message)s")
+    mask_handlers()
     bridge = Bridge(
         portal=PortalClient(url=args.portal, pool=args.pool, token=args.token),
         slurm=Slurm(partition=args.partition),
