@@ -7,6 +7,7 @@ import json
 import signal
 import time
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from cli.client import Client
@@ -281,6 +282,22 @@ def cmd_reservations(client: Client, args: argparse.Namespace) -> int:
 def cmd_release(client: Client, args: argparse.Namespace) -> int:
     """Cancel a booking before its start, or release its GPUs now after it (billing stops at once)."""
     resv = client.request("DELETE", f"/reservations/{args.reservation_id}/")
+    if args.json:
+        print(json.dumps(resv, indent=2))
+        return 0
+    print(reservation_line(resv))
+    return 0
+
+
+def cmd_extend(client: Client, args: argparse.Namespace) -> int:
+    """Move a reservation's end: `--by` later than it is now, or to `--end`. Refused (exit 201) when the GPUs are
+    not free for the added time or the quota does not allow it, as the portal says."""
+    if args.by is not None:
+        resv = client.request("GET", f"/reservations/{args.reservation_id}/")
+        end = (datetime.fromisoformat(str(resv["end"]).replace("Z", "+00:00")) + timedelta(seconds=args.by)).isoformat()
+    else:
+        end = args.end
+    resv = client.request("PATCH", f"/reservations/{args.reservation_id}/", json={"end": end})
     if args.json:
         print(json.dumps(resv, indent=2))
         return 0

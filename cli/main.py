@@ -6,6 +6,7 @@
     gpuportal status 42          gpuportal logs 42 --follow          gpuportal cancel 42
     gpuportal gpus               gpuportal reserve --gpus 2 --model A100-80GB --start 2026-03-01T09:00 --end ...
     gpuportal reservations       gpuportal release 7     (cancel a booking, or release its GPUs now)
+    gpuportal extend 7 --by 2h   (or --end 2026-03-01T19:00+01:00: a later end, or an earlier one)
 
 `submit --wait` streams the job's output (stdout to stdout, stderr to stderr) and exits with the job's exit code:
 0 succeeded; the job's own code when it failed with one; 124 timed out; 125 could not be launched; 130 cancelled
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -28,6 +30,7 @@ from typing import NoReturn
 from cli.client import TIMEOUT_S, Client
 from cli.commands import (
     cmd_cancel,
+    cmd_extend,
     cmd_gpus,
     cmd_logs,
     cmd_release,
@@ -57,6 +60,20 @@ def share_fraction(text: str) -> float:
     if not math.isfinite(value) or not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a fraction of one GPU above 0 and at most 1 (e.g. 0.25)")
     return value
+
+
+def duration_s(text: str) -> int:
+    """--by: a length of time, "2h", "30m", "1h30m" or seconds ("5400"); positive."""
+    match = re.fullmatch(r"\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*", text)
+    if text.strip().isdigit():
+        seconds = int(text)
+    elif match and (match.group(1) or match.group(2)):
+        seconds = int(match.group(1) or 0) * 3600 + int(match.group(2) or 0) * 60
+    else:
+        seconds = 0
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a length of time such as 2h, 30m or 1h30m")
+    return seconds
 
 
 def _add_part(p: argparse.ArgumentParser) -> None:
@@ -161,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("release", help="cancel a booking before its start, or release its GPUs now")
     p.add_argument("reservation_id", type=int)
     p.set_defaults(run=cmd_release)
+
+    p = sub.add_parser("extend", help="move a reservation's end: later by --by, or to --end (earlier too)")
+    p.add_argument("reservation_id", type=int)
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--by", type=duration_s, metavar="TIME", help="this much later: 2h, 30m, 1h30m")
+    when.add_argument("--end", help="the new end, ISO 8601 (e.g. 2026-03-01T19:00:00+01:00)")
+    p.set_defaults(run=cmd_extend)
     return parser
 
 

@@ -73,6 +73,9 @@ EXPECTATIONS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
     "api/v1/reservations/<int:pk>/": {
         "GET": (401, 404, 200, 200, 200, 200),
         "DELETE": (401, 404, 200, 200, 200, 403),
+        # The empty body is 400 for whoever may see it (authorized, then validated); the service then decides who
+        # may change it (tests/booking/test_reservation_change.py).
+        "PATCH": (401, 404, 400, 400, 400, 403),
     },
     "api/v1/availability/": {"GET": (401, 200, 200, 200, 200, 200)},
     # Everyone sees the timeline; other teams' slots by team name only (the marker check below).

@@ -78,6 +78,9 @@ class Reservation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True, help_text="when it was released or cancelled")
+    changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="when its end was last moved, or the portal last moved it to other devices"
+    )
     released_reason = models.CharField(
         max_length=16,
         blank=True,

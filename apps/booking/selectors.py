@@ -320,13 +320,14 @@ def reservations_for_calendar(*, user: AnyUser, since: datetime) -> QuerySet[Res
 
 def calendar_last_change(*, user: AnyUser, since: datetime) -> datetime | None:
     """When the reservations of the user's teams ending after `since` last changed (booked, started, released or
-    cancelled: cancelled ones leave the feed), for the iCal feed's Last-Modified."""
+    cancelled: cancelled ones leave the feed; its end moved, or moved to other devices), for the iCal feed's
+    Last-Modified."""
     from django.db.models import Max
     from django.db.models.functions import Greatest
 
     # PostgreSQL's GREATEST skips NULLs (a reservation not started or not ended yet).
     last = Reservation.objects.filter(team_id__in=team_ids_of(user), end__gt=since).aggregate(
-        last=Greatest(Max("created_at"), Max("activated_at"), Max("ended_at"))
+        last=Greatest(Max("created_at"), Max("activated_at"), Max("ended_at"), Max("changed_at"))
     )["last"]
     return last if isinstance(last, datetime) else None
 

@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("reservations/<int:reservation_id>/", views.detail, name="detail"),
     path("reservations/<int:reservation_id>/end/", views.end, name="end"),
+    path("reservations/<int:reservation_id>/change-end/", views.change_end, name="change-end"),
     path("calendar/regenerate/", views.calendar_regenerate, name="calendar-regenerate"),
     path("calendar/<segment:key>.ics", views.calendar_feed, name="calendar-feed"),
 ]

@@ -98,7 +98,7 @@ def _booked_estimate(r: Reservation) -> dict[str, Decimal] | None:
 @require_GET
 def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     """One reservation: what it holds and held, its times, what it cost so far and how busy its GPUs were, the
-    jobs run in it; the booker, the team's managers and admins can cancel or release it here."""
+    jobs run in it; the booker, the team's managers and admins can cancel or release it, or move its end, here."""
     from apps.billing.models import SourceKind
     from apps.billing.selectors import source_usage, source_utilization
     from apps.jobs.selectors import jobs_visible_to
@@ -132,6 +132,7 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
         and r.end > timezone.now()
         and selectors.may_end_reservation(user=request.user, reservation=r),
         "started": r.start <= timezone.now(),
+        "granularity_s": max(1, selectors.booking_policy().granularity_minutes) * 60,
         "live": r.status == ReservationStatus.ACTIVE,  # the devices' utilization now, polled by the page
         "series": {
             "series": series,
@@ -158,6 +159,30 @@ def end(request: HttpRequest, reservation_id: int) -> HttpResponse:
     else:
         done = "Cancelled" if r.status == ReservationStatus.CANCELLED else "Released"
         messages.success(request, f"{done} reservation #{r.pk}.")
+    return redirect("booking:detail", reservation_id=reservation_id)
+
+
+@login_required
+@require_POST
+def change_end(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    """Move a reservation's end from its page (later to extend it, or earlier); refusals as a message. The field
+    is a `datetime-local` value, read in the time zone the page showed it in."""
+    raw = request.POST.get("end", "").strip()
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        messages.error(request, "Give the new end as a date and a time.")
+        return redirect("booking:detail", reservation_id=reservation_id)
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, timezone.get_current_timezone())
+    try:
+        r = services.reservation_change_end(user=signed_in(request.user), reservation_id=reservation_id, end=moment)
+    except NotFound:
+        raise Http404("No such reservation.") from None
+    except ApplicationError as exc:
+        messages.error(request, exc.detail)
+    else:
+        messages.success(request, f"Reservation #{r.pk} now ends at {timezone.localtime(r.end):%Y-%m-%d %H:%M}.")
     return redirect("booking:detail", reservation_id=reservation_id)
 
 
@@ -242,7 +267,7 @@ def calendar_feed(request: HttpRequest, key: str) -> HttpResponse:
                 ]
             ),
             status="CANCELLED" if r.status == ReservationStatus.CANCELLED else "CONFIRMED",
-            stamp=r.created_at,
+            stamp=r.changed_at or r.created_at,
         )
         for r in selectors.reservations_for_calendar(user=user, since=since)
     ]

@@ -21,6 +21,7 @@ class EventType(models.TextChoices):
     RESERVATION_STARTING_SOON = "reservation.starting_soon", "Reservation starting soon"
     RESERVATION_STARTED = "reservation.started", "Reservation started"
     RESERVATION_MOVED = "reservation.moved", "Reservation moved to other devices"
+    RESERVATION_CHANGED = "reservation.changed", "Reservation's end changed"
     RESERVATION_ENDED = "reservation.ended", "Reservation ended"
     RESERVATION_RELEASED = "reservation.released", "Reservation released"
     BUDGET_THRESHOLD = "budget.threshold", "Budget threshold crossed"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -11,6 +13,7 @@ from django.utils import timezone
 
 from apps.booking import selectors
 from apps.booking.models import Quota
+from apps.core.redis import get_redis
 from tests.factories import GpuFactory, GpuModelFactory, NodeFactory
 
 
@@ -73,3 +76,30 @@ def quota(vision: Any) -> Any:
         return q
 
     return make
+
+
+def current_slot(hours: int = 2) -> tuple[Any, Any]:
+    now = timezone.localtime()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    return start, start + timedelta(hours=hours)
+
+
+def agent_messages(node: str) -> list[dict[str, Any]]:
+    """Celery messages waiting on the node's queue (the Redis transport keeps a queue as a list)."""
+    out = []
+    for raw in get_redis().lrange(f"node.{node}", 0, -1):
+        message = json.loads(raw)
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        # The headers name the command, they do not repeat it (broker monitors show headers).
+        assert message["headers"]["argsrepr"] == f"({message['headers']['task']} for {node})"
+        out.append({"task": message["headers"]["task"], "args": args, "kwargs": kwargs})
+    return out
+
+
+@pytest.fixture
+def agent_queue(fleet: dict[str, Any]) -> Any:
+    for node in fleet["nodes"].values():
+        node.token_digest = "d" * 64
+        node.save(update_fields=["token_digest"])
+        get_redis().delete(f"node.{node.name}")
+    return agent_messages

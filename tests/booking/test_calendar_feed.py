@@ -8,6 +8,7 @@ from typing import Any
 import icalendar
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from apps.booking import services
 from tests.booking.conftest import slot
@@ -59,3 +60,24 @@ def test_conditional_requests_get_304(feed_path: str, alice: Any, vision: Any) -
     changed = client.get(feed_path, HTTP_IF_NONE_MATCH=etag)
     assert changed.status_code == 200 and changed["ETag"] != etag
     assert len(_uids(changed.content)) == 3
+
+
+def test_a_moved_end_is_news_to_a_polling_calendar(feed_path: str, alice: Any) -> None:
+    from datetime import timedelta
+
+    from apps.booking.models import Reservation
+
+    # The bookings were made an hour ago: the feed's Last-Modified says so.
+    Reservation.objects.update(created_at=timezone.now() - timedelta(hours=1))
+    client = Client(HTTP_HOST="gpus.example.org")
+    first = client.get(feed_path)
+    r = Reservation.objects.order_by("start").first()
+    later = r.end + timedelta(hours=1)
+    services.reservation_change_end(user=alice, reservation_id=r.pk, end=later)
+    # A calendar asking by date alone (If-Modified-Since) gets the new end, not a 304.
+    again = client.get(feed_path, HTTP_IF_MODIFIED_SINCE=first["Last-Modified"])
+    assert again.status_code == 200 and again["Last-Modified"] != first["Last-Modified"]
+    events = {str(e["UID"]): e for e in icalendar.Calendar.from_ical(again.content).walk("VEVENT")}
+    moved = next(e for e in events.values() if e["DTEND"].dt == later)
+    before = {str(e["UID"]): e for e in icalendar.Calendar.from_ical(first.content).walk("VEVENT")}
+    assert moved["DTSTAMP"].dt > before[str(moved["UID"])]["DTSTAMP"].dt

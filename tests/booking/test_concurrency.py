@@ -282,6 +282,34 @@ def test_cancel_and_early_release_free_the_gpus_at_once(alice, charlie, make_tok
     assert overlapping_pairs() == 0
 
 
+def test_an_extension_races_bookings_of_the_time_it_adds(alice, charlie, make_token, fleet, vision, racing_portal):
+    """One PATCH extending a booking by an hour and 29 bookings of that hour on the same GPU, released together:
+    exactly one of the thirty gets the hour, whichever the database sees first; the quota counts only the winner."""
+    vision_token = make_token(alice, ["read", "reservations:write"])
+    nlp_token = make_token(charlie, ["read", "reservations:write"])
+    url = racing_portal.url + URL
+    start, end = slot(hours=2)
+    auth = {"Authorization": f"Bearer {vision_token}"}
+    r = requests.post(url, json=body("vision", start, end, gpus=["GPU-big-0"]), headers=auth, timeout=30).json()
+    month = timezone.localtime(start).date().replace(day=1)
+    counted = used_hours(vision, month)
+    later = end + timedelta(hours=1)
+
+    def make(i: int) -> tuple[str, str, dict[str, Any] | None, str]:
+        if i == 0:
+            return "PATCH", f"{url}{r['id']}/", {"end": later.isoformat()}, vision_token
+        return "POST", url, body("nlp", end, later, gpus=["GPU-big-0"]), nlp_token
+
+    responses = race(30, make)
+    won = [i for i, resp in enumerate(responses) if resp.status_code in (200, 201)]
+    assert len(won) == 1, Counter(resp.status_code for resp in responses)
+    assert {resp.status_code for i, resp in enumerate(responses) if i not in won} == {409}
+    assert overlapping_pairs() == 0
+    extended = won == [0]
+    assert used_hours(vision, month) == counted + (1 if extended else 0)
+    assert Allocation.objects.filter(active=True, gpu__uuid="GPU-big-0", start__lt=later, end__gt=end).count() == 1
+
+
 def test_month_boundary_and_dst_in_berlin(alice, make_token, fleet, vision, transactional_db):
     """The server in Europe/Berlin: a booking across local midnight at a month's end counts in both months;
     one across the next DST change counts the real hours."""

@@ -3,8 +3,6 @@ at once; the tick is idempotent; node agents are told (signed, over the broker);
 
 from __future__ import annotations
 
-import base64
-import json
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -14,39 +12,11 @@ from django.utils import timezone
 from apps.audit.models import AuditEvent
 from apps.booking import hooks, services
 from apps.booking.models import Allocation, Reservation, ReservationStatus
-from apps.core.redis import get_redis
-from tests.booking.conftest import book_body, slot
+from tests.booking.conftest import book_body, current_slot, slot
 
 pytestmark = pytest.mark.django_db
 
 URL = "/api/v1/reservations/"
-
-
-def _current_slot(hours: int = 2) -> tuple[Any, Any]:
-    now = timezone.localtime()
-    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
-    return start, start + timedelta(hours=hours)
-
-
-def _agent_messages(node: str) -> list[dict[str, Any]]:
-    """Celery messages waiting on the node's queue (the Redis transport keeps a queue as a list)."""
-    out = []
-    for raw in get_redis().lrange(f"node.{node}", 0, -1):
-        message = json.loads(raw)
-        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-        # The headers name the command, they do not repeat it (broker monitors show headers).
-        assert message["headers"]["argsrepr"] == f"({message['headers']['task']} for {node})"
-        out.append({"task": message["headers"]["task"], "args": args, "kwargs": kwargs})
-    return out
-
-
-@pytest.fixture
-def agent_queue(fleet: dict[str, Any]) -> Any:
-    for node in fleet["nodes"].values():
-        node.token_digest = "d" * 64
-        node.save(update_fields=["token_digest"])
-        get_redis().delete(f"node.{node.name}")
-    return _agent_messages
 
 
 @pytest.fixture
@@ -124,7 +94,7 @@ def test_cancel_before_start_frees_the_gpus(alice, bob, api_as, fleet):
 def test_early_release_frees_the_gpus_at_once(
     alice, charlie, api_as, fleet, agent_queue, ended_events, django_capture_on_commit_callbacks
 ):
-    start, end = _current_slot(hours=3)
+    start, end = current_slot(hours=3)
     client = api_as(alice)
     with django_capture_on_commit_callbacks(execute=True):
         r = client.post(URL, book_body(start=start, end=end, gpus=["GPU-big-0"]), format="json").json()

@@ -282,3 +282,33 @@ def test_own_minutes_chart_per_hour_as_the_mean_and_the_most_memory() -> None:
         {"t": "2026-12-01T09:00:00+00:00", "util": 20.0, "mem": 300},
         {"t": "2026-12-01T10:00:00+00:00", "util": None, "mem": 50},
     ]
+
+
+def test_the_booker_moves_the_end_from_its_page(vision: Any, alice: Any, charlie: Any, nlp: Any, fleet: Any) -> None:
+    start, end = slot(days=1)
+    r = services.reservation_create(user=alice, team=vision, start=start, end=end, gpus=["GPU-big-0"]).reservation
+    page = _page(alice, r.pk).content.decode()
+    local_end = timezone.localtime(end)
+    assert 'id="change-end-form"' in page and f'value="{local_end:%Y-%m-%dT%H:%M}"' in page
+    later = local_end + timedelta(hours=1)
+    # The field's value as a browser sends it: local time, no offset.
+    response = _client(alice).post(
+        f"/book/reservations/{r.pk}/change-end/", {"end": f"{later:%Y-%m-%dT%H:%M}"}, follow=True
+    )
+    assert f"Reservation #{r.pk} now ends at {later:%Y-%m-%d %H:%M}." in response.content.decode()
+    r.refresh_from_db()
+    assert r.end == later
+    # Refusals come back as messages on the page, and change nothing.
+    services.reservation_create(user=charlie, team=nlp, start=later, end=later + timedelta(hours=1), gpus=["GPU-big-0"])
+    for value, said in [
+        (f"{later + timedelta(minutes=30):%Y-%m-%dT%H:%M}", "already held"),
+        (f"{later + timedelta(minutes=5):%Y-%m-%dT%H:%M}", "Must align to 15 minutes."),
+        ("next tuesday", "Give the new end as a date and a time."),
+    ]:
+        response = _client(alice).post(f"/book/reservations/{r.pk}/change-end/", {"end": value}, follow=True)
+        assert response.status_code == 200 and said in response.content.decode(), value
+    r.refresh_from_db()
+    assert r.end == later
+    # Another team's member does not see it at all.
+    outsider = _client(charlie).post(f"/book/reservations/{r.pk}/change-end/", {"end": "2030-01-01T00:00"})
+    assert outsider.status_code == 404

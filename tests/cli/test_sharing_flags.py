@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from apps.booking.models import Allocation
+from apps.booking.models import Allocation, Reservation
 from apps.fleet.devices import MigInstance, gpu_set_shares, mig_layout_apply
 from apps.fleet.models import Gpu, GpuStatus, NodeStatus
 from apps.jobs import scheduler
@@ -175,6 +176,34 @@ def test_reserve_a_share_and_mig_instances(
 
 
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_extend_a_reservation_by_a_time_or_to_an_end(
+    alice: Any, charlie: Any, vision: Any, nlp: Any, parts_fleet: dict[str, Gpu], make_token: Any, live_portal: Any
+) -> None:
+    from apps.booking import services
+
+    token = make_token(alice, ["read", "reservations:write"])
+    start, end = slot(hours=2)
+    booked = _cli(live_portal.url, token, "--json", "reserve", "--team", "vision", "--gpus", "1", "--model",
+                  "A100-80GB", "--start", start.isoformat(), "--end", end.isoformat())  # fmt: skip
+    assert booked.returncode == 0, booked.stderr
+    resv = json.loads(booked.stdout)
+    longer = _cli(live_portal.url, token, "extend", str(resv["id"]), "--by", "1h30m")
+    assert longer.returncode == 0, longer.stderr
+    assert longer.stdout.startswith(f"#{resv['id']} vision booked ")
+    assert Reservation.objects.get(pk=resv["id"]).end == end + timedelta(minutes=90)
+    shorter = _cli(live_portal.url, token, "--json", "extend", str(resv["id"]), "--end", end.isoformat())
+    assert shorter.returncode == 0, shorter.stderr
+    assert datetime.fromisoformat(json.loads(shorter.stdout)["end"]) == end
+    # Someone else holds the GPU right after: refused as the portal says, exit 201.
+    gpu = resv["gpus"][0]["uuid"]
+    services.reservation_create(user=charlie, team=nlp, start=end, end=end + timedelta(hours=1), gpus=[gpu])
+    refused = _cli(live_portal.url, token, "extend", str(resv["id"]), "--by", "30m")
+    assert refused.returncode == gpuportal.EXIT_REFUSED and "(conflict)" in refused.stderr
+    assert Reservation.objects.get(pk=resv["id"]).end == end
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.django_db(transaction=True)
 def test_submit_wait_runs_on_the_part_asked_for(tmp_path: Path, alice: Any, vision: Any, make_token: Any) -> None:
@@ -234,10 +263,14 @@ def test_submit_wait_runs_on_the_part_asked_for(tmp_path: Path, alice: Any, visi
         (["reserve"], "required: --gpus (or --mig-profile / --mig-memory / --share)"),
         (["submit", "--mig-memory", "0"], "--mig-memory is the least memory"),
         (["submit", "--mig-memory", "9000", "--share", "0.5"], "not allowed with argument"),
+        (["extend", "7", "--by", "soon"], "'soon' is not a length of time such as 2h, 30m or 1h30m"),
+        (["extend", "7", "--by", "0m"], "'0m' is not a length of time"),
+        (["extend", "7"], "one of the arguments --by --end is required"),
+        (["extend", "7", "--by", "1h", "--end", "2030-01-01T00:00Z"], "not allowed with argument"),
     ],
 )
 def test_part_mistakes_are_usage_errors(args: list[str], why: str) -> None:
-    extra = ["--image", BUSYBOX, "--", "true"] if args[0] == "submit" else ["--start", "a", "--end", "b"]
+    extra = {"submit": ["--image", BUSYBOX, "--", "true"], "reserve": ["--start", "a", "--end", "b"]}.get(args[0], [])
     done = _cli("http://127.0.0.1:9", "gpp_x", *args, *extra)  # nothing listens there: nothing is sent
     assert done.returncode == gpuportal.EXIT_USAGE == 200
     last = done.stderr.strip().splitlines()[-1]

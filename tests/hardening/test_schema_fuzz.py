@@ -1,8 +1,8 @@
 """Fuzz every documented operation with schemathesis against the WSGI app in-process, on the test database.
 
-For each GET/POST/DELETE operation in /api/schema/: a bounded, deterministic set of generated requests, each sent
-with an admin token and with a member's token. Every answer must be: no 5xx; a status the schema declares; a body
-that matches the schema for that status; and on 4xx the error shape `{"code", "detail", "fields"}`.
+For each GET/POST/PATCH/DELETE operation in /api/schema/: a bounded, deterministic set of generated requests, each
+sent with an admin token and with a member's token. Every answer must be: no 5xx; a status the schema declares; a
+body that matches the schema for that status; and on 4xx the error shape `{"code", "detail", "fields"}`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.django_db]
 
 MAX_EXAMPLES = 12
 
-schema = schemathesis.openapi.from_wsgi("/api/schema/", application).include(method=["GET", "POST", "DELETE"])
+schema = schemathesis.openapi.from_wsgi("/api/schema/", application).include(method=["GET", "POST", "PATCH", "DELETE"])
 
 
 @pytest.fixture(autouse=True)

@@ -146,3 +146,42 @@ def test_slurm_refusing_the_move_ends_the_portal_reservation(stack: BridgeStack)
         stack.wait(lambda: not _slurm_reservation(slurm, rid), 30, "the Slurm reservation to go")
     finally:
         slurm.run("scontrol", "delete", "ReservationName=blocker", check=False)
+
+
+def _field(shown: str, name: str) -> str:
+    return dict(item.split("=", 1) for item in shown.split() if "=" in item).get(name, "")
+
+
+def test_a_changed_end_reaches_slurm_and_a_refused_one_keeps_the_booking(stack: BridgeStack) -> None:
+    """Extending (or shortening) a booking in the portal moves the Slurm reservation's end on the next poll. Where
+    Slurm refuses (an admin reserved the node in Slurm for right after), the booking stands, and Slurm keeps the
+    old end."""
+    from apps.booking.models import Reservation
+    from workers.slurm_bridge.bridge import _slurm_time
+
+    slurm = stack.slurm
+    rid = _mirrored(stack)
+    booked = Reservation.objects.get(pk=rid)
+    later = booked.end + timedelta(hours=1)
+    resp = stack.api("PATCH", f"/api/v1/reservations/{rid}/", json={"end": later.isoformat()})
+    assert resp.status_code == 200, resp.text
+    wanted = _slurm_time(later.timestamp())
+    stack.wait(lambda: _field(_slurm_reservation(slurm, rid), "EndTime") == wanted, 30, "the new end in Slurm")
+    assert f"portal-res-{rid} now ends at {wanted}" in stack.log()
+
+    # Someone reserves the node in Slurm directly from the booking's end on; a further extension is refused there.
+    after = _slurm_time((later + timedelta(minutes=1)).timestamp())
+    slurm.run("scontrol", "create", "reservation", "ReservationName=admin-maint", f"StartTime={after}",
+              "Duration=60", "Accounts=physics", f"Nodes={slurm.node}")  # fmt: skip
+    try:
+        further = later + timedelta(hours=1)
+        resp = stack.api("PATCH", f"/api/v1/reservations/{rid}/", json={"end": further.isoformat()})
+        assert resp.status_code == 200, resp.text
+        refused = f"Slurm refused to move the end of reservation portal-res-{rid} to {_slurm_time(further.timestamp())}"
+        stack.wait(lambda: refused in stack.log(), 30, "the refusal")
+        time.sleep(2)  # more polls: no retry, nothing given up
+        assert stack.log().count(refused) == 1
+        assert _field(_slurm_reservation(slurm, rid), "EndTime") == wanted
+        assert Reservation.objects.get(pk=rid).status in {"booked", "active"}
+    finally:
+        slurm.run("scontrol", "delete", "ReservationName=admin-maint", check=False)

@@ -69,6 +69,8 @@ class Bridge:
     jobs: dict[int, Followed] = field(default_factory=dict)
     usage_every_s: float = 60.0
     refused_reservations: set[int] = field(default_factory=set)
+    # A new end Slurm refused, by reservation (tried again only when the portal's end changes once more).
+    refused_ends: dict[int, str] = field(default_factory=dict)
     _last_usage: float = float("-inf")
     _usage_since: float | None = None
     _last_inventory: float = float("-inf")
@@ -159,8 +161,9 @@ class Bridge:
 
     def _mirror_reservations(self, wanted: list[dict[str, Any]]) -> None:
         """Make Slurm's `portal-res-*` reservations the portal's: create the missing, point those on other nodes at
-        the portal's (it moved a booking off a GPU that is gone or was repartitioned), delete the ended. A refusal
-        goes back to the portal with Slurm's words, and the portal gives the reservation up."""
+        the portal's (it moved a booking off a GPU that is gone or was repartitioned), follow a changed end, delete
+        the ended. A refused creation or move goes back to the portal with Slurm's words, and the portal gives the
+        reservation up."""
         try:
             have = {k: v for k, v in self.slurm.reservations().items() if k.startswith(RESERVATION_PREFIX)}
         except SlurmUnavailable as exc:
@@ -180,9 +183,12 @@ class Bridge:
                                                   end=_slurm_time(float(item["end"])), account=str(item["team"]),
                                                   nodes=nodes)  # fmt: skip
                     logger.info("reservation %s created for %s on %s", name, item["team"], ",".join(nodes))
-                elif sorted(self.slurm.hostnames(have[name].get("Nodes", ""))) != nodes:
-                    self.slurm.move_reservation(name=name, nodes=nodes)
-                    logger.info("reservation %s moved from %s to %s", name, have[name].get("Nodes"), ",".join(nodes))
+                else:
+                    held = have[name].get("Nodes", "")
+                    if sorted(self.slurm.hostnames(held)) != nodes:
+                        self.slurm.move_reservation(name=name, nodes=nodes)
+                        logger.info("reservation %s moved from %s to %s", name, held, ",".join(nodes))
+                    self._mirror_end(name, int(item["id"]), have[name].get("EndTime", ""), float(item["end"]))
             except SlurmRefused as exc:
                 logger.info("Slurm refused reservation %s: %s", name, exc)
                 self.refused_reservations.add(int(item["id"]))
@@ -195,6 +201,22 @@ class Bridge:
                 logger.info("reservation %s deleted (ended in the portal)", name)
             except SlurmUnavailable as exc:
                 logger.warning("deleting reservation %s failed: %s", name, exc)
+
+    def _mirror_end(self, name: str, reservation_id: int, slurm_end: str, end: float) -> None:
+        """Follow the portal's end (the booking was extended or shortened). A refusal (Slurm will not stretch a
+        reservation over nodes that others hold later) keeps the booking and its old end in Slurm: the portal
+        checked its own GPUs, so only work submitted to Slurm directly can stand in the way."""
+        wanted = _slurm_time(end)
+        if slurm_end == wanted or self.refused_ends.get(reservation_id) == wanted:
+            return
+        try:
+            self.slurm.set_reservation_end(name=name, end=wanted)
+        except SlurmRefused as exc:
+            self.refused_ends[reservation_id] = wanted
+            logger.warning("Slurm refused to move the end of reservation %s to %s: %s", name, wanted, exc)
+            return
+        self.refused_ends.pop(reservation_id, None)
+        logger.info("reservation %s now ends at %s (was %s)", name, wanted, slurm_end)
 
     # -- submitting --------------------------------------------------------------------------------------------
 

@@ -235,6 +235,10 @@ class Slurm:
         reservation or a running job already holds, like a new one."""
         self._run(["scontrol", "update", f"ReservationName={name}", f"Nodes={','.join(nodes)}"], refuse_on_error=True)
 
+    def set_reservation_end(self, *, name: str, end: str) -> None:
+        """Move a reservation's end (the booking was extended or shortened in the portal)."""
+        self._run(["scontrol", "update", f"ReservationName={name}", f"EndTime={end}"], refuse_on_error=True)
+
     def hostnames(self, hostlist: str) -> tuple[str, ...]:
         """The node names of a Slurm hostlist (`gpu-[1-3],cpu-9`), expanded by Slurm itself: its syntax has ranges,
         zero padding and several bracket groups. Remembered, since the same few lists come back every poll."""

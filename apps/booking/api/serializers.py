@@ -130,6 +130,10 @@ class ReservationCreatedOutput(ReservationOutput):
         return list(self.context.get("warnings", []))
 
 
+class ReservationChangeInput(serializers.Serializer[Any]):
+    end = serializers.DateTimeField(help_text="the new end: later to extend, earlier to end it before its booked end")
+
+
 class WindowInput(serializers.Serializer[Any]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()

@@ -22,6 +22,7 @@ from apps.booking.api.serializers import (
     GpuSharesOutput,
     QuotaPreviewInput,
     QuotaPreviewOutput,
+    ReservationChangeInput,
     ReservationCreatedOutput,
     ReservationInput,
     ReservationOutput,
@@ -107,14 +108,25 @@ class ReservationListCreateView(ScopedListAPIView):
 
 
 class ReservationDetailView(ScopedRetrieveAPIView):
-    """One reservation. DELETE cancels it before its start, or releases it early after (GPUs free at once)."""
+    """One reservation. PATCH moves its end (extend, or end it earlier); DELETE cancels it before its start, or
+    releases it early after (GPUs free at once)."""
 
     model = Reservation
     serializer_class = ReservationOutput
-    required_scopes = {"DELETE": Scope.RESERVATIONS_WRITE}
+    required_scopes = {"DELETE": Scope.RESERVATIONS_WRITE, "PATCH": Scope.RESERVATIONS_WRITE}
 
     def base_queryset(self) -> QuerySet[Any]:
         return selectors.reservations_with_details(Reservation.objects.all())
+
+    @extend_schema(request=ReservationChangeInput, responses={200: ReservationOutput})
+    def patch(self, request: Request, pk: int) -> Response:
+        if not selectors.reservations_visible_to(user=request.user).filter(pk=pk).exists():
+            raise NotFound("No such reservation.")  # before the body: an outsider learns nothing from a 400
+        payload = ReservationChangeInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        services.reservation_change_end(user=request.user, reservation_id=pk, end=payload.validated_data["end"])
+        reservation = selectors.reservations_visible_to(user=request.user).get(pk=pk)
+        return Response(ReservationOutput(reservation).data)
 
     @extend_schema(responses={200: ReservationOutput})
     def delete(self, request: Request, pk: int) -> Response:

@@ -11,7 +11,8 @@ A change of how a GPU is split (`layout.py`) takes the scheduler's row (`jobs.Sc
 write transaction takes first too) before 0 and 2, and no quota rows; a node's registration that may change a MIG
 layout or drop a GPU takes that row before its node's and GPUs' rows. Moving a booking a layout change or a gone
 GPU stranded (`stranded.py`) takes its reservation's row without waiting and each GPU it tries with
-`pg_try_advisory_xact_lock`, so it waits for no lock out of this order.
+`pg_try_advisory_xact_lock`, so it waits for no lock out of this order. Ending a reservation or moving its end
+(`reschedule.py`) takes its reservation's row before 1 and 2; nothing that holds 1 or 2 waits for that row.
 The exclusion constraint on `booking_allocation` is the last guard.
 """
 
@@ -35,6 +36,7 @@ from apps.booking.services.quotas import (
     quota_hold_update,
     quota_models_check,
 )
+from apps.booking.services.reschedule import reservation_change_end
 from apps.booking.services.reservations import (
     BookingResult,
     check_window,
@@ -66,6 +68,7 @@ __all__ = [
     "quota_hold_release",
     "quota_hold_update",
     "quota_models_check",
+    "reservation_change_end",
     "reservation_create",
     "reservation_end",
     "reservation_rehome",

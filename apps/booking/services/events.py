@@ -8,8 +8,8 @@ from apps.events.services import publish
 
 
 def publish_reservation(event_type: str, reservation: Reservation, *, status: str, **extra: object) -> None:
-    """`event_type` is "reservation.created", ".started", ".moved", ".ended" or ".released"; `status` is the one it has
-    now (the caller's object may still hold the old one)."""
+    """`event_type` is "reservation.created", ".started", ".moved", ".changed", ".ended" or ".released"; `status` is
+    the one it has now (the caller's object may still hold the old one)."""
     data: dict[str, object] = {
         "id": reservation.pk,
         "status": status,

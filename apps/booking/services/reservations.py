@@ -76,7 +76,7 @@ class BookingResult:
     gpus: list[GpuInfo] = field(default_factory=list)
 
 
-def _aligned(moment: datetime, minutes: int) -> bool:
+def aligned(moment: datetime, minutes: int) -> bool:
     local = moment.astimezone(selectors.local_tz())
     return local.second == 0 and local.microsecond == 0 and (local.hour * 60 + local.minute) % minutes == 0
 
@@ -99,7 +99,7 @@ def check_window(*, start: datetime, end: datetime, policy: BookingPolicy, now: 
     if start < _floor(now, g):
         fields["start"] = ["Must not be in the past."]
     for name, value in (("start", start), ("end", end)):
-        if not _aligned(value, g):
+        if not aligned(value, g):
             fields.setdefault(name, []).append(f"Must align to {g} minutes.")
     duration = end.astimezone(UTC) - start.astimezone(UTC)  # real time, not wall-clock time, across DST
     if duration < timedelta(minutes=policy.min_duration_minutes):

@@ -385,6 +385,7 @@ def reservation_rehome(*, reservation_id: int, now: datetime | None = None) -> O
             if not done:
                 return None  # only gone GPUs' bookings that have not started: looked at again later
             reason = REASON_GONE if any(u.reason == REASON_GONE for u in done) else REASON
+            Reservation.objects.filter(pk=reservation.pk).update(changed_at=now)  # calendars fetch it again
             audit_record(
                 actor=None, action="reservation.move", target=reservation, data={"moves": moved, "reason": reason}
             )
