@@ -4,14 +4,17 @@ conflict refused inline, pick a GPU by dragging on its row, cancel from "my rese
 from __future__ import annotations
 
 import shutil
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.db import connections
+from django.utils import timezone
 
 from apps.booking import services
 from apps.booking.models import Reservation, ReservationStatus
+from apps.fleet.models import Gpu
 from tests.booking.conftest import slot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -67,7 +70,7 @@ def _fill(page: Any, *, model: str, count: int, start: Any, end: Any, note: str 
     page.fill("#book-note", note)
 
 
-def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
+def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice, charlie, nlp):
     start, end = slot(days=1, hour=10, hours=3)
     _fill(page, model="A100-80GB", count=2, start=start, end=end, note="browser booking")
     # The availability answers each change of the form: wait for the one for the whole form, not an earlier one.
@@ -89,11 +92,38 @@ def test_book_by_form_and_see_it_on_the_timeline(page, fleet, alice):
     page.fill("#book-note", "")
     page.dispatch_event("#book-start", "change")
     page.wait_for_function("() => document.querySelector('#book-availability [data-free]')?.dataset.free === '10'")
+    # "+1 h" in the list ends it an hour later.
+    booked_end = reservation.end
+    mine.first.locator('button[data-action="extend"]').click()
+    for _ in range(100):
+        reservation.refresh_from_db()
+        if reservation.end != booked_end:
+            break
+        time.sleep(0.1)
+    assert reservation.end == booked_end + timedelta(hours=1)
     # The row's number opens the reservation's page, which lists the two GPUs it holds.
     mine.first.locator(f'a[href="/book/reservations/{reservation.pk}/"]').click()
     page.wait_for_selector("#reservation-page")
     assert f"Reservation #{reservation.pk}" in page.inner_text("h1")
     assert page.locator("#res-devices tbody tr[data-uuid]").count() == 2
+    # Its end moves from that page: an hour later (the field shows and takes the portal's local time).
+    later = timezone.localtime(reservation.end) + timedelta(hours=1)
+    assert page.input_value("#change-end") == timezone.localtime(reservation.end).strftime("%Y-%m-%dT%H:%M")
+    page.fill("#change-end", later.strftime("%Y-%m-%dT%H:%M"))
+    page.click("#change-end-button")
+    page.wait_for_selector(".messages .msg-success")
+    assert f"now ends at {later:%Y-%m-%d %H:%M}" in page.inner_text(".messages")
+    reservation.refresh_from_db()
+    assert reservation.end == later
+    # Into another team's booking: refused on the page, nothing changed.
+    held = Gpu.objects.filter(allocations__reservation=reservation).order_by("uuid").first()
+    services.reservation_create(user=charlie, team=nlp, start=later, end=later + timedelta(hours=1), gpus=[held.uuid])
+    page.fill("#change-end", (later + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M"))
+    page.click("#change-end-button")
+    page.wait_for_selector(".messages .msg-error")
+    assert "already held" in page.inner_text(".messages")
+    reservation.refresh_from_db()
+    assert reservation.end == later
 
 
 def test_conflict_is_refused_inline(page, fleet, charlie, nlp):
@@ -169,7 +199,7 @@ def test_drag_on_a_row_picks_that_gpu_and_cancel(page, fleet):
     assert [a.gpu.uuid for a in r.allocations.all()] == ["GPU-small-5"]
     row = page.locator(f'#my-reservations tr[data-reservation-id="{r.pk}"]')
     row.wait_for()
-    row.locator("button").click()
+    row.locator("button[data-action=cancel]").click()
     page.wait_for_function(f"() => !document.querySelector('#my-reservations tr[data-reservation-id=\"{r.pk}\"]')")
     r.refresh_from_db()
     assert r.status in (ReservationStatus.CANCELLED, ReservationStatus.RELEASED)
