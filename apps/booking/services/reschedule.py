@@ -21,8 +21,8 @@ from apps.booking.services.agents import send_holds
 from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso, refused_conflict
 from apps.booking.services.events import publish_reservation
 from apps.booking.services.quotas import lock_usage, models_allowed, quota_hold_update, quota_verdicts
-from apps.booking.services.reservations import aligned
-from apps.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from apps.booking.services.reservations import aligned, lock_to_change
+from apps.core.errors import ValidationFailed
 
 
 def check_new_end(*, reservation: Reservation, end: datetime, policy: BookingPolicy, now: datetime) -> None:
@@ -71,13 +71,7 @@ def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime)
     now = timezone.now()
     policy = selectors.booking_policy()
     with transaction.atomic():
-        reservation = Reservation.objects.visible_to(user).select_for_update().filter(pk=reservation_id).first()
-        if reservation is None:
-            raise NotFound("No such reservation.")
-        if not selectors.may_end_reservation(user=user, reservation=reservation):
-            raise Forbidden("Only the member who booked it, a team manager or an admin may change this reservation.")
-        if reservation.status not in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE) or reservation.end <= now:
-            raise Conflict(f"This reservation has already ended ({reservation.status}).", code="reservation_ended")
+        reservation = lock_to_change(user=user, reservation_id=reservation_id, now=now, verb="change")
         check_new_end(reservation=reservation, end=end, policy=policy, now=now)
         old_end, new_end = reservation.end, end.astimezone(UTC)
         if new_end == old_end:

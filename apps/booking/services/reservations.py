@@ -396,6 +396,20 @@ def reservation_create(
     raise AssertionError("unreachable")
 
 
+def lock_to_change(*, user: AnyUser, reservation_id: int, now: datetime, verb: str) -> Reservation:
+    """The reservation `user` is about to end or change (`verb`), its row locked (inside the caller's transaction):
+    404 when the user cannot see it, 403 when they may not (only the booker, the team's managers and admins may),
+    409 `reservation_ended` when it already ended."""
+    reservation = Reservation.objects.visible_to(user).select_for_update().filter(pk=reservation_id).first()
+    if reservation is None:
+        raise NotFound("No such reservation.")
+    if not selectors.may_end_reservation(user=user, reservation=reservation):
+        raise Forbidden(f"Only the member who booked it, a team manager or an admin may {verb} this reservation.")
+    if reservation.status not in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE) or reservation.end <= now:
+        raise Conflict(f"This reservation has already ended ({reservation.status}).", code="reservation_ended")
+    return reservation
+
+
 def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
     """Cancel a reservation that has not started, or release one that has (its GPUs are free from now on: the
     allocations' end is cut to now and the unused rest of the quota hold is given back).
@@ -404,13 +418,7 @@ def reservation_end(*, user: AnyUser, reservation_id: int) -> Reservation:
     admins may), 409 `reservation_ended` when it already ended. Locks the reservation row first."""
     now = timezone.now()
     with transaction.atomic():
-        reservation = Reservation.objects.visible_to(user).select_for_update().filter(pk=reservation_id).first()
-        if reservation is None:
-            raise NotFound("No such reservation.")
-        if not selectors.may_end_reservation(user=user, reservation=reservation):
-            raise Forbidden("Only the member who booked it, a team manager or an admin may end this reservation.")
-        if reservation.status in (ReservationStatus.RELEASED, ReservationStatus.CANCELLED) or reservation.end <= now:
-            raise Conflict(f"This reservation has already ended ({reservation.status}).", code="reservation_ended")
+        reservation = lock_to_change(user=user, reservation_id=reservation_id, now=now, verb="end")
         allocation_ids = list(reservation.allocations.filter(active=True).values_list("pk", flat=True))
         was_active = reservation.status == ReservationStatus.ACTIVE
         if reservation.start > now:
