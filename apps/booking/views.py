@@ -162,6 +162,12 @@ def end(request: HttpRequest, reservation_id: int) -> HttpResponse:
     return redirect("booking:detail", reservation_id=reservation_id)
 
 
+def _soft_limit_text(warning: dict[str, Any]) -> str:
+    """A soft-limit warning of the quota (`budget_soft_exceeded`) in words, as the Book page says it."""
+    what = "soft budget" if warning.get("code") == "budget_soft_exceeded" else str(warning.get("code", "a soft limit"))
+    return f"Note: the team is now over its {what} for {warning.get('month', 'that month')}."
+
+
 @login_required
 @require_POST
 def change_end(request: HttpRequest, reservation_id: int) -> HttpResponse:
@@ -176,13 +182,18 @@ def change_end(request: HttpRequest, reservation_id: int) -> HttpResponse:
     if timezone.is_naive(moment):
         moment = timezone.make_aware(moment, timezone.get_current_timezone())
     try:
-        r = services.reservation_change_end(user=signed_in(request.user), reservation_id=reservation_id, end=moment)
+        changed = services.reservation_change_end(
+            user=signed_in(request.user), reservation_id=reservation_id, end=moment
+        )
     except NotFound:
         raise Http404("No such reservation.") from None
     except ApplicationError as exc:
         messages.error(request, exc.detail)
     else:
+        r = changed.reservation
         messages.success(request, f"Reservation #{r.pk} now ends at {timezone.localtime(r.end):%Y-%m-%d %H:%M}.")
+        for warning in changed.warnings:
+            messages.warning(request, _soft_limit_text(warning))
     return redirect("booking:detail", reservation_id=reservation_id)
 
 

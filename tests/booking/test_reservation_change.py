@@ -210,3 +210,15 @@ def test_a_share_extends_only_while_a_whole_gpu_booking_leaves_its_time(alice, c
     assert resp.status_code == 409
     ok = api_as(alice).patch(f"{URL}{r.pk}/", {"end": iso(end - timedelta(minutes=15))}, format="json")
     assert ok.status_code == 200
+
+
+def test_an_extension_over_the_soft_budget_is_made_and_says_so(alice, vision, api_as, fleet, quota):
+    quota(budget_soft=Decimal("10"))
+    start, end = slot(hours=2)
+    r = _book(alice, vision, start, end, ["GPU-big-0"])  # 5.00: under the soft budget
+    resp = api_as(alice).patch(f"{URL}{r.pk}/", {"end": iso(end + timedelta(hours=3))}, format="json")  # 12.50
+    assert resp.status_code == 200
+    [warning] = resp.json()["warnings"]
+    assert warning["code"] == "budget_soft_exceeded" and warning["requested"]["cost"] == "7.5000"
+    # Ending it earlier again warns of nothing.
+    assert api_as(alice).patch(f"{URL}{r.pk}/", {"end": iso(end)}, format="json").json()["warnings"] == []

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from apps.billing import services as billing
 from apps.booking import services
-from apps.booking.models import Reservation, ReservationStatus
+from apps.booking.models import Quota, Reservation, ReservationStatus
 from apps.fleet.models import Gpu
 from tests.billing import helpers
 from tests.booking.conftest import slot
@@ -296,8 +296,16 @@ def test_the_booker_moves_the_end_from_its_page(vision: Any, alice: Any, charlie
         f"/book/reservations/{r.pk}/change-end/", {"end": f"{later:%Y-%m-%dT%H:%M}"}, follow=True
     )
     assert f"Reservation #{r.pk} now ends at {later:%Y-%m-%d %H:%M}." in response.content.decode()
+    assert "soft budget" not in response.content.decode()
     r.refresh_from_db()
     assert r.end == later
+    # Over the team's soft budget: made, and the page says so.
+    Quota.objects.create(team=vision, budget_soft=Decimal("5"))
+    further = f"{later + timedelta(minutes=15):%Y-%m-%dT%H:%M}"
+    response = _client(alice).post(f"/book/reservations/{r.pk}/change-end/", {"end": further}, follow=True)
+    month = f"{timezone.localtime(later):%Y-%m}"
+    assert f"Note: the team is now over its soft budget for {month}." in response.content.decode()
+    later += timedelta(minutes=15)
     # Refusals come back as messages on the page, and change nothing.
     services.reservation_create(user=charlie, team=nlp, start=later, end=later + timedelta(hours=1), gpus=["GPU-big-0"])
     for value, said in [

@@ -145,6 +145,10 @@ def test_the_holder_is_told_after_commit(api_as, alice, node_a, django_capture_o
     assert event.data["status"] == "booked"
     released = OutboxEvent.objects.get(event_type="reservation.released", subject=f"reservations/{second['id']}")
     assert released.data["reason"] == "layout"
+    # Calendars fetch the moved one again (the iCal feed's Last-Modified and DTSTAMP).
+    from apps.booking.models import Reservation
+
+    assert Reservation.objects.get(pk=first["id"]).changed_at is not None
 
 
 @pytest.mark.django_db

@@ -118,15 +118,17 @@ class ReservationDetailView(ScopedRetrieveAPIView):
     def base_queryset(self) -> QuerySet[Any]:
         return selectors.reservations_with_details(Reservation.objects.all())
 
-    @extend_schema(request=ReservationChangeInput, responses={200: ReservationOutput})
+    @extend_schema(request=ReservationChangeInput, responses={200: ReservationCreatedOutput})
     def patch(self, request: Request, pk: int) -> Response:
         if not selectors.reservations_visible_to(user=request.user).filter(pk=pk).exists():
             raise NotFound("No such reservation.")  # before the body: an outsider learns nothing from a 400
         payload = ReservationChangeInput(data=request.data)
         payload.is_valid(raise_exception=True)
-        services.reservation_change_end(user=request.user, reservation_id=pk, end=payload.validated_data["end"])
+        changed = services.reservation_change_end(
+            user=request.user, reservation_id=pk, end=payload.validated_data["end"]
+        )
         reservation = selectors.reservations_visible_to(user=request.user).get(pk=pk)
-        return Response(ReservationOutput(reservation).data)
+        return Response(ReservationCreatedOutput(reservation, context={"warnings": changed.warnings}).data)
 
     @extend_schema(responses={200: ReservationOutput})
     def delete(self, request: Request, pk: int) -> Response:

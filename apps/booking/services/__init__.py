@@ -36,7 +36,7 @@ from apps.booking.services.quotas import (
     quota_hold_update,
     quota_models_check,
 )
-from apps.booking.services.reschedule import reservation_change_end
+from apps.booking.services.reschedule import EndChanged, reservation_change_end
 from apps.booking.services.reservations import (
     BookingResult,
     check_window,
@@ -52,6 +52,7 @@ __all__ = [
     "MODEL_LOCK_NAMESPACE",
     "AllocationRequest",
     "BookingResult",
+    "EndChanged",
     "QuotaCheck",
     "Slot",
     "allocation_end",

@@ -6,8 +6,10 @@ locks (`lock_usage`), then its quota hold. The exclusion constraint on allocatio
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -57,15 +59,23 @@ def _move_allocations(reservation_id: int, *, old_end: datetime, new_end: dateti
         return sorted(int(row[0]) for row in cursor.fetchall())
 
 
-def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime) -> Reservation:
+@dataclass(frozen=True)
+class EndChanged:
+    """The reservation with its new end, and the soft limits of the team's quota the added time went over."""
+
+    reservation: Reservation
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+
+def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime) -> EndChanged:
     """Move the end of a booked or active reservation to `end`: later (extend) or earlier, but after now.
 
     404 when the user cannot see it, 403 when they may not change it (the booker, the team's managers and admins
     may, as for ending it), 409 `reservation_ended` once it has ended, 400 for an end the booking policy does not
     allow. Extending: 409 `conflict` (with the clashing slots) when another booking or job holds one of its GPUs or
     devices in the added time, 403 `quota_exceeded` when the added hours or cost or the GPUs held at once would
-    exceed the team's quota (soft-limit warnings are not returned: the booking already said them once). Ending
-    earlier gives the rest of the quota hold back. The node agents are told the new end of an active reservation,
+    exceed the team's quota (the soft limits it goes over come back as warnings, as for a booking). Ending earlier
+    gives the rest of the quota hold back. The node agents are told the new end of an active reservation,
     a Slurm pool's mirrored reservation follows on the bridge's next poll, and a `reservation.changed` event says
     both ends."""
     now = timezone.now()
@@ -75,12 +85,13 @@ def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime)
         check_new_end(reservation=reservation, end=end, policy=policy, now=now)
         old_end, new_end = reservation.end, end.astimezone(UTC)
         if new_end == old_end:
-            return reservation
+            return EndChanged(reservation)
         gpu_ids = list(
             reservation.allocations.filter(active=True, end=old_end).order_by("gpu_id").values_list("gpu_id", flat=True)
         )
+        warnings: list[dict[str, Any]] = []
         if new_end > old_end:
-            _check_extension(reservation, gpu_ids=gpu_ids, old_end=old_end, new_end=new_end, user=user)
+            warnings = _check_extension(reservation, gpu_ids=gpu_ids, old_end=old_end, new_end=new_end, user=user)
         try:
             with transaction.atomic():
                 moved = _move_allocations(reservation.pk, old_end=old_end, new_end=new_end)
@@ -102,13 +113,14 @@ def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime)
         if reservation.status == ReservationStatus.ACTIVE:
             send_holds(reservation.pk)
     reservation.refresh_from_db()
-    return reservation
+    return EndChanged(reservation, warnings)
 
 
 def _check_extension(
     reservation: Reservation, *, gpu_ids: list[int], old_end: datetime, new_end: datetime, user: AnyUser
-) -> None:
-    """The added time [old_end, new_end): its quota months and the GPUs locked, then free GPUs and the quota."""
+) -> list[dict[str, Any]]:
+    """The added time [old_end, new_end): its quota months and the GPUs locked, then free GPUs and the quota.
+    Returns the soft-limit warnings."""
     hold = QuotaHold.objects.filter(reservation_id=reservation.pk, active=True).first()
     tz = selectors.local_tz()
     # What the booking counted per hour (its GPUs' fractions and prices); a reservation always has a hold.
@@ -122,7 +134,7 @@ def _check_extension(
     team = reservation.team
     if reservation.gpu_model_id is not None:
         models_allowed(team=team, limits=locked.limits, model_ids={reservation.gpu_model_id})
-    quota_verdicts(
+    return quota_verdicts(
         team=team,
         limits=locked.limits,
         used={m: u.used for m, u in locked.usage.items()},

@@ -495,8 +495,13 @@ async function extendReservation(r) {
   el.mineError.hidden = true;
   const end = new Date(new Date(r.end).getTime() + HOUR).toISOString();
   try {
-    await api(`/api/v1/reservations/${r.id}/`, { method: "PATCH", body: { end } });
+    const changed = await api(`/api/v1/reservations/${r.id}/`, { method: "PATCH", body: { end } });
     await Promise.all([loadMine(), loadTimeline(), refreshInfo()]);
+    const over = (changed.warnings || []).map((w) => w.month);
+    if (over.length) {
+      el.mineError.hidden = false;
+      el.mineError.textContent = `#${r.id} extended. Note: over the soft budget for ${over.join(", ")}.`;
+    }
   } catch (err) {
     el.mineError.hidden = false;
     el.mineError.textContent = err.message;
