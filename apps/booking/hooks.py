@@ -14,6 +14,10 @@ logged and swallowed, so one broken handler cannot stop the others). Default: no
 `on_reservation_rehomed(event)` is called after commit for each reservation a GPU layout change (or a GPU gone
 from its node) moved to other devices or ended (`services/stranded.py`); the efficiency app tells the holder's
 open pages. Same rules.
+
+`on_reservation_shortened(event)` is called after commit when a reservation's end moved earlier
+(`services/reschedule.py`): its GPUs are free from `freed_from` to `freed_until`; the efficiency app offers that
+time to the waitlist at once, as after an early release. Same rules.
 """
 
 from __future__ import annotations
@@ -54,7 +58,18 @@ class ReservationRehomed:
     moved: dict[str, str] = field(default_factory=dict)
 
 
-E = TypeVar("E", ReservationEnded, ReservationRehomed)
+@dataclass(frozen=True)
+class ReservationShortened:
+    """A reservation's end moved from `freed_until` to `freed_from`: its GPUs (or devices) are free in between."""
+
+    reservation_id: int
+    team_id: int
+    gpu_ids: tuple[int, ...]
+    freed_from: datetime
+    freed_until: datetime
+
+
+E = TypeVar("E", ReservationEnded, ReservationRehomed, ReservationShortened)
 
 
 class _Handlers(Generic[E]):
@@ -85,6 +100,7 @@ ReservationEndedHandler = Callable[[ReservationEnded], None]
 _ended: _Handlers[ReservationEnded] = _Handlers("reservation-ended")
 _reservation_ended = _ended.handlers
 _rehomed: _Handlers[ReservationRehomed] = _Handlers("reservation-rehomed")
+_shortened: _Handlers[ReservationShortened] = _Handlers("reservation-shortened")
 
 
 def register_reservation_ended(handler: ReservationEndedHandler) -> ReservationEndedHandler:
@@ -113,3 +129,17 @@ def unregister_reservation_rehomed(handler: Callable[[ReservationRehomed], None]
 
 def on_reservation_rehomed(event: ReservationRehomed) -> None:
     _rehomed.call(event)
+
+
+def register_reservation_shortened(
+    handler: Callable[[ReservationShortened], None],
+) -> Callable[[ReservationShortened], None]:
+    return _shortened.register(handler)
+
+
+def unregister_reservation_shortened(handler: Callable[[ReservationShortened], None]) -> None:
+    _shortened.unregister(handler)
+
+
+def on_reservation_shortened(event: ReservationShortened) -> None:
+    _shortened.call(event)

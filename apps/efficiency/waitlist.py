@@ -1,12 +1,12 @@
 """The waitlist: a member whose booking was refused for lack of GPUs waits for that model, count and window (or for
-that slice: MIG instances of a profile, a share of one GPU); GPUs and slices freed by a release, a reclaim or an
-unused release go to the waitlist first, oldest entry first.
+that slice: MIG instances of a profile, a share of one GPU); GPUs and slices freed by a release, a reclaim, an
+unused release or a shortened booking go to the waitlist first, oldest entry first.
 
-Serving runs right after a reservation ends early (booking's ended-hook, after its commit, sends the task at once)
-and on every idle scan. Each entry is taken under a row lock with SKIP LOCKED, so overlapping serves never handle
-the same entry twice; the booking itself goes through `reservation_create` (its placement lock and the exclusion
-constraint keep two bookings off one GPU). An entry that asked to be booked at once gets a reservation from the
-current booking slot (or its own start) to its end; the others are told the GPUs are free (event
+Serving runs right after a reservation ends early or is shortened (booking's hooks, after its commit, send the task
+at once) and on every idle scan. Each entry is taken under a row lock with SKIP LOCKED, so overlapping serves never
+handle the same entry twice; the booking itself goes through `reservation_create` (its placement lock and the
+exclusion constraint keep two bookings off one GPU). An entry that asked to be booked at once gets a reservation from
+the current booking slot (or its own start) to its end; the others are told the GPUs are free (event
 `waitlist.available`, mail and webhooks, and the live banner) and stay first in line until they book or cancel.
 """
 
@@ -292,5 +292,10 @@ def _on_reservation_ended(event: hooks.ReservationEnded) -> None:
         _nudge()
 
 
+def _on_reservation_shortened(event: hooks.ReservationShortened) -> None:
+    _nudge()
+
+
 def connect() -> None:
     hooks.register_reservation_ended(_on_reservation_ended)
+    hooks.register_reservation_shortened(_on_reservation_shortened)

@@ -74,6 +74,31 @@ def test_refused_member_waits_and_gets_the_freed_gpu(api_as, alice, bob, fleet, 
 
 
 @pytest.mark.django_db
+def test_shortening_a_booking_offers_the_freed_time_at_once(alice, bob, fleet, django_capture_on_commit_callbacks):
+    r = _hold_both_h100(alice)
+    start, end = _slot()
+    later = start + timedelta(hours=1)
+    entry = waitlist_join(
+        user=bob, team=r.team, gpu_model="H100-80GB", gpu_count=2, start=later, end=end, auto_book=True
+    )
+    assert waitlist_serve() == {"booked": [], "notified": []}  # alice holds both until `end`
+
+    get_redis().delete("portal")
+    with django_capture_on_commit_callbacks(execute=True):
+        booking.reservation_change_end(user=alice, reservation_id=r.pk, end=later)
+    assert "efficiency.waitlist_serve" in _broker_tasks("portal")  # nudged now, not at the next idle scan
+
+    assert waitlist_serve()["booked"] == [entry.pk]
+    booked = Reservation.objects.get(pk=WaitlistEntry.objects.get(pk=entry.pk).reservation_id)
+    assert booked.user == bob and booked.start == later and booked.booked_end == end and booked.gpu_count == 2
+
+    get_redis().delete("portal")
+    with django_capture_on_commit_callbacks(execute=True):
+        booking.reservation_change_end(user=bob, reservation_id=booked.pk, end=end + timedelta(hours=1))
+    assert _broker_tasks("portal") == []  # an extension frees nothing
+
+
+@pytest.mark.django_db
 def test_member_who_asked_to_be_told_is_notified(alice, bob, fleet):
     r = _hold_both_h100(alice)
     start, end = _slot()

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from apps.accounts.types import AnyUser
 from apps.audit.services import audit_record
+from apps.booking import hooks, selectors
 from apps.booking import quota as quota_math
-from apps.booking import selectors
 from apps.booking.models import BookingPolicy, QuotaHold, Reservation, ReservationStatus
 from apps.booking.services.agents import send_holds
 from apps.booking.services.conflicts import clashes, held_conflict, is_exclusion_violation, iso, refused_conflict
@@ -75,9 +75,9 @@ def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime)
     allow. Extending: 409 `conflict` (with the clashing slots) when another booking or job holds one of its GPUs or
     devices in the added time, 403 `quota_exceeded` when the added hours or cost or the GPUs held at once would
     exceed the team's quota (the soft limits it goes over come back as warnings, as for a booking). Ending earlier
-    gives the rest of the quota hold back. The node agents are told the new end of an active reservation,
-    a Slurm pool's mirrored reservation follows on the bridge's next poll, and a `reservation.changed` event says
-    both ends."""
+    gives the rest of the quota hold back and offers the freed time to the waitlist. The node agents are told the
+    new end of an active reservation, a Slurm pool's mirrored reservation follows on the bridge's next poll, and a
+    `reservation.changed` event says both ends."""
     now = timezone.now()
     policy = selectors.booking_policy()
     with transaction.atomic():
@@ -112,6 +112,16 @@ def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime)
         publish_reservation("reservation.changed", reservation, status=reservation.status, previous_end=iso(old_end))
         if reservation.status == ReservationStatus.ACTIVE:
             send_holds(reservation.pk)
+        if new_end < old_end:
+            # The waitlist may be waiting for exactly this time; it hears of it after commit, not at its next scan.
+            freed = hooks.ReservationShortened(
+                reservation_id=reservation.pk,
+                team_id=reservation.team_id,
+                gpu_ids=tuple(moved),
+                freed_from=new_end,
+                freed_until=old_end,
+            )
+            transaction.on_commit(lambda: hooks.on_reservation_shortened(freed))
     reservation.refresh_from_db()
     return EndChanged(reservation, warnings)
 
