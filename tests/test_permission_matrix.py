@@ -519,6 +519,7 @@ WS_EXPECTATIONS: dict[str, set[str]] = {
     "ws/fleet/": {"outsider", "member", "manager", "admin", "readonly"},
     "ws/jobs/<int:job_id>/": {"member", "manager", "admin", "readonly"},
     "ws/teams/<slug:slug>/": {"member", "manager", "admin", "readonly"},
+    "ws/bookings/": {"outsider", "member", "manager", "admin", "readonly"},
     "": set(),  # every other path: no stream, closed with 4404 (asked here at "/")
 }
 WS_OBJECT_MAKERS: dict[str, Callable[[Cast], dict[str, Any]]] = {

@@ -1,4 +1,5 @@
-"""Side effects after commit: websocket broadcasts to a job's group, and waking the scheduler.
+"""Side effects after commit: websocket broadcasts to a job's group (through `apps.core.broadcast`, which sends only
+to groups someone watches), and waking the scheduler.
 
 Both are best effort: a broadcast lost while Redis restarts costs a live view a message (the page re-reads on
 reconnect), a lost wake-up costs at most one scheduler interval (the leader passes every second anyway).
@@ -6,16 +7,14 @@ reconnect), a lost wake-up costs at most one scheduler interval (the leader pass
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import threading
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core import broadcast
 from apps.events.services import publish
 
 if TYPE_CHECKING:
@@ -53,102 +52,8 @@ def state_message(job: Job) -> dict[str, Any]:
     }
 
 
-class _Broadcaster:
-    """One event loop thread per process sends the group messages, so a write never waits for Redis.
-
-    async_to_sync per message would build a loop and block the writer (~3 ms each); the scheduler starting fifty
-    jobs, or the worker applying a burst of reports, would pay that fifty times. The channel layer is bound to the
-    loop that uses it, so all sends go through this one loop. Recreated after a fork (Celery's prefork pool).
-
-    Messages queue up while the loop works and go out in batches, in the order they were committed. A batch first
-    asks Redis which of its job groups have a member (one pipelined EXISTS) and sends only to those: most jobs are
-    watched by nobody, and a group_send costs two round trips and a task on the loop even for an empty group
-    (about a fifth of the scheduler's CPU at 45 jobs/s went to broadcasts). A page that joins a group after the
-    check misses nothing: the consumer joins first and then reads the job, which by then has the committed change.
-    """
-
-    def __init__(self) -> None:
-        self.pid = 0
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.lock = threading.Lock()
-        self.pending: list[tuple[int, dict[str, Any]]] = []
-        self.draining = False
-
-    def _ensure(self) -> asyncio.AbstractEventLoop:
-        with self.lock:
-            if self.loop is None or self.pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="job-broadcasts", daemon=True).start()
-                self.loop, self.pid = loop, os.getpid()
-                self.pending, self.draining = [], False
-            return self.loop
-
-    def send(self, job_id: int, message: dict[str, Any]) -> None:
-        loop = self._ensure()
-        with self.lock:
-            self.pending.append((job_id, message))
-            if self.draining:  # the running drain takes it with its next batch
-                return
-            self.draining = True
-        asyncio.run_coroutine_threadsafe(self._drain(), loop)
-
-    async def _drain(self) -> None:
-        # One drain at a time, so a job's messages leave in the order they were queued.
-        from channels.layers import get_channel_layer
-
-        while True:
-            with self.lock:
-                batch, self.pending = self.pending, []
-                if not batch:
-                    self.draining = False
-                    return
-            try:
-                layer = get_channel_layer()
-                if layer is not None:
-                    await _deliver(layer, batch)
-            except Exception:  # a batch lost, never the drain: later messages must still go out
-                logger.exception("broadcasting %d job messages failed", len(batch))
-
-
-async def _deliver(layer: Any, batch: list[tuple[int, dict[str, Any]]]) -> None:
-    watched = await _watched_groups(layer, {group_name(job_id) for job_id, _ in batch})
-    for job_id, message in batch:
-        group = group_name(job_id)
-        if watched is not None and group not in watched:
-            continue
-        try:
-            await layer.group_send(group, {"type": "job.message", "message": message})
-        except Exception as exc:  # a live view missing a message must never fail anything
-            logger.warning("broadcast to job %s failed: %s", job_id, exc)
-
-
-async def _watched_groups(layer: Any, groups: set[str]) -> set[str] | None:
-    """The groups with at least one member, or None when that cannot be asked (then every group is sent to)."""
-    if not all(hasattr(layer, name) for name in ("_group_key", "consistent_hash", "connection")):
-        return None  # not channels-redis's RedisChannelLayer (its group sets are what is asked here)
-    by_connection: dict[int, list[str]] = {}
-    for group in groups:
-        by_connection.setdefault(layer.consistent_hash(group), []).append(group)
-    watched: set[str] = set()
-    try:
-        for index, names in by_connection.items():
-            pipe = layer.connection(index).pipeline(transaction=False)
-            for name in names:
-                pipe.exists(layer._group_key(name))
-            for name, present in zip(names, await pipe.execute(), strict=True):
-                if present:
-                    watched.add(name)
-    except Exception as exc:  # Redis away: the sends would fail as well, and say so
-        logger.warning("asking which job groups are watched failed: %s", exc)
-        return None
-    return watched
-
-
-_broadcaster = _Broadcaster()
-
-
 def _group_send(job_id: int, message: dict[str, Any]) -> None:
-    _broadcaster.send(job_id, message)
+    broadcast.send(group_name(job_id), {"type": "job.message", "message": message})
 
 
 def broadcast_state_on_commit(job: Job) -> None:

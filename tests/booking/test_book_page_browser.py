@@ -231,3 +231,22 @@ def test_a_gpu_the_teams_quota_excludes_is_refused_when_picked(page, live_portal
     page.click("#book-submit")
     page.wait_for_selector("#book-success:not([hidden])")
     assert [a.gpu.uuid for a in Reservation.objects.get().allocations.all()] == ["GPU-small-5"]
+
+
+def test_other_peoples_bookings_reach_the_open_page(page, fleet, vision, bob, charlie, nlp):
+    page.wait_for_selector('#timeline[data-live="1"]')  # the page's /ws/bookings/ socket is in its group
+    start, end = slot(days=1, hour=8, hours=2)
+    # Another team's booking shows on the timeline (as theirs), without a reload.
+    theirs = services.reservation_create(user=charlie, team=nlp, start=start, end=end, gpus=["GPU-big-3"]).reservation
+    other = page.locator('.tl-row[data-gpu-uuid="GPU-big-3"] .tl-slot.other[data-team="nlp"]')
+    other.wait_for()
+    # A teammate's shows as the team's, and in the list of the team's bookings.
+    ours = services.reservation_create(user=bob, team=vision, start=start, end=end, gpus=["GPU-big-4"]).reservation
+    page.locator(f'.tl-slot.mine[data-reservation-id="{ours.pk}"]').wait_for()
+    page.locator(f'#my-reservations tr[data-reservation-id="{ours.pk}"]').wait_for()
+    # Cancelled by their holders: gone from the timeline and the list.
+    services.reservation_end(user=charlie, reservation_id=theirs.pk)
+    other.wait_for(state="detached")
+    services.reservation_end(user=bob, reservation_id=ours.pk)
+    page.wait_for_function(f"() => !document.querySelector('#my-reservations tr[data-reservation-id=\"{ours.pk}\"]')")
+    assert not page.locator(f'.tl-slot[data-reservation-id="{ours.pk}"]').count()

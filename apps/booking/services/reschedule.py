@@ -109,7 +109,7 @@ def reservation_change_end(*, user: AnyUser, reservation_id: int, end: datetime)
             target=reservation,
             data={"from": iso(old_end), "to": iso(new_end), "gpus": len(moved)},
         )
-        publish_reservation("reservation.changed", reservation, status=reservation.status, previous_end=iso(old_end))
+        publish_reservation("reservation.changed", reservation, status=reservation.status, previous_end=old_end)
         if reservation.status == ReservationStatus.ACTIVE:
             send_holds(reservation.pk)
         if new_end < old_end:

@@ -490,6 +490,35 @@ window.addEventListener("portal:reservation-changed", () => {
   Promise.all([loadMine(), loadEnded(), loadTimeline()]).catch(showError);
 });
 
+// Bookings made, changed or ended by anyone (a teammate, another team, the portal) reach this page as they happen:
+// the timeline when the change touches the days shown, the lists and the quota when it is one of the user's teams'.
+// Changes that come together are reloaded together; a reload waits while the user drags on the timeline.
+const live = { timer: null, timeline: false, mine: false, seen: false };
+function liveReload() {
+  live.timer = null;
+  if (state.drag) { live.timer = setTimeout(liveReload, 500); return; }
+  const work = [refreshInfo()];
+  if (live.timeline) work.push(loadTimeline());
+  if (live.mine) work.push(loadMine(), loadEnded());
+  live.timeline = live.mine = false;
+  Promise.all(work).catch(showError);
+}
+window.Portal.liveSocket("/ws/bookings/", (msg) => {
+  if (msg.type === "bookings.watching") {
+    el.timeline.dataset.live = "1"; // changes reach this page from now on (tests wait on it)
+    // On a reconnect (not the first connect) changes may have been missed while away: reload everything.
+    if (live.seen) { live.timeline = live.mine = true; } else { live.seen = true; return; }
+  } else if (msg.type === "bookings.changed") {
+    const touches = new Date(msg.start) < windowEnd() && new Date(msg.end) > state.from;
+    if (!touches && !msg.mine) return;
+    live.timeline = live.timeline || touches;
+    live.mine = live.mine || msg.mine;
+  } else {
+    return;
+  }
+  if (!live.timer) live.timer = setTimeout(liveReload, 300);
+});
+
 // An hour more, when its GPUs are free then and the quota allows it; the portal says why not.
 async function extendReservation(r) {
   el.mineError.hidden = true;

@@ -1,4 +1,5 @@
-"""Job broadcasts go out in batches from one loop thread, in order, and only to job groups someone watches."""
+"""Websocket broadcasts (`apps.core.broadcast`) go out in batches from one loop thread, in order, and only to
+groups someone watches (`portal.internals.channels_groups`); job messages are the example."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.core import RedisChannelLayer
 
+from apps.core import broadcast
 from apps.jobs import events
+from portal.internals.channels_groups import watched_groups
 
 
 @pytest.fixture
@@ -74,7 +77,7 @@ def test_watched_jobs_get_their_messages_in_order_unwatched_ones_cost_no_send(la
 def _drained(timeout: float = 10.0) -> None:
     """Wait until the broadcaster has decided every queued message (sends go out from its loop thread)."""
     deadline = time.monotonic() + timeout
-    while events._broadcaster.draining or events._broadcaster.pending:
+    while not broadcast.broadcaster.idle():
         assert time.monotonic() < deadline, "the broadcaster did not drain"
         time.sleep(0.01)
 
@@ -96,24 +99,24 @@ def test_a_page_that_joins_later_gets_what_follows(layer: Any) -> None:
 def test_every_group_is_sent_to_when_membership_cannot_be_asked() -> None:
     groups = {events.group_name(1), events.group_name(2)}
     unreachable = RedisChannelLayer(hosts=[{"address": "redis://127.0.0.1:1", "socket_connect_timeout": 0.5}])
-    assert async_to_sync(events._watched_groups)(unreachable, groups) is None
-    assert async_to_sync(events._watched_groups)(InMemoryChannelLayer(), groups) is None
+    assert async_to_sync(watched_groups)(unreachable, groups) is None
+    assert async_to_sync(watched_groups)(InMemoryChannelLayer(), groups) is None
 
 
 def test_membership_is_read_from_the_layers_group_sets(layer: Any) -> None:
     job = 910_004
     group = events.group_name(job)
-    assert async_to_sync(events._watched_groups)(layer, {group}) == set()
+    assert async_to_sync(watched_groups)(layer, {group}) == set()
     channel = _join(layer, job)
-    assert async_to_sync(events._watched_groups)(layer, {group, events.group_name(910_005)}) == {group}
+    assert async_to_sync(watched_groups)(layer, {group, events.group_name(910_005)}) == {group}
     _leave(layer, job, channel)
-    assert async_to_sync(events._watched_groups)(layer, {group}) == set()
+    assert async_to_sync(watched_groups)(layer, {group}) == set()
 
 
 def test_a_batch_that_fails_does_not_stop_later_broadcasts(layer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     job = 910_006
     channel = _join(layer, job)
-    original = events._watched_groups
+    original = broadcast.watched_groups
     failures = [RuntimeError("unexpected")]
 
     async def failing_once(layer: Any, groups: set[str]) -> set[str] | None:
@@ -121,7 +124,7 @@ def test_a_batch_that_fails_does_not_stop_later_broadcasts(layer: Any, monkeypat
             raise failures.pop()
         return await original(layer, groups)
 
-    monkeypatch.setattr(events, "_watched_groups", failing_once)
+    monkeypatch.setattr(broadcast, "watched_groups", failing_once)
     try:
         events._group_send(job, {"type": "state", "state": "lost in the failed batch"})
         deadline = time.monotonic() + 10
