@@ -145,6 +145,49 @@ def test_home_page_draws_my_teams_spend_and_lists_my_work(
         assert page.evaluate("window.Portal.amount('2000.0000')") == "2,000.00"
 
 
+def test_reservation_and_job_pages_read_their_own_gpus_live_in_a_large_fleet(
+    live_portal: Any, alice: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More GPUs than one page of the GPU list holds (1,000), and the ones held sort last: each page asks for its
+    own GPUs by uuid and shows what they report now."""
+    from apps.booking import services as booking
+    from apps.fleet.models import Gpu, GpuModel
+    from apps.telemetry.ingest import telemetry_ingest
+    from tests.fleet.util import registered_node, row, telemetry
+
+    node, token = registered_node("zz-last")
+    filler = NodeFactory(name="aaa-first")
+    model = GpuModel.objects.get(name="A100-80GB")
+    Gpu.objects.bulk_create(
+        [
+            Gpu(node=filler, index=i, model=model, uuid=f"GPU-filler-{i:04d}", memory_mib=model.memory_mib)
+            for i in range(1000)
+        ],
+        batch_size=500,
+    )
+    now = timezone.localtime()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0)
+    held = booking.reservation_create(
+        user=alice, team=vision, start=start, end=start + timedelta(hours=2), gpus=["GPU-zz-last-0"]
+    ).reservation
+    booking.reservations_tick(now=timezone.now())
+    job = builders.job(vision, alice, state=JobState.RUNNING, node=node, started_at=timezone.now())
+    job.gpus.set([Gpu.objects.get(uuid="GPU-zz-last-1")])
+    rows = [row("GPU-zz-last-0", util=77, mem=2048), row("GPU-zz-last-1", util=33, mem=4096)]
+    telemetry_ingest(telemetry("zz-last", token, rows))
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/book/reservations/{held.pk}/")
+        page.wait_for_function(
+            "() => document.querySelector('#res-devices tr[data-gpu=\"GPU-zz-last-0\"] .util')?.textContent === '77%'"
+        )
+        assert page.inner_text('#res-devices tr[data-gpu="GPU-zz-last-0"] .mem') == "2.0 GiB"
+        page.goto(f"{live_portal.url}/jobs/{job.pk}/")
+        page.wait_for_function(
+            "() => document.querySelector('#job-gpus tr[data-uuid=\"GPU-zz-last-1\"] .util')?.textContent === '33%'"
+        )
+        assert page.inner_text('#job-gpus tr[data-uuid="GPU-zz-last-1"] .mem') == "4.0 GiB"
+
+
 def test_pdf_statement_downloads_under_its_own_name(
     live_portal: Any, alice: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,13 +60,16 @@ def test_gpus_carry_the_latest_telemetry_in_one_redis_read(api_as, bob, django_a
     assert gpus["GPU-n1-1"]["utilization"] is None and gpus["GPU-n1-1"]["stale"] is True
 
 
-def test_gpus_filter_by_node_model_status(api_as, bob) -> None:
+def test_gpus_filter_by_node_model_status_and_uuids(api_as, bob) -> None:
     registered_node("n1")
     registered_node("n2", ("L40S-48GB",))
     client = api_as(bob, scopes=["read"])
     assert client.get("/api/v1/gpus/?node=n2").json()["count"] == 1
     assert client.get("/api/v1/gpus/?model=H100-80GB").json()["count"] == 1
     assert client.get("/api/v1/gpus/?status=offline").json()["count"] == 0
+    picked = client.get("/api/v1/gpus/?uuid=GPU-n2-0,GPU-n1-1,GPU-nowhere").json()["results"]
+    assert sorted(g["uuid"] for g in picked) == ["GPU-n1-1", "GPU-n2-0"]
+    assert client.get("/api/v1/gpus/?uuid=GPU-nowhere").json()["count"] == 0
     bad = client.get("/api/v1/gpus/?status=sleepy")
     assert bad.status_code == 400 and bad.json()["code"] == "invalid"
 

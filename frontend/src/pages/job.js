@@ -140,7 +140,9 @@ function init() {
   async function refreshGpus() {
     if (!uuids.length || TERMINAL.has(state)) return;
     try {
-      const body = await api("/api/v1/gpus/?limit=1000");
+      // Only its GPUs: a fleet may have more GPUs than one page of the list holds.
+      const q = new URLSearchParams({ uuid: uuids.join(","), limit: String(uuids.length) });
+      const body = await api(`/api/v1/gpus/?${q}`);
       const rows = body.results || body;
       for (const g of rows) {
         if (!uuids.includes(g.uuid)) continue;

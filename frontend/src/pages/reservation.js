@@ -1,7 +1,7 @@
 import { chart, color } from "../lib/charts.js";
 
 // Reservation page: while the reservation holds its GPUs, each device's utilization and memory now, from
-// /api/v1/gpus/ every 2 s. A MIG instance shows its own memory and, where the GPU reads it (GPM, Hopper and later), its
+// /api/v1/gpus/?uuid=... every 2 s. A MIG instance shows its own memory and, where the GPU reads it (GPM, Hopper and later), its
 // own SM activity; a share shows what this reservation's processes use (`share_holders`: known where it is the GPU's
 // only reservation or its holders' uids are known), and its GPU's utilization: NVML has none per share.
 function init() {
@@ -12,7 +12,9 @@ function init() {
   const wanted = new Set(rows.map((tr) => tr.dataset.gpu));
   async function refresh() {
     try {
-      const body = await api("/api/v1/gpus/?limit=1000");
+      // Only its GPUs: a fleet may have more GPUs than one page of the list holds.
+      const q = new URLSearchParams({ uuid: [...wanted].join(","), limit: String(wanted.size) });
+      const body = await api(`/api/v1/gpus/?${q}`);
       for (const g of body.results || body) {
         if (!wanted.has(g.uuid)) continue;
         for (const tr of rows.filter((r) => r.dataset.gpu === g.uuid)) {
