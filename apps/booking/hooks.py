@@ -117,29 +117,11 @@ def on_reservation_ended(event: ReservationEnded) -> None:
     _ended.call(event)
 
 
-def register_reservation_rehomed(
-    handler: Callable[[ReservationRehomed], None],
-) -> Callable[[ReservationRehomed], None]:
-    return _rehomed.register(handler)
+# The other hooks, the same three calls each: register (usable as a decorator), unregister, call every handler.
+register_reservation_rehomed = _rehomed.register
+unregister_reservation_rehomed = _rehomed.unregister
+on_reservation_rehomed = _rehomed.call
 
-
-def unregister_reservation_rehomed(handler: Callable[[ReservationRehomed], None]) -> None:
-    _rehomed.unregister(handler)
-
-
-def on_reservation_rehomed(event: ReservationRehomed) -> None:
-    _rehomed.call(event)
-
-
-def register_reservation_shortened(
-    handler: Callable[[ReservationShortened], None],
-) -> Callable[[ReservationShortened], None]:
-    return _shortened.register(handler)
-
-
-def unregister_reservation_shortened(handler: Callable[[ReservationShortened], None]) -> None:
-    _shortened.unregister(handler)
-
-
-def on_reservation_shortened(event: ReservationShortened) -> None:
-    _shortened.call(event)
+register_reservation_shortened = _shortened.register
+unregister_reservation_shortened = _shortened.unregister
+on_reservation_shortened = _shortened.call
