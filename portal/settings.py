@@ -187,6 +187,9 @@ CHANNEL_LAYERS = {
             "hosts": [{**REDIS.channels_host, "socket_timeout": 15, "max_connections": 1000}],
             "capacity": 500,
             "expiry": 30,
+            # A socket stays in its groups by joining again every quarter of this (apps/core/consumers.py); a
+            # member that died without leaving costs sends until then.
+            "group_expiry": env_int("CHANNELS_GROUP_EXPIRY_S", 86400),
         },
     }
 }

@@ -20,8 +20,6 @@ _TeamUsage = tuple[int, dict[str, Any]]
 class TeamCostConsumer(AuthorizedConsumer[_TeamUsage]):
     """Streams one team's live month-to-date cost to its members and to admins."""
 
-    group: str | None = None
-
     def authorize(self, user: User) -> _TeamUsage | None:
         from apps.billing.selectors import usage_summary
 
@@ -35,14 +33,12 @@ class TeamCostConsumer(AuthorizedConsumer[_TeamUsage]):
         from apps.billing.services import team_group
 
         team_id, usage = found
-        self.group = team_group(team_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join_group(team_group(team_id))
         await self.accept()
         await self._send("team.usage", usage)
 
     async def disconnect(self, code: int) -> None:
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        await self.leave_groups()
 
     async def team_usage(self, event: dict[str, Any]) -> None:
         await self._send("team.usage", event["data"])

@@ -21,7 +21,6 @@ class BookingsConsumer(AuthorizedConsumer[frozenset[int]]):
     """Tells one viewer's Book page when bookings change; which team's, only for the viewer's own teams."""
 
     teams: frozenset[int] = frozenset()
-    joined: bool = False
 
     def authorize(self, user: User) -> frozenset[int]:
         return frozenset(team_ids_of(user))
@@ -29,14 +28,12 @@ class BookingsConsumer(AuthorizedConsumer[frozenset[int]]):
     async def start(self, found: frozenset[int]) -> None:
         self.teams = found
         # Joined before the first message, so a page that reloads on it misses no change made after.
-        await self.channel_layer.group_add(GROUP, self.channel_name)
-        self.joined = True
+        await self.join_group(GROUP)
         await self.accept()
         await self.send_json({"type": "bookings.watching", "ts": now_iso()})
 
     async def disconnect(self, code: int) -> None:
-        if self.joined:
-            await self.channel_layer.group_discard(GROUP, self.channel_name)
+        await self.leave_groups()
 
     async def bookings_changed(self, event: dict[str, Any]) -> None:
         data = event["data"]

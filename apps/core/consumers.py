@@ -7,7 +7,10 @@ socket can show nothing its REST twin would refuse.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from abc import ABC, abstractmethod
 from datetime import UTC, datetime
 from typing import Any, Final, Generic, TypeVar
@@ -16,6 +19,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.accounts.types import User
+
+logger = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED: Final = 4401
 CLOSE_FORBIDDEN: Final = 4403
@@ -83,6 +88,43 @@ class AuthorizedConsumer(AsyncWebsocketConsumer, ABC, Generic[T]):  # type: igno
 
     async def send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content))
+
+    # --- channel-layer groups ---------------------------------------------------------------------------------
+
+    _groups: tuple[str, ...] = ()
+    _keeper: asyncio.Task[None] | None = None
+
+    async def join_group(self, group: str) -> None:
+        """Join a channel-layer group, and stay in it while the socket is open: channels-redis drops a member
+        without a word once it joined longer ago than the layer's `group_expiry` (a day by default), so a page
+        left open on a wall would stop hearing its group. Joining again every quarter of that keeps it in."""
+        await self.channel_layer.group_add(group, self.channel_name)
+        self._groups = (*self._groups, group)
+        if self._keeper is None:
+            self._keeper = asyncio.get_running_loop().create_task(self._stay_joined())
+
+    async def _stay_joined(self) -> None:
+        every = max(1.0, float(getattr(self.channel_layer, "group_expiry", 86400)) / 4)
+        while True:
+            await asyncio.sleep(every)
+            for group in self._groups:
+                try:
+                    await self.channel_layer.group_add(group, self.channel_name)
+                except Exception as exc:  # Redis away for a moment: the next round joins again
+                    logger.warning(
+                        "websocket: could not renew %s's membership of %s: %s", self.channel_name, group, exc
+                    )
+
+    async def leave_groups(self) -> None:
+        """Leave every group joined (call from `disconnect`)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        for group in self._groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self._groups = ()
 
 
 class NoStreamConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # Channels is untyped

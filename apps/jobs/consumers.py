@@ -25,8 +25,6 @@ def _visible_job(user: User, job_id: int) -> Job | None:
 class JobConsumer(AuthorizedConsumer[Job]):
     """Streams one job's state and logs to a viewer who may see the job."""
 
-    joined: bool = False
-
     @property
     def job_id(self) -> int:
         return int(self.scope["url_route"]["kwargs"]["job_id"])
@@ -36,16 +34,14 @@ class JobConsumer(AuthorizedConsumer[Job]):
 
     async def start(self, found: Job) -> None:
         # Join before reading the state we send, so no change can fall between the two.
-        await self.channel_layer.group_add(group_name(self.job_id), self.channel_name)
-        self.joined = True
+        await self.join_group(group_name(self.job_id))
         await self.accept()
         job = await database_sync_to_async(_visible_job)(self.scope["user"], self.job_id)
         if job is not None:
             await self.send_json({**state_message(job), "log_seq": job.log_seq})
 
     async def disconnect(self, code: int) -> None:
-        if self.joined:
-            await self.channel_layer.group_discard(group_name(self.job_id), self.channel_name)
+        await self.leave_groups()
 
     async def job_message(self, event: dict[str, Any]) -> None:
         await self.send_json(event["message"])

@@ -95,3 +95,29 @@ def test_a_token_without_the_read_scope_and_no_sign_in_are_refused(live_portal, 
     jobs_only = {"Authorization": f"Bearer {make_token(bob, ['jobs:write'])}"}
     assert asyncio.run(ws_outcome(url, jobs_only)) == "refused (close 4403)"
     assert asyncio.run(ws_outcome(url, {})) == "refused (close 4401)"
+
+
+def test_a_page_open_longer_than_the_layers_group_expiry_still_hears_changes(fleet, bob, make_token, transactional_db):
+    """channels-redis drops a group member once it joined longer ago than `group_expiry` (a day by default); a
+    socket joins again every quarter of it. Here the expiry is 3 s and the socket waits 7 s before the change."""
+    from tests.conftest import start_live_server
+
+    server = start_live_server(CHANNELS_GROUP_EXPIRY_S="3")
+    try:
+        url = f"{server.ws_url}/ws/bookings/"
+        auth = {"Authorization": f"Bearer {make_token(bob, ['read', 'reservations:write'])}"}
+        start, end = slot(days=1, hour=12)
+
+        def book_later() -> None:
+            import time
+
+            time.sleep(7)
+            resp = requests.post(
+                f"{server.url}/api/v1/reservations/", json=book_body("vision", start=start, end=end), headers=auth
+            )
+            assert resp.status_code == 201, resp.text
+
+        got = asyncio.run(_watch(url, {"bob": make_token(bob, ["read"])}, book_later, 1))
+        assert got["bob"][0]["type"] == "bookings.changed" and got["bob"][0]["mine"] is True
+    finally:
+        server.stop()
