@@ -112,9 +112,8 @@ def test_a_page_open_longer_than_the_layers_group_expiry_still_hears_changes(fle
             import time
 
             time.sleep(7)
-            resp = requests.post(
-                f"{server.url}/api/v1/reservations/", json=book_body("vision", start=start, end=end), headers=auth
-            )
+            body = book_body("vision", start=start, end=end)
+            resp = requests.post(f"{server.url}/api/v1/reservations/", json=body, headers=auth, timeout=30)
             assert resp.status_code == 201, resp.text
 
         got = asyncio.run(_watch(url, {"bob": make_token(bob, ["read"])}, book_later, 1))
