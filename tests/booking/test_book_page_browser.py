@@ -248,5 +248,6 @@ def test_other_peoples_bookings_reach_the_open_page(page, fleet, vision, bob, ch
     services.reservation_end(user=charlie, reservation_id=theirs.pk)
     other.wait_for(state="detached")
     services.reservation_end(user=bob, reservation_id=ours.pk)
+    # The list and the timeline reload side by side: wait for each.
     page.wait_for_function(f"() => !document.querySelector('#my-reservations tr[data-reservation-id=\"{ours.pk}\"]')")
-    assert not page.locator(f'.tl-slot[data-reservation-id="{ours.pk}"]').count()
+    page.locator(f'.tl-slot[data-reservation-id="{ours.pk}"]').wait_for(state="detached")
