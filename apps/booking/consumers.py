@@ -1,10 +1,11 @@
-"""Websocket `/ws/bookings/`: that bookings changed, as they change, for the Book page (apps/booking/live.py).
+"""Websocket `/ws/bookings/`: that bookings changed, as they change, for the Book and reservation pages (live.py).
 
 Every signed-in user with the read scope may watch, as every signed-in user may read the timeline
 (apps/core/consumers.py refuses the others). The socket joins the channel-layer group `bookings` and then sends
 `bookings.watching` (on connect and on every reconnect: a page reloads then, since it may have missed changes).
-Each change comes as `bookings.changed` with `start` and `end` (the time it touches) and `mine` (whether it is a
-booking of one of the viewer's teams). Every message is JSON with `type` and `ts`.
+Each change comes as `bookings.changed` with `start` and `end` (the time it touches), `kind` (`reservation`, or
+`job` for a job outside a reservation starting or ending) and `mine` (whether it is one of the viewer's teams').
+Every message is JSON with `type` and `ts`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class BookingsConsumer(AuthorizedConsumer[frozenset[int]]):
                 "ts": now_iso(),
                 "start": data["start"],
                 "end": data["end"],
+                "kind": data.get("kind", "reservation"),
                 "mine": data["team_id"] in self.teams,
             }
         )

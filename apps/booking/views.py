@@ -134,6 +134,8 @@ def detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
         "started": r.start <= timezone.now(),
         "granularity_s": max(1, selectors.booking_policy().granularity_minutes) * 60,
         "live": r.status == ReservationStatus.ACTIVE,  # the devices' utilization now, polled by the page
+        # Whether the page follows changes others make to it (reservation.js): while it may still change.
+        "follow": r.status in (ReservationStatus.BOOKED, ReservationStatus.ACTIVE),
         "series": {
             "series": series,
             "total": memory_scale or None,

@@ -9,16 +9,18 @@ Lock order (booking's): the team's QuotaUsage rows first, then the GPUs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from apps.booking import live as booking_live
 from apps.booking import services as booking
 from apps.booking.models import AllocationKind, Quota
 from apps.booking.services import devices as booking_devices
 from apps.core import ttlcache
 from apps.core.errors import ValidationFailed
 from apps.fleet.models import Gpu, GpuModel
+from apps.jobs import conf
 
 if TYPE_CHECKING:
     from apps.jobs.models import Job
@@ -43,6 +45,18 @@ def allocate(*, job: Job, gpus: Sequence[Gpu], start: datetime, end: datetime, s
         end=end,
         savepoint=savepoint,
     )
+    booking_live.announce_on_commit(team_id=job.team_id, start=start, end=end, kind="job")
+
+
+def announce_started(jobs: Sequence[Job], *, start: datetime) -> None:
+    """Tell open Book pages (after commit) that these jobs, just given GPUs from `start` outside any reservation,
+    hold them now: one message per team, over the longest of its jobs' windows (a scheduler pass starts many)."""
+    ends: dict[int, datetime] = {}
+    for job in jobs:
+        end = start + timedelta(seconds=job.max_duration_s + conf.ALLOCATION_SLACK_S)
+        ends[job.team_id] = max(end, ends.get(job.team_id, end))
+    for team_id, end in ends.items():
+        booking_live.announce_on_commit(team_id=team_id, start=start, end=end, kind="job")
 
 
 # Team id -> whether any of its quotas caps concurrent GPUs.
@@ -60,7 +74,10 @@ def team_limits_concurrency(team_id: int) -> bool:
 
 def release(*, job: Job, end: datetime) -> None:
     """Cut the job's allocations at `end`: the GPUs are free from then on (idempotent)."""
-    booking.allocations_end_of_job(job_id=job.pk, at=end)
+    if booking.allocations_end_of_job(job_id=job.pk, at=end):
+        # Held until [scheduled_at + its limit + slack] (apps.jobs.services.starting): free from `end` to there.
+        held_until = (job.scheduled_at or end) + timedelta(seconds=job.max_duration_s + conf.ALLOCATION_SLACK_S)
+        booking_live.announce_on_commit(team_id=job.team_id, start=end, end=max(end, held_until), kind="job")
 
 
 # Sorted model names -> (their ids, the dearest one's hourly price).

@@ -251,3 +251,38 @@ def test_other_peoples_bookings_reach_the_open_page(page, fleet, vision, bob, ch
     # The list and the timeline reload side by side: wait for each.
     page.wait_for_function(f"() => !document.querySelector('#my-reservations tr[data-reservation-id=\"{ours.pk}\"]')")
     page.locator(f'.tl-slot[data-reservation-id="{ours.pk}"]').wait_for(state="detached")
+
+
+def test_a_job_outside_a_reservation_reaches_the_open_timeline(page, fleet, vision, bob):
+    """A teammate's job placed outside any reservation holds its GPU on the timeline from its start: the open page
+    shows it without a reload."""
+    from apps.jobs import services as jobs
+    from apps.jobs.models import ContainerImage
+
+    page.wait_for_selector('#timeline[data-live="1"]')
+    ContainerImage.objects.create(name="portal-test/busybox:latest", description="busybox")
+    node = fleet["nodes"]["big"]
+    node.token_digest = "d" * 64  # a registered agent, which the launch command goes to
+    node.save(update_fields=["token_digest"])
+    image = "portal-test/busybox:latest"
+    job = jobs.job_submit(user=bob, team=vision, image=image, command=["true"], max_duration_s=7200)
+    jobs.job_start(job=job, node=node, gpus=[fleet["gpus"]["big/6"]], now=timezone.now())
+    page.locator(f'.tl-row[data-gpu-uuid="GPU-big-6"] .tl-slot.mine[data-job-id="{job.pk}"]').wait_for()
+
+
+def test_the_reservation_page_follows_what_others_do_to_it(page, live_portal, fleet, vision, alice, bob):
+    """Alice has the page of her teammate's reservation open; he moves its end, then cancels it: the page shows each
+    change without her reloading it."""
+    start, end = slot(days=1, hour=9, hours=2)
+    r = services.reservation_create(user=bob, team=vision, start=start, end=end, gpus=["GPU-big-2"]).reservation
+    page.goto(f"{live_portal.url}/book/reservations/{r.pk}/")
+    page.wait_for_selector('#reservation-page[data-following="1"]')
+    later = end + timedelta(hours=1)
+    services.reservation_change_end(user=bob, reservation_id=r.pk, end=later)
+    page.wait_for_function(
+        "(t) => Date.parse(document.querySelector('#reservation-page').dataset.end) === t", arg=later.timestamp() * 1000
+    )
+    page.wait_for_selector('#reservation-page[data-following="1"]')  # the reloaded page's socket
+    services.reservation_end(user=bob, reservation_id=r.pk)
+    page.wait_for_selector("#res-status.status-cancelled")
+    assert page.locator("#end-form").count() == 0  # nothing left to cancel

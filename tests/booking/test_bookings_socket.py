@@ -62,8 +62,8 @@ def test_every_open_page_hears_each_change_and_only_its_own_teams_as_its_own(
     for who, mine in (("alice", True), ("charlie", False)):
         (msg,) = got[who]
         # Nothing names the team, the booker or the reservation: a page reloads what it may see over REST.
-        assert set(msg) == {"type", "ts", "start", "end", "mine"}, msg
-        assert msg["type"] == "bookings.changed" and msg["mine"] is mine
+        assert set(msg) == {"type", "ts", "start", "end", "kind", "mine"}, msg
+        assert msg["type"] == "bookings.changed" and msg["mine"] is mine and msg["kind"] == "reservation"
         assert _at(msg["start"]) == start and _at(msg["end"]) == end
 
     # An extension touches the time to its new end; shortening it again touches the time it gave back.
@@ -86,6 +86,52 @@ def test_every_open_page_hears_each_change_and_only_its_own_teams_as_its_own(
     got = asyncio.run(_watch(url, tokens, cancel, 1))
     assert got["charlie"][0]["mine"] is False and _at(got["charlie"][0]["end"]) == shorter
     assert got["alice"][0]["mine"] is True
+
+
+def test_a_job_outside_a_reservation_is_told_when_it_takes_gpus_and_when_it_gives_them_back(
+    live_portal, fleet, vision, bob, charlie, make_token
+):
+    """A job placed outside any reservation holds its GPUs on the Book timeline from its start to its limit (plus
+    the slack); its start and its end reach open pages as `kind: job`, the end with the time it gave back."""
+    from django.utils import timezone
+
+    from apps.jobs import conf as jobs_conf
+    from apps.jobs import services as jobs
+    from apps.jobs.models import ContainerImage, JobReason, JobState
+
+    ContainerImage.objects.create(name="portal-test/busybox:latest", description="busybox")
+    job = jobs.job_submit(
+        user=bob, team=vision, image="portal-test/busybox:latest", command=["true"], max_duration_s=3600
+    )
+    url = f"{live_portal.ws_url}/ws/bookings/"
+    tokens = {"bob": make_token(bob, ["read"]), "charlie": make_token(charlie, ["read"])}
+    now = timezone.now()
+    limit = now + timedelta(seconds=3600 + jobs_conf.ALLOCATION_SLACK_S)
+    started: dict[str, Any] = {}
+
+    def start() -> None:
+        node = fleet["nodes"]["big"]
+        node.token_digest = "d" * 64  # a registered agent, which the launch command goes to
+        node.save(update_fields=["token_digest"])
+        started["job"] = jobs.job_start(job=job, node=node, gpus=[fleet["gpus"]["big/0"]], now=now)
+
+    got = asyncio.run(_watch(url, tokens, start, 1))
+    for who, mine in (("bob", True), ("charlie", False)):
+        (msg,) = got[who]
+        assert (msg["type"], msg["kind"], msg["mine"]) == ("bookings.changed", "job", mine), msg
+        assert (_at(msg["start"]), _at(msg["end"])) == (now, limit)
+
+    ended: dict[str, Any] = {}
+
+    def finish() -> None:
+        running = jobs.job_transition(started["job"], JobState.RUNNING)
+        done = jobs.job_transition(running, JobState.SUCCEEDED, reason=JobReason.EXIT_CODE, exit_code=0)
+        ended["at"] = done.ended_at
+
+    got = asyncio.run(_watch(url, tokens, finish, 1))
+    for who in ("bob", "charlie"):
+        (msg,) = got[who]
+        assert msg["kind"] == "job" and (_at(msg["start"]), _at(msg["end"])) == (ended["at"], limit), msg
 
 
 def test_a_token_without_the_read_scope_and_no_sign_in_are_refused(live_portal, bob, make_token):

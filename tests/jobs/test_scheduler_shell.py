@@ -95,6 +95,29 @@ def test_a_pass_starts_many_jobs_in_one_batch_each_as_one_start_would(
     assert len(callbacks) >= 2 * len(jobs)  # a launch and a websocket state message per job
 
 
+@pytest.mark.django_db
+def test_a_batch_tells_open_book_pages_once_per_team_over_its_longest_job(
+    alice, charlie, vision, nlp, submit, sent, monkeypatch
+):
+    """Jobs outside reservations show on the Book timeline; a pass that starts many says so once per team
+    (apps.booking.live), over the window its jobs hold, not once per job."""
+    from apps.booking import live
+
+    told: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(live.broadcast, "send_on_commit", lambda group, message: told.append((group, message)))
+    submit(alice, vision, max_duration_s=600)
+    submit(alice, vision, max_duration_s=1200)
+    submit(charlie, nlp, max_duration_s=900)
+    result = one_pass()
+    assert len(result.started) == 3 and not result.refused
+    by_team = {m["data"]["team_id"]: m for _, m in told}
+    assert [g for g, _ in told] == ["bookings", "bookings"] and set(by_team) == {vision.pk, nlp.pk}
+    for team, limit in ((vision, 1200), (nlp, 900)):
+        data = by_team[team.pk]["data"]
+        start, end = (timezone.datetime.fromisoformat(data[k]) for k in ("start", "end"))
+        assert data["kind"] == "job" and end - start == timedelta(seconds=limit + conf.ALLOCATION_SLACK_S)
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("count", [1, 3])
 def test_a_pass_takes_one_savepoint_per_start_or_batch_and_no_nested_ones(alice, vision, submit, sent, count):

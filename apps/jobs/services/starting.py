@@ -176,6 +176,7 @@ def jobs_start_many(*, items: Sequence[StartItem], now: datetime, savepoint: boo
             ],
             savepoint=False,  # inside this function's own transaction or savepoint, or the caller's
         )
+        occupancy.announce_started([item.job for item in items], start=now)
         for item in items:
             job = item.job
             for name, value in common.items():

@@ -319,7 +319,7 @@ function drawTimeline() {
         : `${s.team}\n${span(s.start, s.end)}`;
       track.append(h("div", {
         class: `tl-slot ${s.mine ? "mine" : "other"}`, style: `left:${l}%;width:${Math.max(r - l, 0.3)}%${lane}`, title,
-        "data-reservation-id": s.reservation_id, "data-team": s.team,
+        "data-reservation-id": s.reservation_id, "data-job-id": s.job_id, "data-team": s.team,
       }, label));
     }
     if (now > state.from.getTime() && now < windowEnd().getTime()) track.append(h("div", { class: "tl-now", style: `left:${pct(now)}%` }));
@@ -490,8 +490,9 @@ window.addEventListener("portal:reservation-changed", () => {
   Promise.all([loadMine(), loadEnded(), loadTimeline()]).catch(showError);
 });
 
-// Bookings made, changed or ended by anyone (a teammate, another team, the portal) reach this page as they happen:
-// the timeline when the change touches the days shown, the lists and the quota when it is one of the user's teams'.
+// Bookings made, changed or ended by anyone (a teammate, another team, the portal), and jobs outside reservations
+// taking or leaving GPUs, reach this page as they happen: the timeline when the change touches the days shown, the
+// lists when it is one of the user's teams' reservations.
 // Changes that come together are reloaded together; a reload waits while the user drags on the timeline.
 const live = { timer: null, timeline: false, mine: false, seen: false };
 function liveReload() {
@@ -512,7 +513,7 @@ window.Portal.liveSocket("/ws/bookings/", (msg) => {
     const touches = new Date(msg.start) < windowEnd() && new Date(msg.end) > state.from;
     if (!touches && !msg.mine) return;
     live.timeline = live.timeline || touches;
-    live.mine = live.mine || msg.mine;
+    live.mine = live.mine || (msg.mine && msg.kind !== "job"); // a job outside a reservation shows on the timeline only
   } else {
     return;
   }

@@ -41,6 +41,43 @@ function init() {
 
 document.addEventListener("DOMContentLoaded", init);
 
+// While the reservation may still change, the page follows what others do to it (a teammate or a manager moves its
+// end, an admin cancels it, the portal starts, moves or reclaims it): the bookings socket says that bookings
+// changed in a window; when the window touches this one, the page asks the API whether this reservation changed
+// and reloads if it did (the socket never says whose booking changed). A reload waits while its end is being edited.
+function follow() {
+  const root = document.getElementById("reservation-page");
+  if (!root || root.dataset.follow !== "true") return;
+  const { api, liveSocket } = window.Portal;
+  const start = new Date(root.dataset.start);
+  const end = new Date(root.dataset.end);
+  const shown = (status, s, e) => `${status}|${new Date(s).getTime()}|${new Date(e).getTime()}`;
+  const onPage = shown(root.dataset.status, start, end);
+  let timer = null;
+  let seen = false;
+  async function check() {
+    timer = null;
+    if (document.activeElement && document.activeElement.id === "change-end") { timer = setTimeout(check, 1000); return; }
+    try {
+      const r = await api(`/api/v1/reservations/${root.dataset.reservation}/`);
+      if (shown(r.status, r.start, r.end) !== onPage) location.reload();
+    } catch (e) { /* away for a moment, or no longer the user's to see: the next change or a reload tells */ }
+  }
+  liveSocket("/ws/bookings/", (msg) => {
+    if (msg.type === "bookings.watching") {
+      root.dataset.following = "1"; // changes reach this page from now on (tests wait on it)
+      if (!seen) { seen = true; return; } // on a reconnect, check: a change may have come while away
+    } else if (msg.type === "bookings.changed") {
+      if (msg.kind === "job" || new Date(msg.start) > end || new Date(msg.end) < start) return;
+    } else {
+      return;
+    }
+    if (!timer) timer = setTimeout(check, 300);
+  });
+}
+
+document.addEventListener("DOMContentLoaded", follow);
+
 // Its devices' use over its window (apps.telemetry.selectors.devices_series), put in the page by the server.
 function useChart() {
   const el = document.getElementById("reservation-series");
