@@ -193,6 +193,9 @@ CHANNEL_LAYERS = {
         },
     }
 }
+# An open websocket checks again that its user may still watch it at once when a user, team, membership or token
+# changes, and every this many seconds besides (expiring tokens and sessions, signing out): apps/core/socket_access.py.
+WS_ACCESS_RECHECK_S = env_int("WS_ACCESS_RECHECK_S", 300)
 
 # --- Celery ------------------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS.celery_url

@@ -33,6 +33,9 @@ class BookingsConsumer(AuthorizedConsumer[frozenset[int]]):
         await self.accept()
         await self.send_json({"type": "bookings.watching", "ts": now_iso()})
 
+    async def reauthorized(self, found: frozenset[int]) -> None:
+        self.teams = found  # joined or left a team while the page was open: `mine` follows
+
     async def disconnect(self, code: int) -> None:
         await self.leave_groups()
 

@@ -19,12 +19,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.accounts.types import User
+from apps.core import socket_access
+from apps.core.socket_access import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 
 logger = logging.getLogger(__name__)
 
-CLOSE_UNAUTHENTICATED: Final = 4401
-CLOSE_FORBIDDEN: Final = 4403
-CLOSE_NOT_FOUND: Final = 4404
 MAX_PING_BYTES: Final = 512
 
 T = TypeVar("T")
@@ -45,6 +44,9 @@ class AuthorizedConsumer(AsyncWebsocketConsumer, ABC, Generic[T]):  # type: igno
     A refusal accepts, then closes: a browser then sees the code (and stops retrying) instead of an opaque 1006.
     Subclasses implement `authorize(user)`, which runs on a worker thread (it may use the ORM) and returns what
     the socket streams or None, and `start(found)`, which joins groups, accepts and sends the first message.
+
+    Once open, the socket checks again when access may have changed (apps/core/socket_access.py) and closes with
+    the same codes when it no longer holds; `reauthorized(found)` hears what `authorize` finds then.
     """
 
     required_scope: str = "read"
@@ -63,6 +65,52 @@ class AuthorizedConsumer(AsyncWebsocketConsumer, ABC, Generic[T]):  # type: igno
             await self.refuse(CLOSE_NOT_FOUND)
             return
         await self.start(found)
+        self._access_changed = asyncio.Event()
+        self._access_watch = asyncio.get_running_loop().create_task(self._watch_access())
+        socket_access.register(self)
+
+    # --- access that changes while the socket is open ------------------------------------------------------------
+
+    _access_changed: asyncio.Event | None = None
+    _access_watch: asyncio.Task[None] | None = None
+
+    def access_may_have_changed(self) -> None:
+        """A user, team, membership or token changed somewhere (called on this socket's event loop)."""
+        if self._access_changed is not None:
+            self._access_changed.set()
+
+    async def _watch_access(self) -> None:
+        assert self._access_changed is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._access_changed.wait(), socket_access.next_wait_s())
+                await asyncio.sleep(socket_access.SETTLE_S)  # the rest of a burst of changes: one check
+            self._access_changed.clear()
+            try:
+                code, found = await database_sync_to_async(socket_access.access_now)(self)
+            except Exception as exc:  # the database away for a moment: the next change or round checks again
+                logger.warning("websocket: could not check %s's access again: %s", self.channel_name, exc)
+                continue
+            if code:
+                logger.info("websocket: access ended (%s); closing %s", code, self.scope.get("path", ""))
+                await self.close(code=code)
+                return
+            await self.reauthorized(found)
+
+    async def reauthorized(self, found: T) -> None:
+        """What `authorize` finds now that access was checked again (the user's teams may have changed)."""
+
+    async def stop_watching_access(self) -> None:
+        socket_access.unregister(self)
+        if self._access_watch is not None and self._access_watch is not asyncio.current_task():
+            self._access_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._access_watch
+        self._access_watch = None
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        await self.stop_watching_access()
+        await super().websocket_disconnect(message)
 
     @abstractmethod
     def authorize(self, user: User) -> T | None:

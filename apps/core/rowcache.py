@@ -15,6 +15,9 @@ start, database restart, a silent network failure, a pooler that swallows notifi
 a notification to itself and counts as alive only while they come back), nothing is served from the cache and every
 lookup goes to the database. Entries also expire after MAX_AGE_S, a backstop should a notification ever be lost.
 
+Others in the process may hear the same notifications (`subscribe`): open websockets check again who may watch
+them when a user, a team, a membership or a token changes (apps/core/socket_access.py).
+
 Lookups inside a transaction (`atomic`) skip the cache: that transaction may itself have changed the rows, and
 its notification is only sent at commit. On by default in the web process (portal/asgi.py); `DB_ROW_CACHE=0`
 turns it off.
@@ -26,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -46,6 +49,26 @@ ALIVE_FOR_S = 3 * HEARTBEAT_S
 MAX_AGE_S = 60.0
 MAX_ENTRIES = 20_000  # past this, the least recently used go (a cache this size is a few MB)
 RECONNECT_MAX_S = 10.0
+
+
+# Called on the listener thread with the changed table's name, or "" after a reconnect (anything may have changed
+# while nobody listened). They must return at once (hand the work to their own thread or event loop).
+_subscribers: list[Callable[[str], None]] = []
+
+
+def subscribe(callback: Callable[[str], None]) -> None:
+    """Hear every change notification this process's listener receives (starts the listener where it is on)."""
+    if callback not in _subscribers:
+        _subscribers.append(callback)
+    listener()
+
+
+def _tell(table: str) -> None:
+    for callback in list(_subscribers):
+        try:
+            callback(table)
+        except Exception:
+            logger.exception("row cache listener: a subscriber failed on %r", table)
 
 
 class _Listener:
@@ -95,6 +118,8 @@ class _Listener:
                     conn.execute(f"LISTEN {CHANNEL}")
                     # Whatever changed while nobody listened: start from nothing.
                     self.invalidate()
+                    if self.connections:
+                        _tell("")
                     self.connections += 1
                     backoff = 0.25
                     self._listen(conn)
@@ -132,6 +157,7 @@ class _Listener:
                 self.invalidate()
                 self.last_payload = notify.payload
                 self.notifications += 1
+                _tell(notify.payload)
 
 
 _listener: _Listener | None = None

@@ -58,8 +58,18 @@ class FleetConsumer(AuthorizedConsumer[Viewer]):
 
     async def start(self, found: Viewer) -> None:
         await self.accept()
-        self._sub = get_fanout().attach(found)
+        self._attach(found)
+
+    def _attach(self, viewer: Viewer) -> None:
+        self._sub = get_fanout().attach(viewer)
         self._pump = asyncio.get_running_loop().create_task(self._send_loop(self._sub))
+
+    async def reauthorized(self, found: Viewer) -> None:
+        """The user's teams (or admin rights) changed while watching: from now on, the holders they now see."""
+        if self._sub is None or self._sub.viewer == found:
+            return
+        await self._detach()
+        self._attach(found)
 
     async def _send_loop(self, sub: Subscriber) -> None:
         # One sender per socket: when this client stops reading, only this task waits (the server pauses the
@@ -94,10 +104,14 @@ class FleetConsumer(AuthorizedConsumer[Viewer]):
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
         # The base class ends with another close_old_connections hop; nothing here holds a connection.
+        await self.stop_watching_access()
         await self.disconnect(message.get("code", 1000))
         raise StopConsumer()
 
     async def disconnect(self, code: int) -> None:
+        await self._detach()
+
+    async def _detach(self) -> None:
         if self._sub is not None:
             get_fanout().detach(self._sub)
             self._sub = None

@@ -47,4 +47,4 @@ window.Portal.liveSocket(`/ws/teams/${slug}/`, (msg) => {
     li.textContent = `${msg.title} — ${msg.body}`;
     list.prepend(li);
   }
-}, { onState: (s) => { state.textContent = s === "open" ? "live" : "reconnecting…"; state.classList.toggle("live", s === "open"); } });
+}, { onState: (s) => { state.textContent = s === "open" ? "live" : s === "refused" ? "not live: reload the page" : "reconnecting…"; state.classList.toggle("live", s === "open"); } });

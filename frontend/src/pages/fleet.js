@@ -404,7 +404,7 @@ let liveText = "";
 function drawLive() {
   let s = state.socket;
   if (s === "open" && state.lastMessageAt && performance.now() - state.lastMessageAt > 5000) s = "stale";
-  const label = { connecting: "connecting…", open: "live", stale: "no updates", closed: "reconnecting…" }[s] || s;
+  const label = { connecting: "connecting…", open: "live", stale: "no updates", closed: "reconnecting…", refused: "not live: reload the page" }[s] || s;
   const txt = state.skipped ? `${label} · ${state.skipped} skipped` : label;
   if (txt !== liveText) {
     liveText = txt;

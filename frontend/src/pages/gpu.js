@@ -309,7 +309,7 @@ liveSocket("/ws/fleet/", (msg) => {
 }, {
   onState: (s) => {
     live.dataset.state = s;
-    live.textContent = s === "open" ? "live" : s === "closed" ? "reconnecting…" : s;
+    live.textContent = s === "open" ? "live" : s === "closed" ? "reconnecting…" : s === "refused" ? "not live: reload the page" : s;
   },
 });
 setInterval(() => {

@@ -20,7 +20,7 @@ function init() {
 
   // A finished job's socket stays open for the last lines an agent may still send; "live" would say it runs.
   function drawStatus() {
-    if (socketState !== "open") status.textContent = socketState === "connecting" ? "connecting…" : "reconnecting…";
+    if (socketState !== "open") status.textContent = { connecting: "connecting…", refused: "not live: reload the page" }[socketState] || "reconnecting…";
     else status.textContent = TERMINAL.has(state) ? "ended" : "live";
     status.title = TERMINAL.has(state) ? "The job has ended; lines it wrote last still appear here" : "";
   }
@@ -118,7 +118,7 @@ function init() {
     }
   }, {
     onState: (s) => {
-      socketState = s === "open" ? "open" : "closed";
+      socketState = s === "open" || s === "refused" ? s : "closed";
       drawStatus();
       if (s === "open") catchUp();
     },
