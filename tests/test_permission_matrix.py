@@ -517,6 +517,7 @@ def test_expectations_name_only_existing_routes() -> None:
 # pattern -> roles that may connect (everyone else is refused). Per-object routes are asked about team vision's.
 WS_EXPECTATIONS: dict[str, set[str]] = {
     "ws/fleet/": {"outsider", "member", "manager", "admin", "readonly"},
+    "ws/jobs/": {"outsider", "member", "manager", "admin", "readonly"},  # each hears only its own teams' jobs
     "ws/jobs/<int:job_id>/": {"member", "manager", "admin", "readonly"},
     "ws/teams/<slug:slug>/": {"member", "manager", "admin", "readonly"},
     "ws/bookings/": {"outsider", "member", "manager", "admin", "readonly"},

@@ -20,14 +20,11 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from django.conf import settings
 
 from apps.core import rowcache
-
-if TYPE_CHECKING:
-    from apps.core.consumers import AuthorizedConsumer
 
 CLOSE_UNAUTHENTICATED: Final = 4401
 CLOSE_FORBIDDEN: Final = 4403
@@ -36,22 +33,35 @@ CLOSE_NOT_FOUND: Final = 4404
 ACCESS_TABLES: Final = frozenset({"auth_user", "accounts_team", "accounts_membership", "accounts_apitoken"})
 SETTLE_S: Final = 0.2  # a burst of changes (a directory sync's memberships) is checked once, this long after
 
+
+
+class Socket(Protocol):
+    """What this module needs of an open socket (apps.core.consumers.AuthorizedConsumer)."""
+
+    scope: dict[str, Any]
+    required_scope: str
+
+    def authorize(self, user: Any) -> Any: ...
+
+    def access_may_have_changed(self) -> None: ...
+
+
 _lock = threading.Lock()
-_open: dict[AuthorizedConsumer[Any], asyncio.AbstractEventLoop] = {}
+_open: dict[Socket, asyncio.AbstractEventLoop] = {}
 
 
 def recheck_every_s() -> float:
     return max(1.0, float(getattr(settings, "WS_ACCESS_RECHECK_S", 300)))
 
 
-def register(consumer: AuthorizedConsumer[Any]) -> None:
+def register(consumer: Socket) -> None:
     """Follow access changes for an accepted socket (from its event loop)."""
     with _lock:
         _open[consumer] = asyncio.get_running_loop()
     rowcache.subscribe(_changed)  # once per process; starts the listener where the row cache is on
 
 
-def unregister(consumer: AuthorizedConsumer[Any]) -> None:
+def unregister(consumer: Socket) -> None:
     with _lock:
         _open.pop(consumer, None)
 
@@ -75,7 +85,7 @@ def next_wait_s() -> float:
     return recheck_every_s() * random.uniform(0.75, 1.25)  # spreading load, not a secret
 
 
-def access_now(consumer: AuthorizedConsumer[Any]) -> tuple[int, Any]:
+def access_now(consumer: Socket) -> tuple[int, Any]:
     """(close code, None) when the socket may no longer stream; (0, what authorize() now finds) when it may.
     Reads the database: call on a worker thread."""
     from django.contrib.auth import get_user_model

@@ -8,6 +8,7 @@ reconnect), a lost wake-up costs at most one scheduler interval (the leader pass
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +57,41 @@ def _group_send(job_id: int, message: dict[str, Any]) -> None:
     broadcast.send(group_name(job_id), {"type": "job.message", "message": message})
 
 
+# The Jobs list (`/ws/jobs/`, JobListConsumer) hears of every state change of its viewer's teams' jobs (admins:
+# all jobs) through one group per team and one for admins.
+LIST_GROUP_ALL = "jobs.all"
+
+
+def list_group(team_id: int) -> str:
+    return f"jobs.team.{team_id}"
+
+
+def _list_sender(job: Job) -> Callable[[], None]:
+    """Sends, when called, the job's state as it is now to the Jobs lists that may show it."""
+    team_group = list_group(job.team_id)
+    changed = {"type": "jobs.changed", "data": {"job": job.pk, "state": job.state}}
+
+    def send() -> None:
+        broadcast.send(team_group, changed)
+        broadcast.send(LIST_GROUP_ALL, changed)
+
+    return send
+
+
 def broadcast_state_on_commit(job: Job) -> None:
     message = state_message(job)
-    transaction.on_commit(lambda: _group_send(job.pk, message))
+    to_lists = _list_sender(job)
+
+    def send() -> None:
+        _group_send(job.pk, message)
+        to_lists()
+
+    transaction.on_commit(send)
+
+
+def broadcast_submitted_on_commit(job: Job) -> None:
+    """A new job: only the Jobs lists can be watching it."""
+    transaction.on_commit(_list_sender(job))
 
 
 def broadcast_logs_on_commit(job_id: int, lines: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from apps.booking.models import Quota
 from apps.fleet.models import Node
 from apps.jobs.models import JobState
 from tests.billing import helpers
-from tests.factories import MembershipFactory, NodeFactory
+from tests.factories import GpuFactory, MembershipFactory, NodeFactory
 from tests.pages import builders
 
 # The marks of a test that drives Chromium (other modules' browser tests use them too).
@@ -268,3 +268,25 @@ def test_django_admin_pages_render_under_the_content_security_policy(
         page.goto(live_portal.url + "/admin/fleet/node/")
         page.check("#action-toggle")  # the change list's select-all: admin's actions.js runs
         assert page.locator("input.action-select:checked").count() == 1
+
+
+def test_the_jobs_list_follows_its_teams_jobs_without_a_reload(
+    live_portal: Any, alice: Any, bob: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A teammate submits a job while the Jobs list is open: its row appears; it starts and ends: the row says so.
+    The page is the same document throughout (no reload)."""
+    from apps.jobs import services as jobs
+    from apps.jobs.models import ContainerImage, JobReason
+
+    ContainerImage.objects.create(name="local/process", description="process runtime")
+    GpuFactory(node=NodeFactory(name="node01"), index=0)
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/jobs/")
+        page.wait_for_selector('#jobs-table[data-live="1"]')
+        page.evaluate("() => { window.__sameDocument = true; }")
+        job = jobs.job_submit(user=bob, team=vision, image="local/process", command=["true"], max_duration_s=600)
+        row = f'#jobs-table tr[data-job="{job.pk}"]'
+        page.wait_for_selector(f"{row} .badge.state-queued")
+        job = jobs.job_transition(job, JobState.CANCELLED, reason=JobReason.CANCELLED, message="by bob")
+        page.wait_for_selector(f"{row} .badge.state-cancelled")
+        assert page.evaluate("() => window.__sameDocument") is True

@@ -362,6 +362,7 @@ def job_submit(
             job.save(force_insert=True)
             JobEvent.objects.create(job=job, at=now, from_state="", to_state=JobState.QUEUED)
             events.publish_state(job)
+            events.broadcast_submitted_on_commit(job)
             if reservation is None:
                 # A job inside a reservation runs on hours the reservation already counted.
                 occupancy.quota_hold(job=job, start=now, end=now + timedelta(seconds=duration), quotas=quotas)
