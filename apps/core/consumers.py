@@ -65,42 +65,43 @@ class AuthorizedConsumer(AsyncWebsocketConsumer, ABC, Generic[T]):  # type: igno
             await self.refuse(CLOSE_NOT_FOUND)
             return
         await self.start(found)
-        self._access_changed = asyncio.Event()
-        self._access_watch = asyncio.get_running_loop().create_task(self._watch_access())
+        self._access_watch = asyncio.get_running_loop().create_task(self._recheck_periodically())
         socket_access.register(self)
 
     # --- access that changes while the socket is open ------------------------------------------------------------
 
-    _access_changed: asyncio.Event | None = None
     _access_watch: asyncio.Task[None] | None = None
+    _access_ended = False
 
-    def access_may_have_changed(self) -> None:
-        """A user, team, membership or token changed somewhere (called on this socket's event loop)."""
-        if self._access_changed is not None:
-            self._access_changed.set()
-
-    async def _watch_access(self) -> None:
-        assert self._access_changed is not None
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._access_changed.wait(), socket_access.next_wait_s())
-                await asyncio.sleep(socket_access.SETTLE_S)  # the rest of a burst of changes: one check
-            self._access_changed.clear()
+    async def _recheck_periodically(self) -> None:
+        """For what no row change announces (a token or session expiring, a sign-out); changes of users, teams,
+        memberships and tokens are checked at once, for all sockets together (socket_access)."""
+        while not self._access_ended:
+            await asyncio.sleep(socket_access.next_wait_s())
             try:
-                code, found = await database_sync_to_async(socket_access.access_now)(self)
-            except Exception as exc:  # the database away for a moment: the next change or round checks again
+                (verdict,) = await database_sync_to_async(socket_access.access_now_many)([self])
+            except Exception as exc:  # the database away for a moment: the next round checks again
                 logger.warning("websocket: could not check %s's access again: %s", self.channel_name, exc)
                 continue
-            if code:
-                logger.info("websocket: access ended (%s); closing %s", code, self.scope.get("path", ""))
-                await self.close(code=code)
-                return
+            await self.apply_access(*verdict)
+
+    async def apply_access(self, code: int, found: T | None) -> None:
+        """The outcome of checking access again: close with `code`, or go on with what `authorize` found now."""
+        if self._access_ended:
+            return
+        if code:
+            self._access_ended = True
+            socket_access.unregister(self)
+            logger.info("websocket: access ended (%s); closing %s", code, self.scope.get("path", ""))
+            await self.close(code=code)
+        elif found is not None:
             await self.reauthorized(found)
 
     async def reauthorized(self, found: T) -> None:
         """What `authorize` finds now that access was checked again (the user's teams may have changed)."""
 
     async def stop_watching_access(self) -> None:
+        self._access_ended = True  # a batch check already under way finds it gone
         socket_access.unregister(self)
         if self._access_watch is not None and self._access_watch is not asyncio.current_task():
             self._access_watch.cancel()
