@@ -10,8 +10,13 @@ class AccountsConfig(AppConfig):
 
     def ready(self) -> None:
         from django.conf import settings
+        from django.contrib.auth.signals import user_logged_out
 
         from apps.accounts import schema  # noqa: F401 - registers the OpenAPI security schemes
+        from apps.core import socket_access
+
+        # Signing out ends the websockets that session opened (the browser's other tabs), at once.
+        user_logged_out.connect(socket_access.signed_out, dispatch_uid="socket-access-signed-out")
 
         # Hourly is plenty for a retention counted in days; the message expires with its period.
         settings.CELERY_BEAT_SCHEDULE.setdefault(

@@ -6,9 +6,10 @@ streaming, and a page's idea of "my team's bookings" would stay as it was. So ea
 
 - at once, when a user, a team, a membership or a token changes: the web process already hears every such change
   from PostgreSQL (the row cache's LISTEN, apps/core/rowcache.py; the triggers also see the admin's and directory
-  sync's changes and an administrator's SQL); a burst of changes is one check;
+  sync's changes and an administrator's SQL); and when someone signs out (`signed_out` notifies the same way); a
+  burst of changes is one check;
 - and every `WS_ACCESS_RECHECK_S` (5 minutes by default, spread out), for what no row change announces: a token
-  or a session that expires, a sign-out elsewhere, and a process whose row cache is off (`DB_ROW_CACHE=0`).
+  or a session that expires, and a process whose row cache is off (`DB_ROW_CACHE=0`).
 
 A check reads the user, the token or the session and `authorize()` again, as on connect, and says how the socket
 must close when it fails (4401: signed out, deactivated, token revoked or expired; 4403: the token lost the scope;
@@ -35,9 +36,12 @@ CLOSE_UNAUTHENTICATED: Final = 4401
 CLOSE_FORBIDDEN: Final = 4403
 CLOSE_NOT_FOUND: Final = 4404
 # The tables whose rows decide who may watch what (the row cache's triggers notify with the table's name).
-ACCESS_TABLES: Final = frozenset({"auth_user", "accounts_team", "accounts_membership", "accounts_apitoken"})
+ACCESS_TABLES: Final = frozenset(
+    {"auth_user", "accounts_team", "accounts_membership", "accounts_apitoken", "django_session"}
+)
 SETTLE_S: Final = 0.2  # a burst of changes (a directory sync's memberships) is checked once, this long after
 TOKENS: Final = "accounts_apitoken"
+SESSIONS: Final = "django_session"  # no trigger: sent on signing out (`signed_out`)
 
 
 class Socket(Protocol):
@@ -106,8 +110,10 @@ async def _check_loop(loop: asyncio.AbstractEventLoop) -> None:
     with _lock:
         tables = _pending.pop(loop, set())
         sockets = [s for s, at in _open.items() if at is loop]
-    if tables == {TOKENS}:  # only tokens changed: a socket signed in by its session holds none
+    if not tables - {TOKENS}:  # only tokens changed: a socket signed in by its session holds none
         sockets = [s for s in sockets if s.scope.get("token") is not None]
+    elif not tables - {SESSIONS}:  # only a sign-out: a socket signed in by a token is not affected
+        sockets = [s for s in sockets if s.scope.get("token") is None]
     if not sockets:
         return
     try:
@@ -120,6 +126,16 @@ async def _check_loop(loop: asyncio.AbstractEventLoop) -> None:
             await socket.apply_access(code, found)
         except Exception:  # one socket failing to close must not keep the others open
             logger.exception("websocket: applying an access check failed")
+
+
+def signed_out(sender: Any = None, **kwargs: Any) -> None:
+    """Django's `user_logged_out` signal: the session is gone, so that browser's other open pages must stop
+    streaming. Sessions have no trigger (every request may write one), so the sign-out notifies through the same
+    channel itself; every web process checks its session-signed sockets again."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [rowcache.CHANNEL, SESSIONS])
 
 
 def next_wait_s() -> float:

@@ -145,3 +145,17 @@ def test_an_expired_token_and_a_signed_out_session_end_at_the_next_check(vision,
         assert asyncio.run(_close_code_after(url, cookie, sign_out_elsewhere)) == 4401
     finally:
         server.stop()
+
+
+def test_signing_out_ends_the_sessions_sockets_at_once(live_portal, vision, bob):
+    """The browser's other tabs: signing out in one closes the sockets its session opened, without waiting for
+    the periodic check (5 minutes here)."""
+    client = Client()
+    client.force_login(bob)
+    cookie = {"Cookie": f"sessionid={client.cookies['sessionid'].value}", "Origin": live_portal.url}
+
+    def sign_out() -> None:
+        assert client.post("/accounts/logout/").status_code == 302
+
+    url = f"{live_portal.ws_url}/ws/teams/vision/"
+    assert asyncio.run(_close_code_after(url, cookie, sign_out, within_s=5)) == 4401
