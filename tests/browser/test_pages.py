@@ -290,3 +290,25 @@ def test_the_jobs_list_follows_its_teams_jobs_without_a_reload(
         job = jobs.job_transition(job, JobState.CANCELLED, reason=JobReason.CANCELLED, message="by bob")
         page.wait_for_selector(f"{row} .badge.state-cancelled")
         assert page.evaluate("() => window.__sameDocument") is True
+
+
+def test_the_home_page_follows_my_jobs_and_bookings_without_a_reload(
+    live_portal: Any, alice: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.booking import services as booking
+    from apps.jobs import services as jobs
+    from apps.jobs.models import ContainerImage
+    from tests.booking.conftest import slot
+
+    ContainerImage.objects.create(name="local/process", description="process runtime")
+    GpuFactory(node=NodeFactory(name="node01"), index=0, uuid="GPU-home-0")
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/")
+        page.wait_for_selector('body[data-livejobs="1"][data-livebookings="1"]')
+        page.evaluate("() => { window.__sameDocument = true; }")
+        job = jobs.job_submit(user=alice, team=vision, image="local/process", command=["true"], max_duration_s=600)
+        page.wait_for_selector(f'#home-jobs a[href="/jobs/{job.pk}/"]')
+        start, end = slot(days=1, hour=10)
+        r = booking.reservation_create(user=alice, team=vision, start=start, end=end, gpus=["GPU-home-0"]).reservation
+        page.wait_for_function(f"() => document.querySelector('#home-reservations').textContent.includes('#{r.pk}')")
+        assert page.evaluate("() => window.__sameDocument") is True

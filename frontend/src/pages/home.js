@@ -1,6 +1,7 @@
 // Home page: a small bar chart of the user's teams' daily cost this month (the server's figures, json_script
-// "home-spend-data"), stacked by team.
+// "home-spend-data"), stacked by team; the user's jobs and next reservations, live.
 import { chart, color, num } from "../lib/charts.js";
+import { followedParts } from "../lib/refresh.js";
 
 const data = JSON.parse(document.getElementById("home-spend-data")?.textContent || "null");
 const canvas = document.getElementById("home-spend-chart");
@@ -17,4 +18,27 @@ if (data && canvas && data.series.length) {
       scales: { x: { stacked: true, title: { display: true, text: "day" } }, y: { stacked: true, beginAtZero: true, ticks: { callback: (v) => money(v) } } },
     },
   });
+}
+
+// "My jobs" and "My next reservations" follow changes: a job of the user's teams changing state (/ws/jobs/), a
+// booking of theirs made, moved or ended (/ws/bookings/); the page fetches itself again and swaps in both lists.
+const lists = document.getElementById("home-jobs");
+if (lists) {
+  const refresh = followedParts(["#home-jobs", "#home-reservations"], {
+    onSwapped: () => { document.body.dataset.homeRefreshed = String(Number(document.body.dataset.homeRefreshed || 0) + 1); },
+  });
+  const listen = (path, watching, relevant) => {
+    let seen = false;
+    window.Portal.liveSocket(path, (msg) => {
+      if (msg.type === watching) {
+        document.body.dataset[`live${watching.split(".")[0]}`] = "1"; // tests wait on it
+        if (!seen) { seen = true; return; }
+      } else if (!relevant(msg)) {
+        return;
+      }
+      refresh();
+    });
+  };
+  listen("/ws/jobs/", "jobs.watching", (msg) => msg.type === "jobs.changed");
+  listen("/ws/bookings/", "bookings.watching", (msg) => msg.type === "bookings.changed" && msg.mine && msg.kind !== "job");
 }
