@@ -95,7 +95,8 @@ def test_shortening_a_booking_offers_the_freed_time_at_once(alice, bob, fleet, d
     get_redis().delete("portal")
     with django_capture_on_commit_callbacks(execute=True):
         booking.reservation_change_end(user=bob, reservation_id=booked.pk, end=end + timedelta(hours=1))
-    assert _broker_tasks("portal") == []  # an extension frees nothing
+    # An extension frees nothing. (Its own event's dispatch nudge may be on the queue: another thread sends it.)
+    assert "efficiency.waitlist_serve" not in _broker_tasks("portal")
 
 
 @pytest.mark.django_db
