@@ -312,3 +312,49 @@ def test_the_home_page_follows_my_jobs_and_bookings_without_a_reload(
         r = booking.reservation_create(user=alice, team=vision, start=start, end=end, gpus=["GPU-home-0"]).reservation
         page.wait_for_function(f"() => document.querySelector('#home-reservations').textContent.includes('#{r.pk}')")
         assert page.evaluate("() => window.__sameDocument") is True
+
+
+def test_a_long_command_wraps_inside_the_job_page(
+    live_portal: Any, alice: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command with a long unbroken argument (a path, a digest) wraps in the details column: the page does not
+    grow sideways past the window."""
+    long_path = "/datasets/" + "imagenet_shard_" * 12 + "0001.tar"
+    job = builders.job(vision, alice, command=["python3", "-c", "import os; print(os.environ.get('X'))", long_path])
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.goto(f"{live_portal.url}/jobs/{job.pk}/")
+        assert long_path in page.locator(".kv code", has_text="python3").inner_text()
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_the_everyday_pages_fit_a_phone_screen(
+    live_portal: Any, alice: Any, vision: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 390 px wide nothing widens a page past the screen (wide tables scroll inside their box): not a select's
+    long option on the job form, not a reservation's devices, not the charts of the costs and GPU pages."""
+    from apps.booking import services as booking
+    from apps.jobs.models import ContainerImage
+
+    ContainerImage.objects.create(name="local/process", description="process runtime")
+    gpu = GpuFactory(node=NodeFactory(name="node01"), index=0, uuid="GPU-phone-0")
+    now = timezone.localtime()
+    start = now.replace(minute=now.minute - now.minute % 15, second=0, microsecond=0) + timedelta(hours=1)
+    held = booking.reservation_create(
+        user=alice, team=vision, start=start, end=start + timedelta(hours=2), gpus=[gpu.uuid], note="x" * 120
+    ).reservation
+    job = builders.job(vision, alice, command=["python3", "-c", "import os; print(os.environ.get('CUDA_VISIBLE'))"])
+    with signed_in(live_portal, alice, monkeypatch) as page:
+        page.set_viewport_size({"width": 390, "height": 900})
+        for path in (
+            "/",
+            "/jobs/new/",
+            f"/jobs/{job.pk}/",
+            f"/book/reservations/{held.pk}/",
+            "/costs/",
+            f"/costs/teams/{vision.slug}/",
+            f"/fleet/gpus/{gpu.uuid}/",
+        ):
+            page.goto(f"{live_portal.url}{path}")
+            page.wait_for_load_state("networkidle")
+            width = page.evaluate("() => document.documentElement.scrollWidth")
+            assert width <= 390, (path, width)

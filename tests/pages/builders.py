@@ -18,7 +18,7 @@ def job(team: Any, user: Any, *, state: str = JobState.QUEUED, name: str = "", *
         user=user,
         name=name,
         image="local/process",
-        command=["python", "train.py"],
+        command=extra.pop("command", ["python", "train.py"]),
         gpu_count=extra.pop("gpu_count", 1),
         cpus=Decimal("2"),
         memory_mib=4096,

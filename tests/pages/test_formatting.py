@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.booking.models import Quota
-from apps.core.templatetags.portal_format import duration, money, percent, quantity
+from apps.core.templatetags.portal_format import argv, duration, money, percent, quantity
 from tests.billing import helpers
 
 
@@ -66,3 +66,18 @@ def test_team_cost_page_prints_no_raw_decimals(vision: Any, bob: Any) -> None:
 )
 def test_durations_read_in_hours_minutes_and_seconds(seconds: Any, text: str) -> None:
     assert duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (["python", "train.py"], "python train.py"),
+        (["sh", "-c", "echo a b"], "sh -c 'echo a b'"),
+        (["echo", ""], "echo ''"),
+        (["printf", "it's"], "printf 'it'\"'\"'s'"),
+        ([], ""),
+        (None, ""),
+    ],
+)
+def test_a_command_reads_as_it_would_be_typed(value: Any, text: str) -> None:
+    assert argv(value) == text

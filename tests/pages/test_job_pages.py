@@ -1,4 +1,4 @@
-"""The job form (labels, help, the team's reservations as a select) and the job page's GPUs for ended jobs."""
+"""The job form (labels, help, the team's reservations as a select), the job page's command and its GPUs for ended jobs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from django.test import Client
 from django.utils import timezone
+from django.utils.html import escape
 
 from apps.billing.models import SourceKind, UsageRecord
 from apps.booking.models import ReservationStatus
@@ -114,3 +115,11 @@ def test_success_message_names_the_job(vision: Any, bob: Any) -> None:
     job = builders.job(vision, bob, name="resnet sweep")
     response = _client(bob).post(f"/jobs/{job.pk}/cancel/", follow=True)
     assert f"Cancelling job {job.pk} “resnet sweep”." in response.content.decode()
+
+
+def test_job_page_shows_the_command_as_it_would_be_typed(vision: Any, bob: Any) -> None:
+    """The argv list is quoted where an argument needs it: `-c 'import os; print(1)'` is one argument, not four."""
+    job = builders.job(vision, bob, command=["python3", "-c", "import os; print(1)", "--out", "/data/it's here"])
+    html = _client(bob).get(f"/jobs/{job.pk}/").content.decode()
+    expected = """python3 -c 'import os; print(1)' --out '/data/it'"'"'s here'"""
+    assert f"<code>{escape(expected)}</code>" in html

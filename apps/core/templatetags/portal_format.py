@@ -7,10 +7,12 @@ thousands, so `0.00559999999999999` and `2000.0000` never reach a page.
     {{ quota.gpu_hours|quantity }}    2,000.00
     {{ ratio|percent }}               42%
     {{ seconds|duration }}            1 h 02 min
+    {{ job.command|argv }}            python -c 'import os; print(1)'
 """
 
 from __future__ import annotations
 
+import shlex
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django import template
@@ -84,3 +86,12 @@ def duration_text(seconds: object) -> str:
 def duration(seconds: object) -> str:
     """A number of seconds as hours, minutes and seconds."""
     return duration_text(seconds)
+
+
+@register.filter
+def argv(value: object) -> str:
+    """A command's argv list as a shell would need it typed: joined with spaces, each argument quoted where it has
+    to be, so `["python", "-c", "import os; print(1)"]` does not read as five arguments and can be pasted."""
+    if not isinstance(value, list | tuple):
+        return "" if value is None else str(value)
+    return shlex.join(str(part) for part in value)
