@@ -1,4 +1,5 @@
-"""The job form (labels, help, the team's reservations as a select), the job page's command and its GPUs for ended jobs."""
+"""The job form (labels, help, the team's reservations as a select), the job page's command, and the GPUs
+of ended jobs."""
 
 from __future__ import annotations
 
