@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.accounts.types import AnyUser
@@ -20,14 +21,38 @@ def nodes_visible_to(*, user: AnyUser) -> QuerySet[Node]:
 
 
 def fleet_summary(*, user: AnyUser) -> dict[str, Any]:
-    """Counts for the home page."""
+    """Counts for the home page, as the Fleet page counts them: live GPUs; those in service (ok, on a node online);
+    of those, the ones free now (nothing holds the GPU or any of its MIG instances or shares: a GPU partly held
+    counts as busy, as on the Fleet page)."""
+    from apps.booking.models import Allocation
+
+    now = timezone.now()
     nodes = Node.objects.visible_to(user).aggregate(
         total=Count("id"), online=Count("id", filter=Q(status=NodeStatus.ONLINE))
     )
-    gpus = Gpu.objects.visible_to(user).aggregate(
-        total=Count("id"), ok=Count("id", filter=Q(status=GpuStatus.OK, node__status=NodeStatus.ONLINE))
+    held = (
+        Allocation.objects.active()
+        .filter(start__lte=now, end__gt=now)
+        .annotate(physical=Coalesce("gpu__parent_id", "gpu_id"))
+        .values("physical")
     )
-    return {"nodes": nodes["total"], "nodes_online": nodes["online"], "gpus": gpus["total"], "gpus_ok": gpus["ok"]}
+    in_service = Q(status=GpuStatus.OK, node__status=NodeStatus.ONLINE)
+    gpus = (
+        Gpu.objects.visible_to(user)
+        .filter(retired_at__isnull=True)
+        .aggregate(
+            total=Count("id"),
+            ok=Count("id", filter=in_service),
+            free=Count("id", filter=in_service & ~Q(pk__in=held)),
+        )
+    )
+    return {
+        "nodes": nodes["total"],
+        "nodes_online": nodes["online"],
+        "gpus": gpus["total"],
+        "gpus_ok": gpus["ok"],
+        "gpus_free": gpus["free"],
+    }
 
 
 def gpus_visible_to(*, user: AnyUser) -> QuerySet[Gpu]:
