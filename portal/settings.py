@@ -180,7 +180,7 @@ CACHES = {
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "apps.core.channel_layer.RedisChannelLayer",  # channels-redis, cancellable (see there)
         "CONFIG": {
             # socket_timeout above the layer's 5 s blocking pop (django/channels_redis#422), and a pool large
             # enough for a reconnect storm of group_add calls after a deploy.
