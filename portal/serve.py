@@ -16,9 +16,8 @@ choice. Websocket compression is off and
 the lifespan protocol unused, as everywhere in the portal; proxy headers are trusted from FORWARDED_ALLOW_IPS
 (uvicorn's variable, default 127.0.0.1). A process that exits is started again after RESTART_DELAY_S (three
 that exit right at start stop the server: the app or the port is broken); SIGTERM or SIGINT stops them all.
-A stop gives open requests and websockets SHUTDOWN_GRACE_S to finish, then cancels what is left: a websocket
-consumer can stay blocked in the channel layer's receive after its socket closed (channels_redis, when several
-consumers of one process are cancelled at once), and without a bound uvicorn waits for it until it is killed.
+A stop gives open requests and websockets SHUTDOWN_GRACE_S to finish, then cancels what is left: without a bound
+uvicorn waits for a consumer that does not end until it is killed (apps/core/channel_layer.py says how one did).
 Linux (and other systems with SO_REUSEPORT load balancing) only.
 """
 
