@@ -247,6 +247,47 @@ def test_fleet_page_values_change_live_and_filters_work(
 @pytest.mark.browser
 @pytest.mark.slow
 @needs_chromium
+def test_home_pages_fleet_card_follows_the_fleet_while_the_tab_is_shown(
+    live_portal: Any, bob: Any, publisher_for: Callable[..., SyntheticPublisher]
+) -> None:
+    fleet = synthetic_fleet(8, per_node=4, prefix="home")
+    holders = _held_by_vision_and_nlp(fleet)
+    # A GPU one MIG instance of which is held is busy, as on the Fleet page.
+    holders[fleet[3]["uuid"]] = [{**holders[fleet[0]["uuid"]], "part": "1g.10gb", "mem": 9728, "used": None}]
+
+    def make(seq: int, t: float) -> dict[str, Any]:
+        snap = synthetic_snapshot(fleet, seq, t=t, holders=dict(holders), statuses={fleet[2]["uuid"]: "degraded"})
+        snap["gpus"][7]["stale"] = True  # its node's figures stopped coming: not free, though nothing holds it
+        return snap
+
+    publisher_for(make)
+    seq = "() => Number(document.getElementById('home-fleet').dataset.liveSeq || 0)"
+    with _browser_page(live_portal, bob) as page:
+        page.goto(live_portal.url + "/")
+        page.wait_for_function(f"() => ({seq})() >= 1")
+        assert page.locator("#home-gpus-free").inner_text() == "3 / 8"  # 3 held, 1 degraded, 1 stale
+        assert page.locator("#home-fleet-detail").inner_text() == "GPUs free now; 7 in service on 2 of 2 nodes online"
+        holders.pop(fleet[1]["uuid"])  # the job ends
+        page.wait_for_function("() => document.getElementById('home-gpus-free').textContent === '4 / 8'")
+
+        # A hidden tab closes the socket: no snapshot arrives until it is shown again.
+        page.evaluate(
+            "() => { Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});"
+            " document.dispatchEvent(new Event('visibilitychange')); }"
+        )
+        hidden_at = page.evaluate(seq)
+        time.sleep(3.5)  # three snapshots published meanwhile
+        assert page.evaluate(seq) <= hidden_at + 1  # at most one already on its way
+        page.evaluate(
+            "() => { Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});"
+            " document.dispatchEvent(new Event('visibilitychange')); }"
+        )
+        page.wait_for_function(f"n => ({seq})() >= n", arg=hidden_at + 3)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@needs_chromium
 def test_fleet_page_shows_parts_with_their_holders_and_instance_memory(
     live_portal: Any, bob: Any, charlie: Any, publisher_for: Callable[..., SyntheticPublisher]
 ) -> None:

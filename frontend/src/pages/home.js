@@ -1,6 +1,7 @@
 // Home page: a small bar chart of the user's teams' daily cost this month (the server's figures, json_script
-// "home-spend-data"), stacked by team; the user's jobs and next reservations, live.
+// "home-spend-data"), stacked by team; the user's jobs and next reservations and the fleet card, live.
 import { chart, color, num } from "../lib/charts.js";
+import { usable } from "../lib/fleet_text.js";
 import { followedParts } from "../lib/refresh.js";
 
 const data = JSON.parse(document.getElementById("home-spend-data")?.textContent || "null");
@@ -41,4 +42,37 @@ if (lists) {
   };
   listen("/ws/jobs/", "jobs.watching", (msg) => msg.type === "jobs.changed");
   listen("/ws/bookings/", "bookings.watching", (msg) => msg.type === "bookings.changed" && msg.mine && msg.kind !== "job");
+}
+
+// The fleet card follows the fleet's live snapshots (/ws/fleet/), counted as the Fleet page counts them: a GPU is
+// free when it is usable (healthy, node online, figures fresh) and nothing holds it or any of its parts. The socket
+// is open only while the tab is shown: a home page left in a background tab costs no snapshot a second.
+const fleetCard = document.getElementById("home-fleet");
+if (fleetCard) {
+  const freeEl = document.getElementById("home-gpus-free");
+  const detailEl = document.getElementById("home-fleet-detail");
+  const onFleet = (msg) => {
+    if (msg.type !== "fleet" || !Array.isArray(msg.gpus)) return;
+    let free = 0;
+    let inService = 0;
+    const nodeStatus = new Map((msg.nodes || []).map((n) => [n.name, n.status]));
+    for (const g of msg.gpus) {
+      if (!nodeStatus.has(g.node)) nodeStatus.set(g.node, g.node_status);
+      if (g.status === "ok" && g.node_status === "online") inService++;
+      if (usable(g) && !g.holder) free++;
+    }
+    const online = [...nodeStatus.values()].filter((s) => s === "online").length;
+    const big = `${free} / ${msg.gpus.length}`;
+    const detail = `GPUs free now; ${inService} in service on ${online} of ${nodeStatus.size} nodes online`;
+    if (freeEl.textContent !== big) freeEl.textContent = big;
+    if (detailEl.textContent !== detail) detailEl.textContent = detail;
+    fleetCard.dataset.liveSeq = String(msg.seq ?? ""); // tests wait on it
+  };
+  let socket = null;
+  const follow = () => {
+    if (document.hidden) { if (socket) { socket.close(); socket = null; } }
+    else if (!socket) socket = window.Portal.liveSocket("/ws/fleet/", onFleet);
+  };
+  document.addEventListener("visibilitychange", follow);
+  follow();
 }
