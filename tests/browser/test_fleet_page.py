@@ -527,3 +527,36 @@ def test_gpu_page_draws_the_history_and_live_figures(
         page.wait_for_function("() => document.getElementById('fleet-live').textContent === 'live'")
         page.click('button[data-resolution="raw"]')
         page.wait_for_function("() => document.getElementById('history-note').textContent !== 'loading…'")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@needs_chromium
+def test_a_gpu_nobody_holds_but_something_uses_says_so(
+    live_portal: Any, bob: Any, publisher_for: Callable[..., SyntheticPublisher]
+) -> None:
+    gpus = _db_fleet(4)
+    fleet = [
+        {"uuid": g.uuid, "node": "pg-node", "index": g.index, "model": "H100-80GB", "mem_total": 81559, "tdp": 700.0}
+        for g in gpus
+    ]
+    job = {"kind": "job", "id": 8, "team": "nlp", "team_id": 2, "user": "charlie", "until": None}
+
+    def make(seq: int, t: float) -> dict[str, Any]:
+        snap = synthetic_snapshot(fleet, seq, t=t, holders={gpus[2].uuid: job})
+        for gpu, used in zip(snap["gpus"], (20480, 600, 30720, 30720), strict=True):
+            gpu["mem_used"] = used
+        snap["gpus"][3]["stale"] = True  # figures no longer fresh: what it used then says nothing about now
+        return snap
+
+    publisher_for(make)
+    with _browser_page(live_portal, bob) as page:
+        page.goto(live_portal.url + "/fleet/")
+        page.wait_for_function("() => window.__fleet.stats.messages >= 1")
+        texts = [page.locator(f'.fleet-item[data-uuid="{g.uuid}"] .fleet-holder').inner_text() for g in gpus]
+        assert texts == ["free · 20 GiB in use outside the portal", "free", "nlp (job)", "—"]
+        assert page.locator("#sum-free").inner_text() == "2"  # the portal can still hand it out
+
+        page.goto(f"{live_portal.url}/fleet/gpus/{gpus[0].uuid}/")
+        page.wait_for_function("() => document.getElementById('gpu-holder').textContent !== '—'")
+        assert page.inner_text("#gpu-holder") == "nobody (free) · 20.0 GiB in use outside the portal"

@@ -30,10 +30,22 @@ function partsText(g) {
   return [`${p.free}/${p.total} ${what} free`, ...held].join(" · ");
 }
 
+// A GPU nothing in the portal holds can still be in use: a process started on the node by hand, or one a finished
+// job left behind. Its memory is then gone for the next job placed there, so the page says so. Below this much,
+// used memory is the driver's own (NVML counts some on an idle GPU).
+export const OUTSIDE_USE_MIB = 1024;
+
+export function outsideUse(g) {
+  return !g.holder && !g.parts && !g.stale && g.mem_used != null && g.mem_used >= OUTSIDE_USE_MIB;
+}
+
 export function holderText(g) {
   if (g.parts) return partsText(g);
   const h = g.holder;
-  if (!h) return usable(g) ? "free" : "—";
+  if (!h) {
+    if (outsideUse(g)) return `${usable(g) ? "free" : "—"} · ${gib(g.mem_used)} GiB in use outside the portal`;
+    return usable(g) ? "free" : "—";
+  }
   const until = h.until ? ` until ${timeFmt.format(new Date(h.until))}` : "";
   if (h.user) return `${h.user} · ${h.team}${h.kind ? ` (${h.kind})` : ""}${until}`;
   if (h.team) return `${h.team}${h.kind ? ` (${h.kind})` : ""}`;
