@@ -78,6 +78,10 @@ SNAPSHOT_SEQ = "fleet:snapshot:seq"  # INCR counter behind `seq`: monotonic acro
 
 # A sample older than this (seconds, by its `ts`) is stale: shown greyed out, left out of /metrics.
 STALE_AFTER_S = 10.0
+# A GPU nothing in the portal holds, with at least this much memory used, is in use outside the portal (a process
+# started on the node by hand, or one a finished job left behind); below it, used memory is the driver's own. The
+# Fleet page's `OUTSIDE_USE_MIB` (frontend/src/lib/fleet_text.js) is the same figure.
+OUTSIDE_USE_MIB = 1024
 
 # --- Internal to the portal (not for other readers) -----------------------------------------------------------
 # Rollup accumulators: hash per minute (`fleet:roll:<minute epoch>`), fields `<uuid>|<metric>` (see

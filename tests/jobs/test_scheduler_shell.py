@@ -431,3 +431,49 @@ def test_postgres_advisory_lock_has_one_holder():
     finally:
         first.release()
         second.release()
+
+
+@pytest.fixture
+def latest_memory() -> Any:
+    """Write GPUs' latest samples (memory used, age) where the ingest keeps them; removed afterwards."""
+    import json
+
+    from apps.core.redis import get_redis
+    from apps.telemetry import keys
+
+    r = get_redis()
+    r.delete(keys.LATEST)
+
+    def write(uuid: str, mem_used: int, age_s: float = 0.0) -> None:
+        sample = {"uuid": uuid, "util": 0, "mem_used": mem_used, "mem_total": 81920, "ts": time.time() - age_s}
+        r.hset(keys.LATEST, uuid, json.dumps(sample))
+
+    yield write
+    r.delete(keys.LATEST)
+
+
+@pytest.mark.django_db
+def test_a_job_goes_to_a_gpu_nothing_outside_the_portal_uses_while_there_is_one(
+    alice, vision, submit, sent, latest_memory
+):
+    latest_memory("GPU-a100-0000", 20480)  # a process started by hand holds 20 GiB
+    latest_memory("GPU-a100-0001", 30720)
+    latest_memory("GPU-a100-0002", 30720, age_s=60)  # the node stopped reporting: says nothing about now
+    latest_memory("GPU-a100-0003", 600)  # the driver's own
+    jobs = [submit(alice, vision, gpu_model="A100-80GB") for _ in range(3)]
+    assert one_pass(policy=FIFO).started == [j.pk for j in jobs]
+    placed = [j.gpus.get().uuid for j in Job.objects.filter(pk__in=[j.pk for j in jobs]).order_by("pk")]
+    # Clean GPUs first, then the used ones: a preference, never a reason to leave a job queued.
+    assert placed == ["GPU-a100-0002", "GPU-a100-0003", "GPU-a100-0000"]
+
+
+@pytest.mark.django_db
+def test_a_pass_places_jobs_when_redis_cannot_say_which_gpus_are_used(alice, vision, submit, sent, monkeypatch):
+    import redis
+
+    from apps.telemetry import selectors
+
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens on port 1
+    monkeypatch.setattr(selectors, "get_request_redis", lambda: unreachable)
+    job = submit(alice, vision, gpu_model="A100-80GB")
+    assert one_pass().started == [job.pk]

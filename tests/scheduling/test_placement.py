@@ -114,3 +114,19 @@ def test_mixed_model_node_serves_a_job_that_accepts_both_models() -> None:
 
     assert [s.job_id for s in decisions.starts] == ["both"]
     assert decisions.pending_reasons["only16"].code == ReasonCode.GANG_DOES_NOT_FIT
+
+
+def test_a_node_gives_its_gpus_nothing_outside_the_portal_uses_first_and_the_others_when_needed() -> None:
+    from dataclasses import replace
+
+    fleet = [
+        replace(g, in_use_outside=g.id in {"n1-g0", "n1-g1"}, split=g.id == "n1-g3")
+        for g in gpus({"n1": ("A100", 4)})
+    ]
+    one = schedule(snapshot(fleet, [job("a", gpus=1)]), policy=FIFO, now=NOW)
+    assert [s.gpu_ids for s in one.starts] == [("n1-g2",)]
+    # Used GPUs before a split one (a split GPU is kept for shares), and a job that needs them all gets them all.
+    three = schedule(snapshot(fleet, [job("b", gpus=3)]), policy=FIFO, now=NOW)
+    assert [sorted(s.gpu_ids) for s in three.starts] == [["n1-g0", "n1-g1", "n1-g2"]]
+    four = schedule(snapshot(fleet, [job("c", gpus=4)]), policy=FIFO, now=NOW)
+    assert [sorted(s.gpu_ids) for s in four.starts] == [["n1-g0", "n1-g1", "n1-g2", "n1-g3"]]

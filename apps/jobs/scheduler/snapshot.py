@@ -30,10 +30,13 @@ from apps.jobs.scheduling import PendingJob as CorePending
 from apps.jobs.scheduling import Reservation as CoreReservation
 from apps.jobs.scheduling import RunningJob as CoreRunning
 from apps.jobs.scheduling import Snapshot
+from apps.telemetry.selectors import in_use_outside
 
 MAX_PENDING = 20_000
 USAGE_REFRESH_S = 30.0
 MAINTENANCE_TEAM = "__maintenance__"
+OUTSIDE_REFRESH_S = 10.0
+_OUTSIDE = TTLCache[str, frozenset[str]](ttl_s=OUTSIDE_REFRESH_S, maxsize=1)
 
 
 def epoch(moment: datetime) -> float:
@@ -63,6 +66,7 @@ class GpuRow:
     node: str
     model: str
     shares: int = 1  # N: split in N shares, which a whole-GPU job takes all of (apply step)
+    uuid: str = ""
 
 
 @dataclass
@@ -147,7 +151,7 @@ def _snapshot_sql() -> dict[str, str]:
     return {
         "gpus": (
             f"SELECT {_col(Gpu, 'id', 'g')}, {_col(Gpu, 'node', 'g')}, {_col(Node, 'name', 'n')}, "  # noqa: S608
-            f"{_col(GpuModel, 'name', 'm')}, {_col(Gpu, 'shares', 'g')}, "
+            f"{_col(GpuModel, 'name', 'm')}, {_col(Gpu, 'shares', 'g')}, {_col(Gpu, 'uuid', 'g')}, "
             # The layout version in the same statement as the GPUs, so it is the one they were read under.
             f"(SELECT {_col(SchedulerState, 'layout_version')} FROM {q(SchedulerState._meta.db_table)} "
             f"WHERE {_col(SchedulerState, 'id')} = 1) FROM {gpu} g "
@@ -220,8 +224,8 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
     # The fleet as plain rows: model instances of every GPU with its node and model, on every pass, grew with the
     # fleet; the apply step loads instances of the GPUs it starts jobs on.
     rows = _rows(_sql("gpus"), [GpuStatus.OK, NodeStatus.ONLINE, False])
-    gpu_rows = [GpuRow(*row[:5]) for row in rows]
-    ctx.layout_version = int(rows[0][5] or 0) if rows else 0
+    gpu_rows = [GpuRow(*row[:6]) for row in rows]
+    ctx.layout_version = int(rows[0][6] or 0) if rows else 0
     ctx.gpus = {str(g.id): g for g in gpu_rows}
     ctx.nodes = {g.node: g.node_id for g in gpu_rows}
 
@@ -321,8 +325,16 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         for j in pending_rows
     ]
     left_to_shares = _wanted_by_shares(ctx)
+    outside = _in_use_outside(ctx, running, reservations, blocked, epoch(now)) if pending else set()
     gpus = tuple(
-        CoreGpu(id=gid, node=g.node, model=g.model, free=0.0 if g.id in blocked else 1.0, split=g.shares > 1)
+        CoreGpu(
+            id=gid,
+            node=g.node,
+            model=g.model,
+            free=0.0 if g.id in blocked else 1.0,
+            split=g.shares > 1,
+            in_use_outside=g.uuid in outside,
+        )
         for gid, g in ctx.gpus.items()
         if not (g.shares > 1 and (gid not in ctx.split_shares or left_to_shares(g.model)))
     )
@@ -336,6 +348,24 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         team_shares=shares,
     )
     return ctx
+
+
+def _in_use_outside(
+    ctx: PassContext,
+    running: Sequence[CoreRunning],
+    reservations: Sequence[CoreReservation],
+    blocked: set[int],
+    now: float,
+) -> set[str]:
+    """The uuids of whole GPUs nothing in the portal holds now (no job, no reservation or maintenance window under
+    way) whose memory something else uses (telemetry): the core places jobs on a node's other GPUs first. A GPU a
+    reservation holds is left out: what runs there is its holder's own work."""
+    held = {gid for r in running for gid in r.gpu_ids}
+    held |= {gid for r in reservations if r.start <= now < r.end for gid in r.gpu_ids}
+    # Memory in use is read for every schedulable GPU at most every OUTSIDE_REFRESH_S, not on every pass: it
+    # changes over minutes, and one read of a 6,212-GPU fleet is ~33 ms (bench/outside_use.py).
+    used = _OUTSIDE.get_or_set("", lambda: frozenset(in_use_outside(g.uuid for g in ctx.gpus.values() if g.uuid)))
+    return {g.uuid for gid, g in ctx.gpus.items() if g.uuid in used and gid not in held and g.id not in blocked}
 
 
 def _split_gpus(ctx: PassContext, now: datetime) -> tuple[dict[str, str], set[int]]:

@@ -24,6 +24,8 @@ class Gpu:
     A job takes whole GPUs, so a GPU is free for it only when ``free`` is a whole slice (1.0).
     The shell leaves out GPUs of offline or draining nodes. ``split``: admins split it in shares for fractional
     jobs; a whole-GPU job may take it (all its shares free), but only where no node gives it exclusive GPUs.
+    ``in_use_outside``: free in the portal, but something started outside it uses its memory (telemetry); a job
+    takes such a GPU of a node only after the node's others.
     """
 
     id: str
@@ -32,6 +34,7 @@ class Gpu:
     capacity: float = 1.0
     free: float = 1.0
     split: bool = False
+    in_use_outside: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,10 @@ _NOWHERE = 0
 _COMPLEX = -1
 
 
-def _gpu_sort_key(gpu: Gpu) -> tuple[str, bool, str]:
+def _gpu_sort_key(gpu: Gpu) -> tuple[str, bool, bool, str]:
     # A split GPU last on its node: a job takes the node's first free GPUs, so it takes one only when it needs it.
-    return (gpu.node, gpu.split, gpu.id)
+    # Before those, one whose memory something outside the portal uses: a job placed there would share it.
+    return (gpu.node, gpu.split, gpu.in_use_outside, gpu.id)
 
 
 class ClusterState:
