@@ -1,6 +1,6 @@
-"""What reading which free GPUs are in use outside the portal adds to a scheduler pass that has jobs to place: one
-HMGET of the free GPUs' latest samples and their decoding (apps.telemetry.selectors.in_use_outside), against real
-Redis, for fleets of several sizes. Samples shaped as the ingest writes them; a third show memory in use. Prints
+"""What reading which GPUs are in use outside the portal costs a scheduler pass that has jobs to place and finds the
+10-second cache expired: one HMGET of every schedulable GPU's latest sample and their decoding
+(apps.telemetry.selectors.in_use_outside), against real Redis, for fleets of several sizes. Samples shaped as the ingest writes them; a third show memory in use. Prints
 the median of `--repeat` reads per size.
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m bench.outside_use [--repeat 50]
@@ -53,7 +53,7 @@ def main() -> None:
             found = len(in_use_outside(uuids))
             times.append(time.perf_counter() - t0)
         print(
-            f"{size:>6} free GPUs: {statistics.median(times) * 1000:7.2f} ms per read "
+            f"{size:>6} GPUs: {statistics.median(times) * 1000:7.2f} ms per read "
             f"(min {min(times) * 1000:.2f}), {found} in use outside the portal"
         )
     r.delete(keys.LATEST)
