@@ -1,7 +1,7 @@
 """What reading which GPUs are in use outside the portal costs a scheduler pass that has jobs to place and finds the
 10-second cache expired: one HMGET of every schedulable GPU's latest sample and their decoding
-(apps.telemetry.selectors.in_use_outside), against real Redis, for fleets of several sizes. Samples shaped as the ingest writes them; a third show memory in use. Prints
-the median of `--repeat` reads per size.
+(apps.telemetry.selectors.in_use_outside), against real Redis, for fleets of several sizes. Samples shaped as the
+ingest writes them; a third show memory in use. Prints the median of `--repeat` reads per size.
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m bench.outside_use [--repeat 50]
 """

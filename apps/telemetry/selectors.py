@@ -65,8 +65,9 @@ def is_stale(sample: keys.LatestSample | None, *, now: float | None = None) -> b
 
 def in_use_outside(uuids: Iterable[str], *, now: float | None = None) -> set[str]:
     """Of these GPUs, those whose fresh latest sample shows at least OUTSIDE_USE_MIB used: in use outside the
-    portal where nothing in the portal holds them (the caller knows which). Empty when Redis cannot answer (the short-timeout client: a hung Redis costs a
-    scheduling pass about a second): the scheduler uses it as a preference, never a reason to fail."""
+    portal where nothing in the portal holds them (the caller knows which). Empty when Redis cannot answer (the
+    short-timeout client: a hung Redis costs a scheduling pass about a second): the scheduler uses it as a
+    preference, never a reason to fail."""
     wanted = list(uuids)
     if not wanted:
         return set()
