@@ -120,8 +120,7 @@ def test_a_node_gives_its_gpus_nothing_outside_the_portal_uses_first_and_the_oth
     from dataclasses import replace
 
     fleet = [
-        replace(g, in_use_outside=g.id in {"n1-g0", "n1-g1"}, split=g.id == "n1-g3")
-        for g in gpus({"n1": ("A100", 4)})
+        replace(g, in_use_outside=g.id in {"n1-g0", "n1-g1"}, split=g.id == "n1-g3") for g in gpus({"n1": ("A100", 4)})
     ]
     one = schedule(snapshot(fleet, [job("a", gpus=1)]), policy=FIFO, now=NOW)
     assert [s.gpu_ids for s in one.starts] == [("n1-g2",)]
