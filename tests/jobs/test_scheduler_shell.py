@@ -465,6 +465,21 @@ def test_a_job_goes_to_a_gpu_nothing_outside_the_portal_uses_while_there_is_one(
     placed = [j.gpus.get().uuid for j in Job.objects.filter(pk__in=[j.pk for j in jobs]).order_by("pk")]
     # Clean GPUs first, then the used ones: a preference, never a reason to leave a job queued.
     assert placed == ["GPU-a100-0002", "GPU-a100-0003", "GPU-a100-0000"]
+    # The job that got one says so on its timeline; the others say nothing.
+    messages = [j.events.get(to_state=JobState.STARTING).message for j in jobs]
+    assert messages == [
+        "",
+        "",
+        "memory in use outside the portal on node01/0 (20.0 GiB): no GPU free of such use fitted",
+    ]
+
+    # Started alone (not in a batch), the same.
+    last = submit(alice, vision, gpu_model="A100-80GB")
+    assert one_pass(policy=FIFO).started == [last.pk]
+    assert last.gpus.get().uuid == "GPU-a100-0001"
+    assert last.events.get(to_state=JobState.STARTING).message.startswith(
+        "memory in use outside the portal on node01/1 (30.0 GiB)"
+    )
 
 
 @pytest.mark.django_db

@@ -36,7 +36,7 @@ MAX_PENDING = 20_000
 USAGE_REFRESH_S = 30.0
 MAINTENANCE_TEAM = "__maintenance__"
 OUTSIDE_REFRESH_S = 10.0
-_OUTSIDE = TTLCache[str, frozenset[str]](ttl_s=OUTSIDE_REFRESH_S, maxsize=1)
+_OUTSIDE = TTLCache[str, dict[str, int]](ttl_s=OUTSIDE_REFRESH_S, maxsize=1)
 
 
 def epoch(moment: datetime) -> float:
@@ -83,6 +83,7 @@ class PassContext:
     running: dict[str, RunningRow] = field(default_factory=dict)
     reservation_ends: dict[str, datetime] = field(default_factory=dict)
     layout_version: int = 0  # SchedulerState.layout_version as the GPUs were read
+    outside: dict[str, int] = field(default_factory=dict)  # free GPUs in use outside the portal -> MiB used
 
 
 class UsageCache:
@@ -325,7 +326,7 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         for j in pending_rows
     ]
     left_to_shares = _wanted_by_shares(ctx)
-    outside = _in_use_outside(ctx, running, reservations, blocked, epoch(now)) if pending else set()
+    ctx.outside = _in_use_outside(ctx, running, reservations, blocked, epoch(now)) if pending else {}
     gpus = tuple(
         CoreGpu(
             id=gid,
@@ -333,7 +334,7 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
             model=g.model,
             free=0.0 if g.id in blocked else 1.0,
             split=g.shares > 1,
-            in_use_outside=g.uuid in outside,
+            in_use_outside=gid in ctx.outside,
         )
         for gid, g in ctx.gpus.items()
         if not (g.shares > 1 and (gid not in ctx.split_shares or left_to_shares(g.model)))
@@ -356,16 +357,18 @@ def _in_use_outside(
     reservations: Sequence[CoreReservation],
     blocked: set[int],
     now: float,
-) -> set[str]:
-    """The uuids of whole GPUs nothing in the portal holds now (no job, no reservation or maintenance window under
-    way) whose memory something else uses (telemetry): the core places jobs on a node's other GPUs first. A GPU a
-    reservation holds is left out: what runs there is its holder's own work."""
+) -> dict[str, int]:
+    """The whole GPUs (core ids, with the MiB used) nothing in the portal holds now (no job, no reservation or
+    maintenance window under way) whose memory something else uses (telemetry): the core places jobs on a node's
+    other GPUs first. A GPU a reservation holds is left out: what runs there is its holder's own work."""
     held = {gid for r in running for gid in r.gpu_ids}
     held |= {gid for r in reservations if r.start <= now < r.end for gid in r.gpu_ids}
     # Memory in use is read for every schedulable GPU at most every OUTSIDE_REFRESH_S, not on every pass: it
     # changes over minutes, and one read of a 6,212-GPU fleet is ~33 ms (bench/outside_use.py).
-    used = _OUTSIDE.get_or_set("", lambda: frozenset(in_use_outside(g.uuid for g in ctx.gpus.values() if g.uuid)))
-    return {g.uuid for gid, g in ctx.gpus.items() if g.uuid in used and gid not in held and g.id not in blocked}
+    used = _OUTSIDE.get_or_set("", lambda: in_use_outside(g.uuid for g in ctx.gpus.values() if g.uuid))
+    return {
+        gid: used[g.uuid] for gid, g in ctx.gpus.items() if g.uuid in used and gid not in held and g.id not in blocked
+    }
 
 
 def _split_gpus(ctx: PassContext, now: datetime) -> tuple[dict[str, str], set[int]]:
