@@ -121,7 +121,9 @@ def services(port: int, env: dict[str, str]) -> list[Service]:
 # the third in four shares (apps/fleet/demo.py), so both kinds of GPU sharing can be tried on a laptop.
 LOCAL_AGENT_MODELS = "H100-80GB,H100-80GB,A100-80GB,A100-80GB:mig=1g.10gb*7,L40S-48GB,L40S-48GB,H200-141GB,V100-32GB"
 # The GPUs given a background workload so the demo's fleet looks alive: never the A100 the demo splits in shares
-# (apps.fleet.demo.SHARED_INDEX), where a load that is no job's would read as its reservations' own use.
+# (apps.fleet.demo.SHARED_INDEX), where a load that is no job's would read as its reservations' own use. No job or
+# booking of the portal's runs it, so the Fleet page shows it as memory in use outside the portal, and the
+# scheduler gives the demo's jobs the other GPUs of the node first: what a process started by hand would get.
 LOCAL_AGENT_BUSY = "0,1,6"
 
 
