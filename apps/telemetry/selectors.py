@@ -66,23 +66,13 @@ def is_stale(sample: keys.LatestSample | None, *, now: float | None = None) -> b
 def in_use_outside(uuids: Iterable[str], *, now: float | None = None) -> dict[str, int]:
     """Of these GPUs, those whose fresh latest sample shows at least OUTSIDE_USE_MIB used, with the MiB used: in
     use outside the portal where nothing in the portal holds them (the caller knows which). Empty when Redis
-    cannot answer (the short-timeout client: a hung Redis costs a scheduling pass about a second): the scheduler
-    uses it as a preference, never a reason to fail."""
-    wanted = list(uuids)
-    if not wanted:
-        return {}
-    try:
-        values = get_request_redis().hmget(keys.LATEST, wanted)
-    except Exception:
-        return {}
+    cannot answer (`latest_samples`: a hung Redis costs a scheduling pass about a second): the scheduler uses it
+    as a preference, never a reason to fail."""
     now = time.time() if now is None else now
     out: dict[str, int] = {}
-    for uuid, value in zip(wanted, values, strict=True):
-        sample = keys.decode_latest(value)
-        if sample is None or is_stale(sample, now=now):
-            continue
+    for uuid, sample in latest_samples(uuids).items():
         used = sample.get("mem_used")
-        if used is not None and used >= keys.OUTSIDE_USE_MIB:
+        if used is not None and used >= keys.OUTSIDE_USE_MIB and not is_stale(sample, now=now):
             out[uuid] = int(used)
     return out
 
