@@ -170,3 +170,29 @@ def test_the_holders_are_the_allocations_holding_each_gpu_now(api_as, alice, cha
     # Released early: the allocation is cut at the release and the GPU is free at once.
     Allocation.objects.filter(reservation=current).update(end=now - timedelta(seconds=1))
     assert gpu_holders() == {}
+
+
+def test_gpus_say_what_memory_is_in_use_outside_the_portal(api_as, bob, alice, vision) -> None:
+    from apps.booking import services as booking
+    from apps.booking.models import Reservation
+    from apps.fleet.models import Gpu
+
+    _, token = registered_node("n1")
+    _, token2 = registered_node("n2", ("L40S-48GB",))
+    now = time.time()
+    rows = [row("GPU-n1-0", util=0, mem=20480), row("GPU-n1-1", util=0, mem=30720)]
+    telemetry_ingest(telemetry("n1", token, rows, ts=now))
+    telemetry_ingest(telemetry("n2", token2, [row("GPU-n2-0", util=0, mem=600)], ts=now))
+    held = Gpu.objects.get(uuid="GPU-n1-1")
+    start = timezone.now() - timedelta(minutes=1)
+    resv = Reservation.objects.create(
+        team=vision, user=alice, gpu_count=1, start=start, end=start + timedelta(hours=1),
+        booked_end=start + timedelta(hours=1), status="active", gpu_model=held.model,
+    )  # fmt: skip
+    booking.allocations_create(
+        gpus=[held], team=vision, user=alice, start=resv.start, end=resv.end, kind="reservation", reservation=resv
+    )
+    gpus = {g["uuid"]: g for g in api_as(bob, scopes=["read"]).get("/api/v1/gpus/").json()["results"]}
+    assert gpus["GPU-n1-0"]["in_use_outside_mib"] == 20480  # nothing in the portal holds it
+    assert gpus["GPU-n1-1"]["in_use_outside_mib"] is None  # a reservation's memory is its holder's
+    assert gpus["GPU-n2-0"]["in_use_outside_mib"] is None  # the driver's own

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from apps.fleet.models import DeviceKind, Gpu, GpuModel, Node
 from apps.fleet.selectors import gpu_parts
-from apps.telemetry.keys import PUBLIC_HOLDER_FIELDS, Holder, LatestSample
+from apps.telemetry.keys import OUTSIDE_USE_MIB, PUBLIC_HOLDER_FIELDS, Holder, LatestSample
 from apps.telemetry.selectors import is_stale
 
 
@@ -73,6 +73,10 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
     sampled_at = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField(help_text="no sample in the last 10 s")
     holder = serializers.SerializerMethodField()
+    in_use_outside_mib = serializers.SerializerMethodField(
+        help_text="memory in use on a whole GPU nothing in the portal holds (a process started outside the portal, "
+        "or left behind), from a fresh sample, when at least 1024 MiB; null otherwise"
+    )
     shares = serializers.IntegerField(help_text="1: exclusive; N: split in N equal shares")
     shares_free = serializers.SerializerMethodField(help_text="shares nobody holds now (a whole GPU: 1 or 0)")
     mig_devices = serializers.SerializerMethodField(
@@ -198,6 +202,13 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
 
     def get_stale(self, gpu: Gpu) -> bool:
         return is_stale(self._sample(gpu))
+
+    def get_in_use_outside_mib(self, gpu: Gpu) -> int | None:
+        if gpu.mig_mode or gpu.shares > 1 or gpu.uuid in self.context.get("holders", {}):
+            return None  # parts are listed with what their holders use; a held GPU's memory is its holder's
+        sample = self._sample(gpu)
+        used = None if sample is None or is_stale(sample) else sample.get("mem_used")
+        return int(used) if used is not None and used >= OUTSIDE_USE_MIB else None
 
     def get_holder(self, gpu: Gpu) -> Holder | dict[str, Any] | None:
         holders: Mapping[str, Holder] = self.context.get("holders", {})
