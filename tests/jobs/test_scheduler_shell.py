@@ -492,3 +492,27 @@ def test_a_pass_places_jobs_when_redis_cannot_say_which_gpus_are_used(alice, vis
     monkeypatch.setattr(selectors, "get_request_redis", lambda: unreachable)
     job = submit(alice, vision, gpu_model="A100-80GB")
     assert one_pass().started == [job.pk]
+
+
+@pytest.mark.django_db
+def test_memory_left_from_what_the_portal_just_released_is_not_outside_use(
+    alice, vision, fleet, submit, sent, latest_memory
+):
+    from apps.booking import services as booking
+
+    now = timezone.now()
+    # A booking of GPU 0 ended five seconds ago; its last samples still show what ran in it.
+    resv = Reservation.objects.create(
+        team=vision, user=alice, gpu_count=1, start=now - timedelta(hours=1), end=now - timedelta(seconds=5),
+        booked_end=now - timedelta(seconds=5), status="ended", gpu_model=fleet["a100"],
+    )  # fmt: skip
+    booking.allocations_create(
+        gpus=fleet["gpus01"][:1], team=vision, user=alice, start=resv.start, end=resv.end, kind="reservation",
+        reservation=resv,
+    )  # fmt: skip
+    latest_memory("GPU-a100-0000", 20480)
+    latest_memory("GPU-a100-0001", 20480)  # this one nothing in the portal held
+    job = submit(alice, vision, gpu_model="A100-80GB")
+    assert one_pass(policy=FIFO).started == [job.pk]
+    assert job.gpus.get().uuid == "GPU-a100-0000"
+    assert job.events.get(to_state=JobState.STARTING).message == ""

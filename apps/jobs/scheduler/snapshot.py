@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Field, Model
+from django.db.models.functions import Coalesce
 
 from apps.accounts.models import Team
 from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
@@ -36,6 +37,7 @@ MAX_PENDING = 20_000
 USAGE_REFRESH_S = 30.0
 MAINTENANCE_TEAM = "__maintenance__"
 OUTSIDE_REFRESH_S = 10.0
+OUTSIDE_GRACE_S = 60.0
 _OUTSIDE = TTLCache[str, dict[str, int]](ttl_s=OUTSIDE_REFRESH_S, maxsize=1)
 
 
@@ -326,7 +328,7 @@ def load_snapshot(now: datetime, usage: UsageCache | None = None) -> PassContext
         for j in pending_rows
     ]
     left_to_shares = _wanted_by_shares(ctx)
-    ctx.outside = _in_use_outside(ctx, running, reservations, blocked, epoch(now)) if pending else {}
+    ctx.outside = _in_use_outside(ctx, running, reservations, blocked, now) if pending else {}
     gpus = tuple(
         CoreGpu(
             id=gid,
@@ -356,19 +358,31 @@ def _in_use_outside(
     running: Sequence[CoreRunning],
     reservations: Sequence[CoreReservation],
     blocked: set[int],
-    now: float,
+    now: datetime,
 ) -> dict[str, int]:
     """The whole GPUs (core ids, with the MiB used) nothing in the portal holds now (no job, no reservation or
     maintenance window under way) whose memory something else uses (telemetry): the core places jobs on a node's
-    other GPUs first. A GPU a reservation holds is left out: what runs there is its holder's own work."""
+    other GPUs first. A GPU a reservation holds is left out: what runs there is its holder's own work; so is one
+    the portal released less than OUTSIDE_GRACE_S ago: what its sample shows may be the job that just ended there
+    (samples are a second apart, this read up to OUTSIDE_REFRESH_S old), the common case of a queue that waits."""
+    at = epoch(now)
     held = {gid for r in running for gid in r.gpu_ids}
-    held |= {gid for r in reservations if r.start <= now < r.end for gid in r.gpu_ids}
+    held |= {gid for r in reservations if r.start <= at < r.end for gid in r.gpu_ids}
     # Memory in use is read for every schedulable GPU at most every OUTSIDE_REFRESH_S, not on every pass: it
     # changes over minutes, and one read of a 6,212-GPU fleet is ~33 ms (bench/outside_use.py).
     used = _OUTSIDE.get_or_set("", lambda: in_use_outside(g.uuid for g in ctx.gpus.values() if g.uuid))
-    return {
+    found = {
         gid: used[g.uuid] for gid, g in ctx.gpus.items() if g.uuid in used and gid not in held and g.id not in blocked
     }
+    if found:  # rare: one small query then, none on the usual pass
+        released = Allocation.objects.filter(
+            gpu_id__in=[int(gid) for gid in found] + [i for gid in found for i in ctx.split_shares.get(gid, [])],
+            end__gt=now - timedelta(seconds=OUTSIDE_GRACE_S),
+            end__lte=now,
+        ).annotate(physical=Coalesce("gpu__parent_id", "gpu_id"))
+        for gid in released.values_list("physical", flat=True):
+            found.pop(str(gid), None)
+    return found
 
 
 def _split_gpus(ctx: PassContext, now: datetime) -> tuple[dict[str, str], set[int]]:
