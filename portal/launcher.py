@@ -123,8 +123,10 @@ LOCAL_AGENT_MODELS = "H100-80GB,H100-80GB,A100-80GB,A100-80GB:mig=1g.10gb*7,L40S
 # The GPUs given a background workload so the demo's fleet looks alive: never the A100 the demo splits in shares
 # (apps.fleet.demo.SHARED_INDEX), where a load that is no job's would read as its reservations' own use. No job or
 # booking of the portal's runs it, so the Fleet page shows it as memory in use outside the portal, and the
-# scheduler gives the demo's jobs the other GPUs of the node first: what a process started by hand would get.
-LOCAL_AGENT_BUSY = "0,1,6"
+# scheduler gives the demo's jobs the other GPUs of the node first: what a process started by hand would get. Each
+# runs as a uid: bob's and carol's (apps.identity.demo.DEMO_UIDS), so the page names them to their teammates, and
+# one no portal user has, which only admins see.
+LOCAL_AGENT_BUSY = "0:1002,1:1003,6:1500"
 
 
 def local_agent(env: dict[str, str]) -> list[Service]:

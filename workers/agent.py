@@ -74,8 +74,9 @@ def choose_backend(cfg: AgentConfig) -> tuple[GpuBackend, str]:
     found = sim.discover()
     wanted = cfg.simulate_busy_gpus
     busy = [g for g in found if g.index in wanted] if wanted else found[: cfg.simulate_busy]
+    owners = dict(cfg.simulate_busy_uids)
     for i, info in enumerate(busy):
-        sim.assign(info.uuid, f"{cfg.name}-demo-{i}", profiles[i % len(profiles)])
+        sim.assign(info.uuid, f"{cfg.name}-demo-{i}", profiles[i % len(profiles)], uid=owners.get(info.index))
     return sim, "simulated"
 
 
@@ -296,7 +297,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
     p.add_argument("--probe-on-start", action="store_true", help="probe every GPU after registering")
     p.add_argument("--simulate-busy", type=int, default=0, help="simulated GPUs given a trace workload at start")
     p.add_argument(
-        "--simulate-busy-gpus", default="", help="indexes of the simulated GPUs given a trace workload (0,1,6)"
+        "--simulate-busy-gpus",
+        default="",
+        help="indexes of the simulated GPUs given a trace workload, each with :uid to run it as that uid (0:1002,1,6)",
     )
     p.add_argument("--state-dir", type=Path, default=None, help="where holds are kept (default: memory only)")
     p.add_argument("--concurrency", type=int, default=4, help="threads serving the node queue")
@@ -341,9 +344,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
     if a.heartbeat <= 0:
         p.error("--heartbeat must be positive")
     try:
-        busy_gpus = tuple(int(i) for i in a.simulate_busy_gpus.split(",") if i.strip())
+        busy = [item.strip().partition(":") for item in a.simulate_busy_gpus.split(",") if item.strip()]
+        busy_gpus = tuple(int(i) for i, _, _ in busy)
+        busy_uids = tuple((int(i), int(uid)) for i, _, uid in busy if uid)
     except ValueError:
-        p.error("--simulate-busy-gpus: GPU indexes, comma-separated")
+        p.error("--simulate-busy-gpus: GPU indexes, comma-separated, each with :uid where its load runs as a uid")
+    if any(uid <= 0 for _, uid in busy_uids):
+        p.error("--simulate-busy-gpus: a uid is a positive number (never root)")
     if any(not 0 <= i < a.gpus for i in busy_gpus):
         p.error("--simulate-busy-gpus: an index outside the simulated GPUs")
     models = tuple(m.strip() for m in a.models.split(",") if m.strip())
@@ -367,6 +374,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentConfig, str]:
         state_dir=a.state_dir,
         simulate_busy=max(0, a.simulate_busy),
         simulate_busy_gpus=busy_gpus,
+        simulate_busy_uids=busy_uids,
         concurrency=max(1, a.concurrency),
         telemetry_via=a.telemetry_via,
         runtime=a.runtime,

@@ -38,6 +38,8 @@ class AgentConfig:
     state_dir: Path | None = None
     simulate_busy: int = 0  # simulated backend: GPUs given a trace workload at start (demos, benchmarks)
     simulate_busy_gpus: tuple[int, ...] = ()  # or these GPUs, by index, instead of the first `simulate_busy`
+    # (index, uid) of those whose load runs as a uid: a person's own work started outside the portal
+    simulate_busy_uids: tuple[tuple[int, int], ...] = ()
     concurrency: int = 4
     telemetry_via: str = "stream"  # stream (Redis stream fleet:ingest, batched by the portal) | celery
     runtime: str = ""  # auto | docker | process; empty = GPUPORTAL_RUNTIME or auto (workers/agent_jobs.py)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet
@@ -106,3 +108,22 @@ def gpu_holders() -> dict[str, dict[str, Any]]:
             "until": end.isoformat(),
         }
     return holders
+
+
+def released_within(gpu_ids: Iterable[int], *, seconds: float, now: datetime | None = None) -> set[int]:
+    """Of these GPUs (whole ones), those the portal released in the last `seconds`: an allocation on the GPU or on one
+    of its parts (a MIG instance, a share) ended then. What telemetry shows there may still be the work that just
+    ended (keys.OUTSIDE_GRACE_S). One query on the allocations' end."""
+    from apps.booking.models import Allocation
+
+    ids = list(gpu_ids)
+    if not ids:
+        return set()
+    now = now or timezone.now()
+    rows = (
+        Allocation.objects.filter(Q(gpu_id__in=ids) | Q(gpu__parent_id__in=ids))
+        .filter(end__gt=now - timedelta(seconds=seconds), end__lte=now)
+        .annotate(physical=Coalesce("gpu__parent_id", "gpu_id"))
+        .values_list("physical", flat=True)
+    )
+    return {int(gid) for gid in rows}

@@ -9,8 +9,10 @@ process with the fan-out done in the event loop costs ~30 µs per delivery. So:
   every (re)subscribe it reads `keys.SNAPSHOT_LAST` to have something current at once).
 - A `Snapshot` is parsed once; its JSON is serialized once per *visibility class* and cached on the snapshot. All
   signed-in users see every GPU (nodes are shared infrastructure) but a holder's details (user, id, until) only for
-  their own teams; outsiders see the holder's team and kind. The class of a viewer for a given snapshot is the set
-  of its teams that actually hold a GPU in that snapshot, so everyone whose teams hold nothing shares one payload.
+  their own teams; outsiders see the holder's team and kind. Likewise who uses a GPU outside the portal (a name only
+  for the user's teammates, a uid no portal user has only for admins). The class of a viewer for a given snapshot
+  is the set of its teams that actually hold (or use) a GPU in that snapshot, so everyone whose teams hold nothing
+  shares one payload.
 - Each websocket gets a `Subscriber`: a mailbox of the newest `size` payloads. When a client stops reading, its own
   send blocks (the server's transport pauses), its mailbox keeps only the newest snapshots and counts the ones it
   dropped; the fan-out loop itself never awaits a client, so one stalled socket cannot delay anyone else. The
@@ -35,6 +37,7 @@ from redis.backoff import NoBackoff
 
 from apps.accounts.types import AnyUser
 from apps.telemetry import keys
+from apps.telemetry.outside import owner_as_seen, owner_teams
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,13 @@ def _holders(gpu: dict[str, Any]) -> Iterable[dict[str, Any]]:
     return ()
 
 
+def _outside(gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    """Whose processes use a GPU outside the portal (keys.SnapshotGpu.outside["by"])."""
+    outside = gpu.get("outside")
+    by = outside.get("by") if isinstance(outside, dict) else None
+    return [o for o in by if isinstance(o, dict)] if isinstance(by, list) else []
+
+
 def _public_holder(holder: Any) -> Any:
     if isinstance(holder, dict):
         return {k: holder[k] for k in PUBLIC_HOLDER_FIELDS if k in holder}
@@ -98,7 +108,7 @@ class Snapshot:
         self.ts: str = str(doc["ts"])
         self.holder_teams: frozenset[str] = frozenset(
             str(h["team"]) for g in doc["gpus"] if isinstance(g, dict) for h in _holders(g) if h.get("team")
-        )
+        ) | frozenset(t for g in doc["gpus"] if isinstance(g, dict) for o in _outside(g) for t in owner_teams(o))
         # The publisher's own text is the full view: no need to serialize it again for admins.
         self._payloads: dict[str | frozenset[str], str] = {_FULL: raw} if raw is not None else {}
 
@@ -144,6 +154,9 @@ class Snapshot:
                     else:
                         redacted = _public_holder(gpu["holder"])
                     gpu = {**gpu, "holder": redacted}
+            if isinstance(gpu, dict) and isinstance(gpu.get("outside"), dict):
+                by = [owner_as_seen(o, see_all=False, teams=cls) for o in _outside(gpu)]
+                gpu = {**gpu, "outside": {**gpu["outside"], "by": by}}
             gpus.append(gpu)
         return _dumps({**self._doc, "gpus": gpus})
 

@@ -194,3 +194,31 @@ def flush_job_memory(*, now: float | None = None) -> int:
     if gone:
         redis.hdel(keys.JOB_MEMORY, *gone)
     return len(peaks)
+
+
+def outside_owners(gpu_uuids: Iterable[str], *, now: float | None = None) -> dict[str, list[OwnerReading]]:
+    """{GPU uuid: the owners whose processes (of no portal job) use memory on it, most first} for these physical
+    GPUs, from their node's latest process listing: the owner readings taken with the GPU's fresh job-0 reading (an
+    owner missing from that listing ran nothing then). One round trip; the owner hash is read whole (its fields are
+    the (uid, GPU) pairs reported in the last FORGET_AFTER_S: a few per GPU something outside the portal uses)."""
+    wanted = list(dict.fromkeys(gpu_uuids))
+    if not wanted:
+        return {}
+    now = time.time() if now is None else now
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.hmget(keys.JOB_MEMORY, [_field(keys.OTHERS_JOB_ID, uuid) for uuid in wanted])
+    pipe.hgetall(keys.OWNER_MEMORY)
+    totals_raw, owners_raw = pipe.execute()
+    listed: dict[str, float] = {}
+    for uuid, value in zip(wanted, totals_raw, strict=True):
+        total = _parse(_field(keys.OTHERS_JOB_ID, uuid), value) if value is not None else None
+        if total is not None and total.fresh(now):
+            listed[uuid] = total.ts
+    out: dict[str, list[OwnerReading]] = {}
+    for field, value in owners_raw.items():
+        reading = _parse_owner(field, value)
+        if reading is not None and reading.used_mib > 0 and listed.get(reading.uuid) == reading.ts:
+            out.setdefault(reading.uuid, []).append(reading)
+    for readings in out.values():
+        readings.sort(key=lambda r: (-r.used_mib, r.uid))
+    return out

@@ -80,8 +80,12 @@ SNAPSHOT_SEQ = "fleet:snapshot:seq"  # INCR counter behind `seq`: monotonic acro
 STALE_AFTER_S = 10.0
 # A GPU nothing in the portal holds, with at least this much memory used, is in use outside the portal (a process
 # started on the node by hand, or one a finished job left behind); below it, used memory is the driver's own. The
-# Fleet page's `OUTSIDE_USE_MIB` (frontend/src/lib/fleet_text.js) is the same figure.
+# fleet snapshots say so (SnapshotGpu.outside), the pages show what they say.
 OUTSIDE_USE_MIB = 1024
+# Nor is a GPU the portal released less than this ago: its latest samples may still show the job that just ended
+# there (samples are a second apart; a process takes a moment to free its memory). The scheduler, the fleet
+# snapshots and the GPU API apply it alike.
+OUTSIDE_GRACE_S = 60.0
 
 # --- Internal to the portal (not for other readers) -----------------------------------------------------------
 # Rollup accumulators: hash per minute (`fleet:roll:<minute epoch>`), fields `<uuid>|<metric>` (see
@@ -165,6 +169,12 @@ class SnapshotGpu(LatestSample, total=False):
     # (absent otherwise)}.
     holder: Holder | list[dict[str, Any]] | None
     parts: dict[str, Any]
+    # A whole GPU nothing in the portal holds (nor released in the last OUTSIDE_GRACE_S) whose fresh sample shows at
+    # least OUTSIDE_USE_MIB used: {"mib": MiB used, "by": [{"user", "teams", "mib"} for a portal user's processes
+    # (their Unix account), {"uid", "mib"} for a uid no portal user has]} from the node's last process listing;
+    # "by" may be empty (no listing, or processes of no known owner). Absent otherwise. Redacted per viewer
+    # (apps.telemetry.fanout): a name only for viewers who share a team with that user, a uid only for admins.
+    outside: dict[str, Any]
 
 
 class SnapshotNode(TypedDict):

@@ -2,7 +2,8 @@
 snapshot on `fleet:snapshots` (contract: apps/telemetry/keys.py, README.md) for the websocket fan-out.
 
 One process for the whole installation (`manage.py fleet_publisher`, a launcher service). Per tick: one HGETALL
-of `fleet:latest`, one call of `gpu_holders()`, one pipeline (INCR seq, PUBLISH, SET last). The GPU directory
+of `fleet:latest`, one call of `gpu_holders()`, one pipeline (INCR seq, PUBLISH, SET last); while some GPU is in
+use outside the portal, one round trip and one query more (whose processes; released just now?). The GPU directory
 (which GPUs exist, their node, status) is re-read from the database every `directory_every_s` seconds, not every
 tick. Ticks are drift-free on the monotonic clock; a tick that fell a whole period behind is skipped, not
 burst-published.
@@ -27,6 +28,7 @@ from apps.fleet.selectors import gpu_holders, gpu_parts, part_label
 from apps.identity.selectors import unix_uids
 from apps.telemetry import keys
 from apps.telemetry.jobmem import job_memory_readings, owner_readings, reservation_users, running_jobs_in
+from apps.telemetry.outside import outside_use
 from apps.telemetry.selectors import all_latest_samples, is_stale, other_holders_uids
 
 logger = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class FleetPublisher:
             if parts:
                 add_parts(entry, parts, holders, sample, share_used, share_busy)
             gpus.append(entry)  # type: ignore[arg-type]
+        self._mark_outside(gpus, now=now)
         return {
             "type": "fleet",
             "ts": datetime.fromtimestamp(now, tz=UTC).isoformat(),
@@ -100,6 +103,22 @@ class FleetPublisher:
             "gpus": gpus,
             "nodes": list(self._nodes),
         }
+
+    def _mark_outside(self, gpus: list[keys.SnapshotGpu], *, now: float) -> None:
+        """Set `outside` (keys.SnapshotGpu) on the whole GPUs in use outside the portal (apps.telemetry.outside)."""
+        ids = {row["uuid"]: int(row["id"]) for row in self._directory}
+        found = {
+            g["uuid"]: (ids[g["uuid"]], int(g.get("mem_used") or 0))
+            for g in gpus
+            if g.get("holder") is None
+            and "parts" not in g
+            and not g["stale"]
+            and (g.get("mem_used") or 0) >= keys.OUTSIDE_USE_MIB
+        }
+        outside = outside_use(found, now=now)
+        for g in gpus:
+            if g["uuid"] in outside:
+                g["outside"] = outside[g["uuid"]]
 
     def publish_once(self, *, now: float | None = None) -> keys.Snapshot:
         snapshot = self.build(now=now)

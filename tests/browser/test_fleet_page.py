@@ -533,7 +533,7 @@ def test_gpu_page_draws_the_history_and_live_figures(
 @pytest.mark.slow
 @needs_chromium
 def test_a_gpu_nobody_holds_but_something_uses_says_so(
-    live_portal: Any, bob: Any, publisher_for: Callable[..., SyntheticPublisher]
+    live_portal: Any, bob: Any, admin: Any, publisher_for: Callable[..., SyntheticPublisher]
 ) -> None:
     gpus = _db_fleet(4)
     fleet = [
@@ -547,6 +547,16 @@ def test_a_gpu_nobody_holds_but_something_uses_says_so(
         for gpu, used in zip(snap["gpus"], (20480, 600, 30720, 30720), strict=True):
             gpu["mem_used"] = used
         snap["gpus"][3]["stale"] = True  # figures no longer fresh: what it used then says nothing about now
+        # Whose processes they are, as the publisher names them (apps.telemetry.outside); the fan-out redacts the
+        # names bob (vision) may not see: charlie's (nlp) and a uid no portal user has.
+        by = [
+            {"user": "alice", "teams": ["vision"], "mib": 19000},
+            {"user": "charlie", "teams": ["nlp"], "mib": 1000},
+            {"uid": 4242, "mib": 480},
+        ]
+        snap["gpus"][0]["outside"] = {"mib": 20480, "by": by}
+        # What the publisher does not call outside use (a GPU released a moment ago) the page does not either.
+        snap["gpus"][1]["mem_used"] = 30720
         return snap
 
     publisher_for(make)
@@ -554,9 +564,14 @@ def test_a_gpu_nobody_holds_but_something_uses_says_so(
         page.goto(live_portal.url + "/fleet/")
         page.wait_for_function("() => window.__fleet.stats.messages >= 1")
         texts = [page.locator(f'.fleet-item[data-uuid="{g.uuid}"] .fleet-holder').inner_text() for g in gpus]
-        assert texts == ["free · 20 GiB in use outside the portal", "free", "nlp (job)", "—"]
+        assert texts == ["free · 20 GiB in use outside the portal by alice and others", "free", "nlp (job)", "—"]
         assert page.locator("#sum-free").inner_text() == "2"  # the portal can still hand it out
 
         page.goto(f"{live_portal.url}/fleet/gpus/{gpus[0].uuid}/")
         page.wait_for_function("() => document.getElementById('gpu-holder').textContent !== '—'")
-        assert page.inner_text("#gpu-holder") == "nobody (free) · 20.0 GiB in use outside the portal"
+        assert page.inner_text("#gpu-holder") == "nobody (free) · 20 GiB in use outside the portal by alice and others"
+    with _browser_page(live_portal, admin) as page:  # admins see every name, and a uid nobody in the portal has
+        page.goto(live_portal.url + "/fleet/")
+        page.wait_for_function("() => window.__fleet.stats.messages >= 1")
+        text = page.locator(f'.fleet-item[data-uuid="{gpus[0].uuid}"] .fleet-holder').inner_text()
+        assert text == "free · 20 GiB in use outside the portal by alice, charlie, uid 4242"

@@ -48,7 +48,9 @@ def test_gpus_carry_the_latest_telemetry_in_one_redis_read(api_as, bob, django_a
     telemetry_ingest(telemetry("n1", token, [row("GPU-n1-0", util=77, mem=2048, temp=66, power=250.0)], ts=now))
     client = api_as(bob, scopes=["read"])
     client.get("/api/v1/gpus/")  # warm the token and session caches
-    with django_assert_max_num_queries(6):
+    # Two of them only while a GPU is in use outside the portal (2 GiB here): was it released just now, and the
+    # viewer's teams, to say whose processes they are.
+    with django_assert_max_num_queries(8):
         body = client.get("/api/v1/gpus/").json()
     gpus = {g["uuid"]: g for g in body["results"]}
     assert set(gpus) == {"GPU-n1-0", "GPU-n1-1", "GPU-n2-0"}
@@ -196,3 +198,46 @@ def test_gpus_say_what_memory_is_in_use_outside_the_portal(api_as, bob, alice, v
     assert gpus["GPU-n1-0"]["in_use_outside_mib"] == 20480  # nothing in the portal holds it
     assert gpus["GPU-n1-1"]["in_use_outside_mib"] is None  # a reservation's memory is its holder's
     assert gpus["GPU-n2-0"]["in_use_outside_mib"] is None  # the driver's own
+
+
+def test_gpus_say_whose_processes_use_a_gpu_outside_the_portal(api_as, alice, bob, charlie, admin) -> None:
+    """Named by the node's process listing and the users' Unix accounts: to their teammates and admins only; a uid
+    no portal user has to admins only. A GPU the portal released a moment ago is not in use outside it (what it
+    shows may be the job that just ended there)."""
+    from apps.booking.models import Allocation
+    from apps.fleet.models import Gpu
+    from apps.identity.services import unix_uid_set
+
+    unix_uid_set(user=alice, uid=1001, source="manual")
+    unix_uid_set(user=charlie, uid=1003, source="manual")
+    _, token = registered_node("n1", ("A100-80GB", "H100-80GB", "H100-80GB"))
+    listing = {"o": [20480], "ou": [[1001, 15000], [1003, 5000], [4242, 480]]}
+    rows = [row(f"GPU-n1-{i}", util=0, mem=20480, extra=listing) for i in range(3)]
+    telemetry_ingest(telemetry("n1", token, rows, ts=time.time()))
+    now = timezone.now()
+    for i, ended in ((1, now - timedelta(seconds=10)), (2, now - timedelta(minutes=2))):
+        Allocation.objects.create(
+            gpu=Gpu.objects.get(uuid=f"GPU-n1-{i}"), team=alice.memberships.get().team, user=alice, kind="job",
+            start=ended - timedelta(hours=1), end=ended,
+        )  # fmt: skip
+
+    def seen(user) -> dict[str, tuple[int | None, list[dict] | None]]:
+        gpus = api_as(user, scopes=["read"]).get("/api/v1/gpus/").json()["results"]
+        return {g["uuid"]: (g["in_use_outside_mib"], g["in_use_outside_by"]) for g in gpus}
+
+    named = [
+        {"user": "alice", "teams": ["vision"], "mib": 15000},
+        {"user": "charlie", "teams": ["nlp"], "mib": 5000},
+        {"uid": 4242, "mib": 480},
+    ]
+    assert seen(admin) == {
+        "GPU-n1-0": (20480, named),
+        "GPU-n1-1": (None, None),  # released 10 s ago
+        "GPU-n1-2": (20480, named),  # released 2 minutes ago
+    }
+    assert seen(bob)["GPU-n1-0"] == (20480, [named[0], {"mib": 5000}, {"mib": 480}])
+    assert seen(charlie)["GPU-n1-0"] == (20480, [{"mib": 15000}, named[1], {"mib": 480}])
+    # An owner missing from the node's latest listing ran nothing then: only those listed with it count.
+    listing = {"o": [20000], "ou": [[1003, 20000]]}
+    telemetry_ingest(telemetry("n1", token, [row("GPU-n1-0", util=0, mem=20480, extra=listing)], ts=time.time() + 1))
+    assert seen(admin)["GPU-n1-0"] == (20480, [{"user": "charlie", "teams": ["nlp"], "mib": 20000}])

@@ -82,6 +82,27 @@ def test_unknown_holder_fields_are_private_by_default() -> None:
     assert _holder_of(snap.payload_for(outsider), FLEET[0]["uuid"]) == {"kind": "job", "team": "vision"}
 
 
+def test_who_uses_a_gpu_outside_the_portal_is_named_only_to_teammates_and_admins() -> None:
+    doc = synthetic_snapshot(FLEET, 1, holders={})
+    by = [
+        {"user": "alice", "teams": ["vision"], "mib": 9000},
+        {"user": "dave", "teams": [], "mib": 2000},  # in no team: nobody's teammate
+        {"uid": 4242, "mib": 500},  # no portal user has this uid
+    ]
+    doc["gpus"][2]["outside"] = {"mib": 12000, "by": by}
+    snap = Snapshot.parse(json.dumps(doc))
+
+    def seen(viewer: Viewer) -> Any:
+        return next(g["outside"] for g in json.loads(snap.payload_for(viewer))["gpus"] if "outside" in g)
+
+    vision = Viewer(sees_all=False, teams=frozenset({"vision"}))
+    assert seen(vision) == {"mib": 12000, "by": [by[0], {"mib": 2000}, {"mib": 500}]}
+    assert seen(Viewer(sees_all=False, teams=frozenset({"nlp"})))["by"] == [{"mib": 9000}, {"mib": 2000}, {"mib": 500}]
+    assert seen(Viewer(sees_all=True)) == {"mib": 12000, "by": by}
+    # A viewer in every team named is still not shown the whole snapshot: it names a uid only admins may see.
+    assert snap.payload_for(vision) is not snap.payload_for(Viewer(sees_all=True))
+
+
 def test_message_without_type_or_ts_gets_them() -> None:
     snap = Snapshot.parse(json.dumps({"seq": 5, "gpus": []}))
     doc = json.loads(snap.payload_for(Viewer(sees_all=True)))

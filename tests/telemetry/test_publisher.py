@@ -75,3 +75,37 @@ def test_the_loop_publishes_about_once_a_second_and_stops_promptly() -> None:
     thread.join(2)
     assert not thread.is_alive()
     assert 5 <= publisher.published <= 7
+
+
+def test_a_snapshot_says_which_gpus_are_in_use_outside_the_portal_and_by_whom(alice, monkeypatch) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.booking.models import Allocation
+    from apps.fleet.models import Gpu
+    from apps.identity.services import unix_uid_set
+
+    unix_uid_set(user=alice, uid=1001, source="manual")
+    _, token = registered_node("n1", ("A100-80GB", "H100-80GB", "H100-80GB", "H100-80GB"))
+    listing = {"o": [20480], "ou": [[1001, 20000], [4242, 480]]}
+    rows = [row(f"GPU-n1-{i}", util=0, mem=20480, extra=listing) for i in range(3)] + [row("GPU-n1-3", mem=600)]
+    telemetry_ingest(telemetry("n1", token, rows))
+    holder = {"kind": "job", "id": 3, "team": "vision", "team_id": 1, "user": "bob", "until": None}
+    monkeypatch.setattr("apps.telemetry.publisher.gpu_holders", lambda: {"GPU-n1-2": holder})
+    ended = timezone.now() - timedelta(seconds=5)
+    Allocation.objects.create(
+        gpu=Gpu.objects.get(uuid="GPU-n1-1"), team=alice.memberships.get().team, user=alice, kind="job",
+        start=ended - timedelta(hours=1), end=ended,
+    )  # fmt: skip
+    gpus = {g["uuid"]: g for g in FleetPublisher().publish_once()["gpus"]}
+    assert gpus["GPU-n1-0"]["outside"] == {
+        "mib": 20480,
+        "by": [{"user": "alice", "teams": ["vision"], "mib": 20000}, {"uid": 4242, "mib": 480}],
+    }
+    assert "outside" not in gpus["GPU-n1-1"]  # released 5 s ago: what it shows may be the job that just ended
+    assert "outside" not in gpus["GPU-n1-2"]  # held: its memory is its holder's
+    assert "outside" not in gpus["GPU-n1-3"]  # the driver's own
+    # Stale figures say nothing about now.
+    later = time.time() + keys.STALE_AFTER_S + 5
+    assert "outside" not in {g["uuid"]: g for g in FleetPublisher().build(now=later)["gpus"]}["GPU-n1-0"]

@@ -229,9 +229,17 @@ def test_the_demos_background_loads_run_on_the_gpus_named_never_on_its_split_gpu
     later = backend.sample(time.time() + 30)  # the loads ramp up from their start
     loaded = {g.index for g in backend.discover() for s in later if s.uuid == g.uuid and s.memory_used_mib > 1024}
     assert loaded == {0, 1, 6} and len(first) == 8
+    # Each load runs as its uid: bob's, carol's (the demo's Unix accounts) and one no portal user has.
+    from apps.identity.demo import DEMO_UIDS
+
+    index = {g.uuid: g.index for g in backend.discover()}
+    listed = [s for t in range(0, 60, 5) for s in backend.sample(time.time() + 30 + t) if s.processes]
+    owners = {index[s.uuid]: backend.uid_of_pid(pid) for s in listed for pid, _ in s.processes or ()}
+    assert owners == {0: DEMO_UIDS["bob"], 1: DEMO_UIDS["carol"], 6: 1500}
+    assert cfg.simulate_busy_uids == ((0, 1002), (1, 1003), (6, 1500))
     cfg, _ = parse_args([*base, "--simulate-busy", "2"])
     assert choose_backend(cfg)[0].sample(time.time() + 30) and cfg.simulate_busy_gpus == ()
-    for bad in ("0,x", "9"):
+    for bad in ("0,x", "9", "0:root", "0:0"):
         with pytest.raises(SystemExit):
             parse_args([*base, "--simulate-busy-gpus", bad])
 

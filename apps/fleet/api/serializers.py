@@ -7,7 +7,8 @@ from rest_framework import serializers
 
 from apps.fleet.models import DeviceKind, Gpu, GpuModel, Node
 from apps.fleet.selectors import gpu_parts
-from apps.telemetry.keys import OUTSIDE_USE_MIB, PUBLIC_HOLDER_FIELDS, Holder, LatestSample
+from apps.telemetry.keys import PUBLIC_HOLDER_FIELDS, Holder, LatestSample
+from apps.telemetry.outside import owner_as_seen
 from apps.telemetry.selectors import is_stale
 
 
@@ -74,8 +75,14 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
     stale = serializers.SerializerMethodField(help_text="no sample in the last 10 s")
     holder = serializers.SerializerMethodField()
     in_use_outside_mib = serializers.SerializerMethodField(
-        help_text="memory in use on a whole GPU nothing in the portal holds (a process started outside the portal, "
-        "or left behind), from a fresh sample, when at least 1024 MiB; null otherwise"
+        help_text="memory in use on a whole GPU nothing in the portal holds nor released in the last minute (a "
+        "process started outside the portal, or left behind), from a fresh sample, when at least 1024 MiB; null "
+        "otherwise"
+    )
+    in_use_outside_by = serializers.SerializerMethodField(
+        help_text="with in_use_outside_mib, whose processes use that memory by the node's last process listing, most "
+        "first: {user, teams, mib} for a portal user (named to their teammates and admins), {uid, mib} for a uid no "
+        "portal user has (to admins), else {mib}; empty when the listing names nobody; null without in_use_outside_mib"
     )
     shares = serializers.IntegerField(help_text="1: exclusive; N: split in N equal shares")
     shares_free = serializers.SerializerMethodField(help_text="shares nobody holds now (a whole GPU: 1 or 0)")
@@ -203,12 +210,20 @@ class GpuOutput(serializers.Serializer[Any]):  # given a list of GPUs (many=True
     def get_stale(self, gpu: Gpu) -> bool:
         return is_stale(self._sample(gpu))
 
+    def _outside(self, gpu: Gpu) -> dict[str, Any] | None:
+        outside: Mapping[str, dict[str, Any]] = self.context.get("outside", {})
+        return outside.get(gpu.uuid)
+
     def get_in_use_outside_mib(self, gpu: Gpu) -> int | None:
-        if gpu.mig_mode or gpu.shares > 1 or gpu.uuid in self.context.get("holders", {}):
-            return None  # parts are listed with what their holders use; a held GPU's memory is its holder's
-        sample = self._sample(gpu)
-        used = None if sample is None or is_stale(sample) else sample.get("mem_used")
-        return int(used) if used is not None and used >= OUTSIDE_USE_MIB else None
+        outside = self._outside(gpu)
+        return None if outside is None else int(outside["mib"])
+
+    def get_in_use_outside_by(self, gpu: Gpu) -> list[dict[str, Any]] | None:
+        outside = self._outside(gpu)
+        if outside is None:
+            return None
+        see_all, teams = bool(self.context.get("see_all")), self.context.get("team_slugs", set())
+        return [owner_as_seen(o, see_all=see_all, teams=teams) for o in outside["by"]]
 
     def get_holder(self, gpu: Gpu) -> Holder | dict[str, Any] | None:
         holders: Mapping[str, Holder] = self.context.get("holders", {})

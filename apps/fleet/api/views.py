@@ -11,7 +11,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.accounts.models import Scope
+from apps.accounts.models import Scope, Team
 from apps.accounts.scoping import team_ids_of
 from apps.core.api.base import PortalAPIView, ScopedListAPIView
 from apps.core.errors import NotFound, ValidationFailed
@@ -26,6 +26,8 @@ from apps.fleet.api.serializers import (
 from apps.fleet.filtersets import GpuFilterSet
 from apps.fleet.models import Gpu, GpuModel, Node
 from apps.telemetry import selectors as telemetry
+from apps.telemetry.keys import OUTSIDE_USE_MIB
+from apps.telemetry.outside import outside_use
 from apps.telemetry.publisher import share_job_readings
 
 
@@ -83,8 +85,25 @@ class GpuListView(ScopedListAPIView):
             "team_ids": set(team_ids_of(request.user)),
             "see_all": request.user.is_staff,
         }
+        context["outside"] = _outside_use(rows, context)
+        if context["outside"] and not request.user.is_staff:
+            context["team_slugs"] = set(Team.objects.filter(pk__in=context["team_ids"]).values_list("slug", flat=True))
         data = GpuOutput(rows, many=True, context=context).data
         return self.get_paginated_response(data) if page is not None else Response(data)
+
+
+def _outside_use(rows: list[Gpu], context: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The page's whole GPUs in use outside the portal (apps.telemetry.outside), as the Fleet page shows them."""
+    now = time.time()
+    candidates = {}
+    for gpu in rows:
+        sample = context["latest"].get(gpu.uuid)
+        if gpu.mig_mode or gpu.shares > 1 or gpu.uuid in context["holders"] or telemetry.is_stale(sample, now=now):
+            continue  # parts are listed with what their holders use; a held GPU's memory is its holder's
+        used = sample.get("mem_used") if sample is not None else None
+        if used is not None and used >= OUTSIDE_USE_MIB:
+            candidates[gpu.uuid] = (gpu.pk, int(used))
+    return outside_use(candidates, now=now)
 
 
 def _visible_gpu(request: Request, uuid: str) -> Gpu:

@@ -18,12 +18,12 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Field, Model
-from django.db.models.functions import Coalesce
 
 from apps.accounts.models import Team
 from apps.booking.models import Allocation, AllocationKind, MaintenanceWindow, Reservation, ReservationStatus
 from apps.core.ttlcache import TTLCache
 from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, Node, NodeStatus, Pool
+from apps.fleet.selectors import released_within
 from apps.jobs import conf
 from apps.jobs.models import ON_NODE_STATES, Job, JobState, SchedulerState
 from apps.jobs.scheduling import Gpu as CoreGpu
@@ -31,13 +31,13 @@ from apps.jobs.scheduling import PendingJob as CorePending
 from apps.jobs.scheduling import Reservation as CoreReservation
 from apps.jobs.scheduling import RunningJob as CoreRunning
 from apps.jobs.scheduling import Snapshot
+from apps.telemetry import keys
 from apps.telemetry.selectors import in_use_outside
 
 MAX_PENDING = 20_000
 USAGE_REFRESH_S = 30.0
 MAINTENANCE_TEAM = "__maintenance__"
 OUTSIDE_REFRESH_S = 10.0
-OUTSIDE_GRACE_S = 60.0
 _OUTSIDE = TTLCache[str, dict[str, int]](ttl_s=OUTSIDE_REFRESH_S, maxsize=1)
 
 
@@ -363,7 +363,7 @@ def _in_use_outside(
     """The whole GPUs (core ids, with the MiB used) nothing in the portal holds now (no job, no reservation or
     maintenance window under way) whose memory something else uses (telemetry): the core places jobs on a node's
     other GPUs first. A GPU a reservation holds is left out: what runs there is its holder's own work; so is one
-    the portal released less than OUTSIDE_GRACE_S ago: what its sample shows may be the job that just ended there
+    the portal released less than keys.OUTSIDE_GRACE_S ago: what its sample shows may be the job that just ended there
     (samples are a second apart, this read up to OUTSIDE_REFRESH_S old), the common case of a queue that waits."""
     at = epoch(now)
     held = {gid for r in running for gid in r.gpu_ids}
@@ -375,12 +375,7 @@ def _in_use_outside(
         gid: used[g.uuid] for gid, g in ctx.gpus.items() if g.uuid in used and gid not in held and g.id not in blocked
     }
     if found:  # rare: one small query then, none on the usual pass
-        released = Allocation.objects.filter(
-            gpu_id__in=[int(gid) for gid in found] + [i for gid in found for i in ctx.split_shares.get(gid, [])],
-            end__gt=now - timedelta(seconds=OUTSIDE_GRACE_S),
-            end__lte=now,
-        ).annotate(physical=Coalesce("gpu__parent_id", "gpu_id"))
-        for gid in released.values_list("physical", flat=True):
+        for gid in released_within([int(gid) for gid in found], seconds=keys.OUTSIDE_GRACE_S, now=now):
             found.pop(str(gid), None)
     return found
 

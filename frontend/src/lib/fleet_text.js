@@ -31,19 +31,27 @@ function partsText(g) {
 }
 
 // A GPU nothing in the portal holds can still be in use: a process started on the node by hand, or one a finished
-// job left behind. Its memory is then gone for the next job placed there, so the page says so. Below this much,
-// used memory is the driver's own (NVML counts some on an idle GPU).
-export const OUTSIDE_USE_MIB = 1024;
+// job left behind. Its memory is then gone for the next job placed there, so the page says so, and whose processes
+// they are where the viewer may know (a teammate's name; a uid no portal user has, for admins). The fleet publisher
+// decides (`outside`: apps/telemetry/keys.py, SnapshotGpu), with the scheduler's threshold and grace after a job.
+export function outsideText(g) {
+  const o = g.outside;
+  if (!o || g.holder || g.parts) return "";
+  const by = Array.isArray(o.by) ? o.by : [];
+  const names = by.map((e) => e.user || (e.uid != null ? `uid ${e.uid}` : "")).filter(Boolean);
+  const others = names.length < by.length ? " and others" : "";
+  return `${gib(o.mib)} GiB in use outside the portal${names.length ? ` by ${names.join(", ")}${others}` : ""}`;
+}
 
 export function outsideUse(g) {
-  return !g.holder && !g.parts && !g.stale && g.mem_used != null && g.mem_used >= OUTSIDE_USE_MIB;
+  return outsideText(g) !== "";
 }
 
 export function holderText(g) {
   if (g.parts) return partsText(g);
   const h = g.holder;
   if (!h) {
-    if (outsideUse(g)) return `${usable(g) ? "free" : "—"} · ${gib(g.mem_used)} GiB in use outside the portal`;
+    if (outsideUse(g)) return `${usable(g) ? "free" : "—"} · ${outsideText(g)}`;
     return usable(g) ? "free" : "—";
   }
   const until = h.until ? ` until ${timeFmt.format(new Date(h.until))}` : "";

@@ -64,6 +64,7 @@ function assign(rec, g) {
   rec.stale = !!g.stale;
   rec.holder = g.holder || null;
   rec.parts = g.parts || null;
+  rec.outside = g.outside || null;
 }
 
 function setStructure(list) {

@@ -5,7 +5,7 @@ import {
   Chart, Filler, Legend, LinearScale, LineController, LineElement, PointElement, Tooltip,
 } from "chart.js";
 
-import { outsideUse } from "../lib/fleet_text.js";
+import { outsideText } from "../lib/fleet_text.js";
 
 Chart.register(LineController, LineElement, PointElement, LinearScale, Filler, Legend, Tooltip);
 
@@ -64,7 +64,7 @@ function showLive(g) {
   setText("live-temp", g.temp == null ? "—" : `${g.temp} °C`);
   setText("live-power", g.power == null ? "—" : `${Math.round(g.power)} W`);
   setText("live-clock", g.sm_clock == null ? "—" : `${g.sm_clock} MHz`);
-  const outside = outsideUse(g) ? ` · ${gib(g.mem_used)} GiB in use outside the portal` : "";
+  const outside = outsideText(g) ? ` · ${outsideText(g)}` : "";
   setText("gpu-holder", g.parts ? partsSummary(g) : holderText(g.holder) + outside);
   if (g.parts) showParts(g);
   for (const [id, value] of [["gpu-status", g.status], ["gpu-node-status", g.node_status]]) {
