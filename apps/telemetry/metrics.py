@@ -31,6 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from apps.core.redis import get_redis
 from apps.fleet.models import DeviceKind, Gpu, GpuStatus, Node, NodeStatus
 from apps.fleet.selectors import gpu_holders
+from apps.telemetry.keys import OUTSIDE_USE_MIB
+from apps.telemetry.outside import outside_use
 from apps.telemetry.selectors import all_latest_samples, is_stale, stats
 
 Sample = Mapping[str, Any]
@@ -306,14 +308,45 @@ class PortalCollector:
         yield rejections
 
 
+OUTSIDE_SERIES = (
+    "gpuportal_gpu_memory_used_outside_mib",
+    "Memory used (in MiB) on a whole GPU nothing in the portal holds nor released in the last minute: processes "
+    "started outside the portal, or left behind (1024 MiB and more; no series otherwise). A GPU's series, with "
+    "its node's.",
+)
+
+
+def outside_text(series: list[tuple[list[str], Sample]], *, now: float) -> str:
+    """The GPUs in use outside the portal (apps.telemetry.outside) under the GPU's dcgm-exporter labels, so an alert
+    can name the GPU someone uses by hand. Not whose processes: user names as label values are for the pages, where
+    they are redacted per viewer. One query (and the outside reads) only while some GPU uses that much memory."""
+    loaded = {labels[1]: int(s["mem_used"]) for labels, s in series if (s.get("mem_used") or 0) >= OUTSIDE_USE_MIB}
+    if not loaded:
+        return ""
+    held = gpu_holders()
+    whole = Gpu.objects.filter(uuid__in=list(loaded), mig_mode=False, shares=1).values_list("uuid", "id")
+    outside = outside_use({uuid: (gid, loaded[uuid]) for uuid, gid in whole if uuid not in held}, now=now)
+    if not outside:
+        return ""
+    name, help_text = OUTSIDE_SERIES
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    for labels, _ in series:
+        if labels[1] in outside:
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in zip(DCGM_LABELS, labels, strict=True))
+            lines.append(f"{name}{{{text}}} {outside[labels[1]]['mib']}")
+    return "\n".join(lines) + "\n"
+
+
 def render(*, now: float | None = None, node: str | None = None) -> str:
     """The whole exposition, in Prometheus' text format 0.0.4; with `node`, that node's GPU series alone (one
     service-discovery target per node: the portal's own families come from the target without `node`)."""
-    series = gpu_series(now=time.time() if now is None else now, node=node)
+    now = time.time() if now is None else now
+    series = gpu_series(now=now, node=node)
     fresh = {labels[1]: sample for labels, sample in series}  # labels[1] is the GPU's UUID
+    gpus = dcgm_text(series) + outside_text(series, now=now)
     if node is not None:
-        return dcgm_text(series) + mig_text(node=node, fresh=fresh)
-    return dcgm_text(series) + mig_text(fresh=fresh) + generate_latest(PortalCollector(reporting=len(series))).decode()
+        return gpus + mig_text(node=node, fresh=fresh)
+    return gpus + mig_text(fresh=fresh) + generate_latest(PortalCollector(reporting=len(series))).decode()
 
 
 def render_portal(*, now: float | None = None) -> str:

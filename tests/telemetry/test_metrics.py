@@ -202,8 +202,11 @@ def test_one_nodes_series_and_the_portal_scope() -> None:
     assert {lab["instance"] for lab, _ in n1["DCGM_FI_DEV_GPU_UTIL"].samples} == {"n1"}
     assert len(n1["DCGM_FI_DEV_GPU_UTIL"].samples) == 2
     assert not any(name.startswith("gpuportal_") for name in n1)  # those come from the portal's own target
+    # A GPU's own portal series go with its node's: n2's GPU is in use outside the portal (46,000 MiB).
+    n2 = parse(_scrape_path("/metrics?node=n2"))
+    assert {lab["UUID"] for lab, _ in n2["gpuportal_gpu_memory_used_outside_mib"].samples} == {"GPU-n2-0"}
     portal = parse(_scrape_path("/metrics?scope=portal"))
-    assert not any(name.startswith("DCGM_") for name in portal)
+    assert not any(name.startswith(("DCGM_", "gpuportal_gpu_memory")) for name in portal)
     assert portal["gpuportal_gpus_reporting"].samples[0][1] == 3
     for bad, status in (("/metrics?node=ghost", 404), ("/metrics?scope=everything", 400)):
         response = Client().get(bad)
@@ -231,3 +234,17 @@ def _scrape_path(path: str) -> str:
     response = Client().get(path)
     assert response.status_code == 200, response.content
     return response.content.decode()
+
+
+def test_gpus_in_use_outside_the_portal_have_a_series(monkeypatch) -> None:
+    _fleet_with_samples()  # GPU-n1-0/1 use 1,000 MiB (the driver's own, under 1 GiB); GPU-n2-0 uses 46,000 MiB
+    families = parse(_scrape())
+    outside = {lab["UUID"]: (lab, v) for lab, v in families["gpuportal_gpu_memory_used_outside_mib"].samples}
+    assert list(outside) == ["GPU-n2-0"]
+    labels, value = outside["GPU-n2-0"]
+    assert value == 46000 and labels["Hostname"] == "n2" and labels["device"] == "nvidia0"
+    assert families["gpuportal_gpu_memory_used_outside_mib"].type == "gauge"
+    # A GPU the portal holds uses its memory for its holder: no series.
+    holder = {"kind": "job", "id": 3, "team": "vision", "team_id": 1, "user": "bob", "until": None}
+    monkeypatch.setattr("apps.telemetry.metrics.gpu_holders", lambda: {"GPU-n2-0": holder})
+    assert "gpuportal_gpu_memory_used_outside_mib" not in parse(_scrape())
