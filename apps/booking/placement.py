@@ -1,10 +1,12 @@
 """Which concrete GPUs a booking of N GPUs gets: a plain function of the free GPUs (no ORM).
 
 Rules, in order: all N on one node where any node has N free; among those, the node where the fewest GPUs split in
-shares are taken (`last`: a whole booking takes one only when it must), then best fit (the node left with the
+shares are taken (`last`: a whole booking takes one only when it must), then the fewest GPUs something outside the
+portal uses now (for a booking that starts now: it would share their memory), then best fit (the node left with the
 fewest free GPUs), so whole 8-GPU nodes stay whole for the bookings that need them; ties go to the node that is
 already partly in use, then by name. Within a node, a run of consecutive indices when there is one (GPUs next to
-each other usually share a switch). Only when no node has N free, and the policy allows it, the booking spans
+each other usually share a switch), the GPUs in use outside the portal and then the split ones only as needed. Only
+when no node has N free, and the policy allows it, the booking spans
 nodes: the fewest nodes, largest first, the last one again by best fit.
 """
 
@@ -23,16 +25,26 @@ class FreeGpu:
     node: str
     index: int
     last: bool = False  # split in shares: taken only where the node's other free GPUs are not enough
+    # Something outside the portal uses its memory now (a booking that starts now would share it): taken only where
+    # the node's other free GPUs are not enough, before a split one (as the scheduling core orders them).
+    in_use_outside: bool = False
 
 
 def _pick_in_node(gpus: Sequence[FreeGpu], count: int) -> list[int]:
-    first = [g for g in gpus if not g.last]
-    if len(first) < len(gpus):
-        if len(first) >= count:
-            return _pick_run(first, count)
-        rest = sorted((g for g in gpus if g.last), key=lambda g: g.index)
-        return [g.id for g in sorted(first, key=lambda g: g.index)] + [g.id for g in rest[: count - len(first)]]
-    return _pick_run(gpus, count)
+    """`count` GPUs of one node: the GPUs neither split nor in use outside the portal first (a run of consecutive
+    indices where they have one), then ones in use outside the portal, then split ones, each by index."""
+    tiers: dict[tuple[bool, bool], list[FreeGpu]] = {}
+    for gpu in gpus:
+        tiers.setdefault((gpu.last, gpu.in_use_outside), []).append(gpu)
+    chosen: list[FreeGpu] = []
+    for tier in sorted(tiers):
+        group, left = tiers[tier], count - len(chosen)
+        if not chosen and len(group) >= left:
+            return _pick_run(group, left)
+        chosen += sorted(group, key=lambda g: g.index)[:left]
+        if len(chosen) == count:
+            break
+    return [g.id for g in sorted(chosen, key=lambda g: g.index)]  # the devices in index order, whatever their tier
 
 
 def _pick_run(gpus: Sequence[FreeGpu], count: int) -> list[int]:
@@ -62,12 +74,15 @@ def place(
         by_node.setdefault(gpu.node, []).append(gpu)
     sizes = node_sizes or {}
     any_last = any(gpu.last for gpu in free)
+    any_outside = any(gpu.in_use_outside for gpu in free)
 
-    def fit_key(node: str, need: int) -> tuple[int, int, int, str]:
+    def fit_key(node: str, need: int) -> tuple[int, int, int, int, str]:
         n_free = len(by_node[node])
         untouched = 1 if n_free >= sizes.get(node, n_free) else 0
         split_taken = max(0, need - sum(1 for g in by_node[node] if not g.last)) if any_last else 0
-        return (split_taken, n_free - need, untouched, node)
+        clean = sum(1 for g in by_node[node] if not g.last and not g.in_use_outside) if any_outside else 0
+        outside_taken = max(0, need - clean) if any_outside else 0
+        return (split_taken, outside_taken, n_free - need, untouched, node)
 
     single = [node for node, gpus in by_node.items() if len(gpus) >= count]
     if single:

@@ -203,3 +203,27 @@ def test_place_takes_gpus_split_in_shares_last():
     assert _nodes(a_only, place(a_only, 3, sizes)) == {"a": [0, 1, 2]}
     assert _nodes(a_only, place(a_only, 2, sizes)) == {"a": [0, 1]}
     assert _nodes(free, place(free, 4, sizes)) == {"b": [0, 1, 2, 3]}
+
+
+def test_place_takes_gpus_in_use_outside_the_portal_only_when_the_node_needs_them():
+    # Node a: GPUs 0-3, 1 used outside the portal, 3 split in shares; node b: GPUs 0-1, both used outside it.
+    free = [
+        FreeGpu(1, "a", 0),
+        FreeGpu(2, "a", 1, in_use_outside=True),
+        FreeGpu(3, "a", 2),
+        FreeGpu(4, "a", 3, last=True),
+        FreeGpu(5, "b", 0, in_use_outside=True),
+        FreeGpu(6, "b", 1, in_use_outside=True),
+    ]
+    sizes = {"a": 4, "b": 2}
+    a_only = [g for g in free if g.node == "a"]
+    # Two: GPUs 0 and 2 (no run of two without GPU 1); three: GPU 1 before the split one; four: all.
+    assert _nodes(a_only, place(a_only, 2, sizes)) == {"a": [0, 2]}
+    assert _nodes(a_only, place(a_only, 3, sizes)) == {"a": [0, 1, 2]}
+    assert _nodes(a_only, place(a_only, 4, sizes)) == {"a": [0, 1, 2, 3]}
+    # A node that gives the booking GPUs nobody uses outside the portal before best fit (b has exactly one or two
+    # free, but both in use); never a reason to refuse: with a alone too small, b it is.
+    assert _nodes(free, place(free, 1, sizes)) == {"a": [0]}
+    assert _nodes(free, place(free, 2, sizes)) == {"a": [0, 2]}
+    b_and_small_a = [g for g in free if g.node == "b" or g.index == 0]
+    assert _nodes(b_and_small_a, place(b_and_small_a, 2, sizes, allow_multi_node=False)) == {"b": [0, 1]}

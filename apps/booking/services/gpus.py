@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
@@ -26,7 +27,11 @@ from apps.booking.services.conflicts import (
 )
 from apps.booking.services.locks import lock_model
 from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.core.ttlcache import TTLCache
 from apps.fleet.models import DeviceKind, Gpu, GpuModel, GpuStatus, NodeStatus
+from apps.fleet.selectors import released_within
+from apps.telemetry import keys
+from apps.telemetry.selectors import in_use_outside
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,28 @@ def precheck(gpus: Sequence[GpuInfo], *, team: Team, user: AnyUser | None) -> No
         raise held_conflict(ordered, team_id=team.pk, viewer=user)
 
 
+# What something outside the portal uses now says something about a booking that starts within minutes, nothing
+# about one tomorrow.
+OUTSIDE_USE_HORIZON = timedelta(minutes=5)
+
+
+# Read for all of a model's GPUs at most every 10 s per web process, not under the model's lock on every booking:
+# one read is ~5 ms for 1,000 GPUs (bench/outside_use.py), and what runs outside the portal changes over minutes.
+_OUTSIDE = TTLCache[int, dict[str, int]](ttl_s=10.0, maxsize=256)
+
+
+def _in_use_outside(model_id: int, pool: Sequence[GpuInfo], start: datetime) -> set[int]:
+    """The ids of the whole GPUs of `pool` (the model's, free or not) whose memory something outside the portal uses
+    now (telemetry; not one the portal released in the last minute): a booking that starts now takes them last
+    (placement.FreeGpu). Nothing for a later booking; nothing when Redis cannot answer. A query only when some GPU
+    is so used."""
+    if start > timezone.now() + OUTSIDE_USE_HORIZON:
+        return set()
+    used = _OUTSIDE.get_or_set(model_id, lambda: in_use_outside(g.uuid for g in pool if not g.split))
+    ids = {g.id for g in pool if g.uuid in used and not g.split}
+    return ids - released_within(ids, seconds=keys.OUTSIDE_GRACE_S) if ids else set()
+
+
 def place_locked(
     *,
     model: GpuModel,
@@ -272,8 +299,9 @@ def place_locked(
         for info, _ in pool:
             sizes[info.node] = sizes.get(info.node, 0) + 1
         free = [info for info, taken in pool if not taken]
+        outside = _in_use_outside(model.pk, [info for info, _ in pool], start)
         picked = place(
-            [FreeGpu(g.id, g.node, g.index, g.split) for g in free],
+            [FreeGpu(g.id, g.node, g.index, g.split, g.id in outside) for g in free],
             count,
             sizes,
             allow_multi_node=policy.allow_multi_node,
