@@ -117,14 +117,18 @@ class FreeUnit:
     parent: int
     node: str
     index: int
+    # Something outside the portal uses its memory now (a MIG instance's own reading; a share, its GPU's reading
+    # while none of its shares is held): taken only where nothing else fits as well.
+    in_use_outside: bool = False
 
 
 def place_share(free: Sequence[FreeUnit], need: int, unit_totals: Mapping[int, int]) -> list[int] | None:
     """Ids of `need` shares of one GPU, or None. `unit_totals`: shares per GPU in total (free or not).
 
     Best fit, as "Beware of Fragmentation" (ATC'23) argues: a GPU already partly held before an untouched one (an
-    untouched GPU stays whole for whole-GPU work), then the one left with the fewest free shares (the remainders
-    stay big enough to use), then by node and index so ties break the same way every time."""
+    untouched GPU stays whole for whole-GPU work), then one nothing outside the portal uses, then the one left with the
+    fewest free shares (the remainders stay big enough to use), then by node and index so ties break the same way
+    every time."""
     if need <= 0:
         return None
     by_parent: dict[int, list[FreeUnit]] = {}
@@ -134,10 +138,11 @@ def place_share(free: Sequence[FreeUnit], need: int, unit_totals: Mapping[int, i
     if not fitting:
         return None
 
-    def key(parent: int) -> tuple[int, int, str, int]:
+    def key(parent: int) -> tuple[int, int, int, str, int]:
         n_free = len(by_parent[parent])
         untouched = 1 if n_free >= unit_totals.get(parent, n_free) else 0
-        return (untouched, n_free - need, by_parent[parent][0].node, parent)
+        outside = int(any(u.in_use_outside for u in by_parent[parent]))
+        return (untouched, outside, n_free - need, by_parent[parent][0].node, parent)
 
     best = min(fitting, key=key)
     return [u.id for u in sorted(by_parent[best], key=lambda u: u.index)[:need]]
@@ -145,23 +150,33 @@ def place_share(free: Sequence[FreeUnit], need: int, unit_totals: Mapping[int, i
 
 def place_instances(free: Sequence[FreeUnit], count: int) -> list[int] | None:
     """Ids of `count` free MIG instances (of the profile asked), or None: from as few GPUs as possible, each time
-    the GPU left with the fewest free instances (best fit, so GPUs with many free instances keep them together)."""
+    the GPU left with the fewest free instances (best fit, so GPUs with many free instances keep them together),
+    before that the GPU where the fewest of those taken are in use outside the portal, and within a GPU the
+    instances nothing outside the portal uses first."""
     if count <= 0 or len(free) < count:
         return None
     by_parent: dict[int, list[FreeUnit]] = {}
     for unit in free:
         by_parent.setdefault(unit.parent, []).append(unit)
+
+    def outside_taken(parent: int, take: int) -> int:
+        return max(0, take - sum(1 for u in by_parent[parent] if not u.in_use_outside))
+
     chosen: list[int] = []
     left = count
     while left > 0:
         fits = [p for p, units in by_parent.items() if len(units) >= left]
         if fits:
-            parent = min(fits, key=lambda p: (len(by_parent[p]) - left, by_parent[p][0].node, p))
+            need = left
+            parent = min(
+                fits, key=lambda p: (outside_taken(p, need), len(by_parent[p]) - need, by_parent[p][0].node, p)
+            )
             take = left
         else:
             parent = min(by_parent, key=lambda p: (-len(by_parent[p]), by_parent[p][0].node, p))
             take = len(by_parent[parent])
-        chosen.extend(u.id for u in sorted(by_parent.pop(parent), key=lambda u: u.index)[:take])
+        units = sorted(by_parent.pop(parent), key=lambda u: (u.in_use_outside, u.index))[:take]
+        chosen.extend(u.id for u in sorted(units, key=lambda u: u.index))
         left -= take
     return chosen
 

@@ -227,3 +227,27 @@ def test_place_takes_gpus_in_use_outside_the_portal_only_when_the_node_needs_the
     assert _nodes(free, place(free, 2, sizes)) == {"a": [0, 2]}
     b_and_small_a = [g for g in free if g.node == "b" or g.index == 0]
     assert _nodes(b_and_small_a, place(b_and_small_a, 2, sizes, allow_multi_node=False)) == {"b": [0, 1]}
+
+
+def test_parts_in_use_outside_the_portal_are_taken_last():
+    from apps.booking.placement import FreeUnit, place_instances, place_share
+
+    # GPU 10: instances 0-1 free, 0 in use outside the portal; GPU 20: instances 0-2 free, all clean.
+    mig = [
+        FreeUnit(1, 10, "a", 0, in_use_outside=True),
+        FreeUnit(2, 10, "a", 1),
+        FreeUnit(3, 20, "b", 0),
+        FreeUnit(4, 20, "b", 1),
+        FreeUnit(5, 20, "b", 2),
+    ]
+    assert place_instances(mig, 1) == [2]  # best fit (GPU 10), its clean instance rather than the first one
+    assert place_instances(mig, 2) == [3, 4]  # best fit alone would take GPU 10's two, one of them in use
+    assert place_instances(mig, 4) == [3, 4, 5, 2]  # no GPU has four: the largest first, then GPU 10's clean one
+    assert place_instances([u for u in mig if u.parent == 10], 2) == [1, 2]  # never a reason to refuse
+    # Shares: GPU 10 untouched and in use outside the portal, GPU 20 untouched and clean, GPU 30 partly held.
+    shares = [FreeUnit(i, 10, "a", i, in_use_outside=True) for i in range(4)]
+    shares += [FreeUnit(10 + i, 20, "b", i) for i in range(4)]
+    totals = {10: 4, 20: 4, 30: 4}
+    assert place_share(shares, 1, totals) == [10]
+    assert place_share([*shares, FreeUnit(30, 30, "c", 3)], 1, totals) == [30]  # a shared GPU first, as before
+    assert place_share(shares[:4], 2, totals) == [0, 1]  # never a reason to refuse

@@ -11,22 +11,28 @@ a GPU in MIG mode is booked only by its instances.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import time
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.accounts.types import AnyUser
 from apps.booking.placement import FreeUnit, place_instances, place_share, shares_needed
 from apps.booking.services.conflicts import clashes, describe_slots, held_sql
-from apps.booking.services.gpus import GpuInfo, gpus_by_uuid
+from apps.booking.services.gpus import OUTSIDE_USE_HORIZON, GpuInfo, gpus_by_uuid
 from apps.booking.services.locks import lock_model
 from apps.core.errors import Conflict, ValidationFailed
 from apps.fleet.models import DeviceKind, GpuModel, GpuStatus, NodeStatus
+from apps.fleet.selectors import released_within
+from apps.telemetry import keys
+from apps.telemetry.selectors import is_stale, latest_samples
 from workers.gpu.mig import all_profile_names, is_profile_name
 
 # Every live part of the kind asked, of GPUs that can be booked, with whether it is taken in [start, end): the part
@@ -224,6 +230,33 @@ def _units(
     return [(*_unit_info(r), bool(r[16])) for r in rows]
 
 
+def _in_use_outside(free: Sequence[tuple[GpuInfo, int]], shares: Mapping[int, int], start: datetime) -> set[int]:
+    """The ids of the free parts whose memory something outside the portal uses now, for a booking or job that
+    starts now (placement.FreeUnit): a MIG instance whose own reading shows it, a share of a GPU none of whose
+    shares is held (`shares`: each GPU's count) whose GPU's reading does; neither on a GPU the portal released a
+    part of in the last minute. One Redis read; a query only when some part is so used."""
+    if not free or start > timezone.now() + OUTSIDE_USE_HORIZON:
+        return set()
+    samples = latest_samples({info.parent_uuid for info, _ in free if info.parent_uuid})
+    now = time.time()
+    free_of = Counter(parent for _, parent in free)
+    found: dict[int, int] = {}  # part id -> its GPU's id
+    for info, parent in free:
+        sample = samples.get(info.parent_uuid or "")
+        if sample is None or is_stale(sample, now=now):
+            continue
+        if info.kind == DeviceKind.MIG:
+            used = (sample.get("mig_mem") or {}).get(info.uuid)
+        else:  # a share: what the GPU uses is outside the portal only while the portal holds none of it
+            used = sample.get("mem_used") if free_of[parent] >= shares.get(parent, 0) else None
+        if used is not None and used >= keys.OUTSIDE_USE_MIB:
+            found[info.id] = parent
+    if not found:
+        return set()
+    released = released_within(set(found.values()), seconds=keys.OUTSIDE_GRACE_S)
+    return {part for part, parent in found.items() if parent not in released}
+
+
 def _model_ids(model: GpuModel | None, uuids: Sequence[str]) -> list[int]:
     """The placement locks to take: the model asked, or the models of the GPUs (or parts) named."""
     if model is not None:
@@ -285,7 +318,8 @@ def place_parts_locked(
         )
         seen.extend(rows)
         free = [(info, parent) for info, parent, _, taken in rows if not taken and info.id not in exclude]
-        units = [FreeUnit(info.id, parent, info.node, info.index) for info, parent in free]
+        outside = _in_use_outside(free, {parent: shares for _, parent, shares, _ in rows}, start)
+        units = [FreeUnit(info.id, parent, info.node, info.index, info.id in outside) for info, parent in free]
         if not profiles:
             break
         picked = place_instances(units, count)
