@@ -3,6 +3,11 @@
 (apps.telemetry.selectors.in_use_outside), against real Redis, for fleets of several sizes. Samples shaped as the
 ingest writes them; a third show memory in use. Prints the median of `--repeat` reads per size.
 
+Then what saying whose processes they are costs the fleet publisher once a second (and a GPU API page, and a
+/metrics scrape) while that third is in use: `apps.telemetry.outside.outside_use` over them, each with a node's
+process listing naming one owner uid of 50 (the allocations query against the real database, the owners' Redis
+hash read whole, the uid -> user lookup from its 10-second cache as on every tick but the first).
+
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m bench.outside_use [--repeat 50]
 """
 
@@ -22,6 +27,7 @@ django.setup()
 
 from apps.core.redis import get_redis  # noqa: E402
 from apps.telemetry import keys  # noqa: E402
+from apps.telemetry.outside import outside_use  # noqa: E402
 from apps.telemetry.selectors import in_use_outside  # noqa: E402
 
 SIZES = (64, 1_000, 6_212)  # a lab, an institute, the Alibaba trace's production fleet
@@ -56,7 +62,21 @@ def main() -> None:
             f"{size:>6} GPUs: {statistics.median(times) * 1000:7.2f} ms per read "
             f"(min {min(times) * 1000:.2f}), {found} in use outside the portal"
         )
-    r.delete(keys.LATEST)
+        used = {u: (k, 20_480) for k, u in enumerate(uuids) if k % 3 == 0}
+        r.delete(keys.JOB_MEMORY, keys.OWNER_MEMORY)
+        r.hset(keys.JOB_MEMORY, mapping={f"{keys.OTHERS_JOB_ID}|{u}": f"{now},20480,20480" for u in used})
+        r.hset(keys.OWNER_MEMORY, mapping={f"{1000 + k % 50}|{u}": f"{now},20480" for u, (k, _) in used.items()})
+        times = []
+        named = 0
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            named = sum(len(o["by"]) for o in outside_use(used, now=time.time()).values())
+            times.append(time.perf_counter() - t0)
+        print(
+            f"{size:>6} GPUs, {len(used)} in use outside the portal: {statistics.median(times) * 1000:7.2f} ms to "
+            f"say whose (min {min(times) * 1000:.2f}), {named} owners read"
+        )
+    r.delete(keys.LATEST, keys.JOB_MEMORY, keys.OWNER_MEMORY)
 
 
 if __name__ == "__main__":
