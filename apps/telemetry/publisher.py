@@ -106,16 +106,18 @@ class FleetPublisher:
 
     def _mark_outside(self, gpus: list[keys.SnapshotGpu], *, now: float) -> None:
         """Set `outside` (keys.SnapshotGpu) on the whole GPUs in use outside the portal (apps.telemetry.outside)."""
-        ids = {row["uuid"]: int(row["id"]) for row in self._directory}
         found = {
-            g["uuid"]: (ids[g["uuid"]], int(g.get("mem_used") or 0))
+            g["uuid"]: int(g.get("mem_used") or 0)
             for g in gpus
             if g.get("holder") is None
             and "parts" not in g
             and not g["stale"]
             and (g.get("mem_used") or 0) >= keys.OUTSIDE_USE_MIB
         }
-        outside = outside_use(found, now=now)
+        if not found:
+            return
+        ids = {row["uuid"]: int(row["id"]) for row in self._directory if row["uuid"] in found}
+        outside = outside_use({uuid: (ids[uuid], mib) for uuid, mib in found.items()}, now=now)
         for g in gpus:
             if g["uuid"] in outside:
                 g["outside"] = outside[g["uuid"]]
