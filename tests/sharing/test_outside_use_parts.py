@@ -58,3 +58,35 @@ def test_a_share_goes_to_a_shared_gpu_nothing_outside_the_portal_uses(api_as, al
     # Never a reason to refuse: with GPU-shared-1 full, the half goes to GPU-shared-0.
     assert _book(client, gpu_share=0.5) == "GPU-shared-1"
     assert _book(client, gpu_share=0.5) == "GPU-shared-0"
+
+
+def test_a_job_on_a_part_in_use_outside_the_portal_says_so_on_its_start(alice, vision, ready, sent, latest):
+    from apps.booking.models import Allocation
+    from apps.jobs import scheduler, services
+    from apps.jobs.models import JobEvent
+    from apps.jobs.scheduling import FAIR
+
+    def submit(**asked: Any) -> int:
+        job = services.job_submit(
+            user=alice, team=vision, image="portal-test/busybox:latest", command=["true"], max_duration_s=600, **asked
+        )
+        return int(job.pk)
+
+    # Every instance of the MIG GPU carries someone's process; the one split GPU too.
+    latest("GPU-mig-0", 35000, mig_mem={f"MIG-mig-0-{gi}": 5000 for gi in range(7, 14)})
+    latest("GPU-shared-0", 20480)
+    clean = submit(mig_profile="1g.10gb", gpu_count=1)
+    started = scheduler.run_pass(token=1, leader="test", policy=FAIR).started
+    assert clean in started
+    first = Allocation.objects.get(job_id=clean).gpu.uuid
+    assert first == "MIG-mig-0-7"  # none is free of it: the first by index, as always
+    messages = {e.job_id: e.message for e in JobEvent.objects.filter(to_state="starting")}
+    assert messages[clean] == (
+        "memory in use outside the portal on mig/0 1g.10gb (4.9 GiB): no part free of such use fitted"
+    )
+    quarter = submit(gpu_share=0.25)
+    assert quarter in scheduler.run_pass(token=1, leader="test", policy=FAIR).started
+    messages = {e.job_id: e.message for e in JobEvent.objects.filter(to_state="starting")}
+    assert messages[quarter] == (
+        "memory in use outside the portal on shared/0 share (20.0 GiB): no part free of such use fitted"
+    )

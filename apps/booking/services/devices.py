@@ -230,17 +230,17 @@ def _units(
     return [(*_unit_info(r), bool(r[16])) for r in rows]
 
 
-def _in_use_outside(free: Sequence[tuple[GpuInfo, int]], shares: Mapping[int, int], start: datetime) -> set[int]:
-    """The ids of the free parts whose memory something outside the portal uses now, for a booking or job that
+def _in_use_outside(free: Sequence[tuple[GpuInfo, int]], shares: Mapping[int, int], start: datetime) -> dict[int, int]:
+    """The free parts whose memory something outside the portal uses now (id -> MiB used), for a booking or job that
     starts now (placement.FreeUnit): a MIG instance whose own reading shows it, a share of a GPU none of whose
     shares is held (`shares`: each GPU's count) whose GPU's reading does; neither on a GPU the portal released a
     part of in the last minute. One Redis read; a query only when some part is so used."""
     if not free or start > timezone.now() + OUTSIDE_USE_HORIZON:
-        return set()
+        return {}
     samples = latest_samples({info.parent_uuid for info, _ in free if info.parent_uuid})
     now = time.time()
     free_of = Counter(parent for _, parent in free)
-    found: dict[int, int] = {}  # part id -> its GPU's id
+    found: dict[int, tuple[int, int]] = {}  # part id -> (its GPU's id, MiB used)
     for info, parent in free:
         sample = samples.get(info.parent_uuid or "")
         if sample is None or is_stale(sample, now=now):
@@ -250,11 +250,11 @@ def _in_use_outside(free: Sequence[tuple[GpuInfo, int]], shares: Mapping[int, in
         else:  # a share: what the GPU uses is outside the portal only while the portal holds none of it
             used = sample.get("mem_used") if free_of[parent] >= shares.get(parent, 0) else None
         if used is not None and used >= keys.OUTSIDE_USE_MIB:
-            found[info.id] = parent
+            found[info.id] = (parent, int(used))
     if not found:
-        return set()
-    released = released_within(set(found.values()), seconds=keys.OUTSIDE_GRACE_S)
-    return {part for part, parent in found.items() if parent not in released}
+        return {}
+    released = released_within({parent for parent, _ in found.values()}, seconds=keys.OUTSIDE_GRACE_S)
+    return {part: mib for part, (parent, mib) in found.items() if parent not in released}
 
 
 def _model_ids(model: GpuModel | None, uuids: Sequence[str]) -> list[int]:
@@ -352,7 +352,7 @@ def place_parts_locked(
             extra={"conflicts": describe_slots(found, team_id=team.pk, viewer=user), "free": len(free)},
         )
     by_id = {info.id: info for info, _ in free}
-    return [by_id[i] for i in picked]
+    return [replace(by_id[i], in_use_outside_mib=outside[i]) if i in outside else by_id[i] for i in picked]
 
 
 def free_part_count(

@@ -77,6 +77,9 @@ class GpuInfo:
     parent_index: int | None = None
     # A GPU split in shares, picked whole by model (placement_pool with `split`): booked through all its shares.
     split: bool = False
+    # A part placed for a start now whose memory something outside the portal uses (MiB; services.devices), taken
+    # because nothing free of such use fitted: the job's start event says so.
+    in_use_outside_mib: int | None = None
 
 
 # A PL/pgSQL function that keeps one generic plan per connection: PostgreSQL planned this query anew for every

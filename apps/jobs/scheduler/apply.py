@@ -18,7 +18,7 @@ from django.utils import timezone
 from apps.core.errors import ApplicationError
 from apps.fleet.models import Gpu, Node
 from apps.jobs import conf, occupancy
-from apps.jobs.models import ON_NODE_STATES, Job, JobEvent, JobReason, JobState, SchedulerState
+from apps.jobs.models import ON_NODE_STATES, Job, JobReason, JobState, SchedulerState
 from apps.jobs.scheduler.leadership import NotLeader
 from apps.jobs.scheduler.parts import in_policy_order, start_part_jobs
 from apps.jobs.scheduler.snapshot import PassContext, UsageCache, epoch, load_snapshot
@@ -136,7 +136,7 @@ def apply_decisions(ctx: PassContext, decisions: Decisions, *, token: int, leade
 
 def _note_outside_use(ctx: PassContext, items: list[starting.StartItem], started: set[int]) -> None:
     """A job started on a GPU something outside the portal uses (no GPU free of it fitted) says so on its start
-    event: the job page's timeline explains a job slower than usual or out of GPU memory."""
+    event (starting.note_outside_use)."""
     if not ctx.outside:
         return
     for item in items:
@@ -144,10 +144,7 @@ def _note_outside_use(ctx: PassContext, items: list[starting.StartItem], started
         if not used or item.job.pk not in started:
             continue
         where = ", ".join(f"{item.node.name}/{g.index} ({mib / 1024:.1f} GiB)" for g, mib in used)
-        event = JobEvent.objects.filter(job_id=item.job.pk, to_state=JobState.STARTING).order_by("-id").first()
-        if event is not None:
-            event.message = f"memory in use outside the portal on {where}: no GPU free of such use fitted"
-            event.save(update_fields=["message"])
+        starting.note_outside_use(job_id=item.job.pk, where=where)
 
 
 def _instances_for(ctx: PassContext, decisions: Decisions) -> tuple[dict[int, Gpu], dict[int, Node]]:

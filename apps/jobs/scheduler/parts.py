@@ -23,6 +23,7 @@ from django.db import transaction
 from apps.booking.models import Reservation, ReservationStatus
 from apps.booking.selectors import reservation_parts
 from apps.booking.services.devices import check_part_in_fleet, place_parts_locked, profiles_with_memory
+from apps.booking.services.gpus import GpuInfo
 from apps.core.errors import ApplicationError
 from apps.fleet.models import Gpu, GpuModel, PoolBackend
 from apps.jobs import conf, occupancy
@@ -125,6 +126,7 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
                 if not _runs_here(job, gpus):
                     raise _Unsuitable  # leaving the block by an exception undoes the part's allocation
                 starting.job_start(job=job, node=gpus[0].node, gpus=gpus, now=now, savepoint=False)
+                _note_outside_use(job, chosen)
         except ApplicationError as exc:
             # Nothing fitting free now (409), or no longer possible at all (400: the fleet changed): it stays queued.
             failed[shape] = min(failed.get(shape, INF), duration.total_seconds())
@@ -138,6 +140,15 @@ def start_part_jobs(jobs: list[Job], *, now: datetime, claim: Callable[[], None]
             # after the start's: the quota rows are locked before GPUs everywhere else, never after.
             occupancy.quota_fit_to_profile(job=job)
     return started
+
+
+def _note_outside_use(job: Job, chosen: list[GpuInfo]) -> None:
+    """The parts the job got that something outside the portal uses (nothing free of such use fitted): its start
+    event says so, as a whole GPU's does (apply._note_outside_use)."""
+    used = [(c, c.in_use_outside_mib) for c in chosen if c.in_use_outside_mib]
+    if used:
+        where = ", ".join(f"{c.node}/{c.parent_index} {c.profile or 'share'} ({mib / 1024:.1f} GiB)" for c, mib in used)
+        starting.note_outside_use(job_id=job.pk, where=where, what="part")
 
 
 def _wait(

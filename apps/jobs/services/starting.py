@@ -188,6 +188,16 @@ def jobs_start_many(*, items: Sequence[StartItem], now: datetime, savepoint: boo
     return ids
 
 
+def note_outside_use(*, job_id: int, where: str, what: str = "GPU") -> None:
+    """A job started on a GPU or part something outside the portal uses (`where`: which, with the memory used),
+    because nothing free of such use fitted, says so on its start event: the job page's timeline explains a job
+    slower than usual or out of GPU memory."""
+    event = JobEvent.objects.filter(job_id=job_id, to_state=JobState.STARTING).order_by("-id").first()
+    if event is not None:
+        event.message = f"memory in use outside the portal on {where}: no {what} free of such use fitted"
+        event.save(update_fields=["message"])
+
+
 def job_resend_launch(*, job: Job) -> None:
     """Send the launch again (the first message may have died with Redis); the agent ignores a duplicate."""
     from apps.fleet.commands import agent_send
